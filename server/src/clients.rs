@@ -1,0 +1,167 @@
+//! The connections a shard serves, as CLIENT LIST, CLIENT INFO and CLIENT
+//! KILL see them. Each shard keeps its own registry; the CLIENT commands ask
+//! every shard through its mailbox, so no lock is shared between threads.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+/// What the server shows of one connection.
+pub struct ClientInfo {
+    /// Unique, increasing id (CLIENT ID).
+    pub id: u64,
+    /// The peer's address.
+    pub addr: SocketAddr,
+    /// Our address the peer connected to.
+    pub laddr: SocketAddr,
+    /// CLIENT SETNAME.
+    pub name: String,
+    /// CLIENT SETINFO LIB-NAME.
+    pub lib_name: String,
+    /// CLIENT SETINFO LIB-VER.
+    pub lib_ver: String,
+    /// When the connection was accepted.
+    pub created: Instant,
+    /// When the last command arrived.
+    pub last_active: Instant,
+    /// The last command's name.
+    pub last_cmd: &'static str,
+    /// RESP version in use.
+    pub resp: u8,
+    /// CLIENT NO-EVICT on.
+    pub no_evict: bool,
+    /// CLIENT NO-TOUCH on.
+    pub no_touch: bool,
+    /// Bytes waiting in the query buffer.
+    pub qbuf: usize,
+    /// Bytes waiting to be written.
+    pub omem: usize,
+    /// Set to make the connection close (CLIENT KILL, shutdown).
+    pub kill: Rc<Notify>,
+    /// Whether it was killed.
+    pub killed: bool,
+}
+
+impl ClientInfo {
+    /// A new connection's info.
+    pub fn new(id: u64, addr: SocketAddr, laddr: SocketAddr) -> ClientInfo {
+        let now = Instant::now();
+        ClientInfo {
+            id,
+            addr,
+            laddr,
+            name: String::new(),
+            lib_name: String::new(),
+            lib_ver: String::new(),
+            created: now,
+            last_active: now,
+            last_cmd: "NULL",
+            resp: 2,
+            no_evict: false,
+            no_touch: false,
+            qbuf: 0,
+            omem: 0,
+            kill: Rc::new(Notify::new()),
+            killed: false,
+        }
+    }
+
+    /// The CLIENT LIST line (without the newline), in Redis 7.2's format.
+    pub fn line(&self) -> String {
+        let now = Instant::now();
+        let mut flags = String::new();
+        if self.no_evict {
+            flags.push('e');
+        }
+        if self.no_touch {
+            flags.push('T');
+        }
+        if flags.is_empty() {
+            flags.push('N');
+        }
+        format!(
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 obl=0 oll=0 omem={} tot-mem={} events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            self.name,
+            now.duration_since(self.created).as_secs(),
+            now.duration_since(self.last_active).as_secs(),
+            flags,
+            self.qbuf,
+            self.omem,
+            self.qbuf + self.omem,
+            self.last_cmd,
+            self.resp,
+            self.lib_name,
+            self.lib_ver,
+        )
+    }
+
+    /// Asks the connection to close.
+    pub fn kill(&mut self) {
+        self.killed = true;
+        self.kill.notify_one();
+    }
+}
+
+/// The connections of one shard, by id.
+#[derive(Default)]
+pub struct ClientRegistry {
+    clients: BTreeMap<u64, Rc<RefCell<ClientInfo>>>,
+}
+
+impl ClientRegistry {
+    /// Registers a connection.
+    pub fn add(&mut self, info: Rc<RefCell<ClientInfo>>) {
+        let id = info.borrow().id;
+        self.clients.insert(id, info);
+    }
+
+    /// Forgets a connection.
+    pub fn remove(&mut self, id: u64) {
+        self.clients.remove(&id);
+    }
+
+    /// Number of connections.
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    /// CLIENT LIST lines of the clients `keep` accepts.
+    pub fn lines(&self, keep: impl Fn(&ClientInfo) -> bool) -> Vec<(u64, String)> {
+        self.clients
+            .values()
+            .map(|c| c.borrow())
+            .filter(|c| keep(c))
+            .map(|c| (c.id, c.line()))
+            .collect()
+    }
+
+    /// Kills the clients `matches` accepts; returns how many.
+    pub fn kill(&self, matches: impl Fn(&ClientInfo) -> bool) -> usize {
+        let mut killed = 0;
+        for c in self.clients.values() {
+            let mut c = c.borrow_mut();
+            if matches(&c) {
+                c.kill();
+                killed += 1;
+            }
+        }
+        killed
+    }
+
+    /// Kills every client (shutdown).
+    pub fn kill_all(&self) {
+        self.kill(|_| true);
+    }
+}

@@ -1,0 +1,237 @@
+//! Connection commands: PING, ECHO, HELLO, AUTH, QUIT, RESET, SELECT.
+
+use bytes::Bytes;
+
+use super::flags::*;
+use super::{is, not_integer, parse_int, Client, CommandSpec, Handler, NO_KEYS};
+use crate::protocol::Reply;
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 1,
+    flags: FAST | LOADING | STALE,
+    keys: NO_KEYS,
+    group: "connection",
+    since: "1.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+/// The connection family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "ping",
+        arity: -1,
+        summary: "Returns the server's liveliness response.",
+        syntax: "[message]",
+        handler: Handler::Sync(ping),
+        ..BASE
+    },
+    CommandSpec {
+        name: "echo",
+        arity: 2,
+        summary: "Returns the given string.",
+        syntax: "message",
+        handler: Handler::Sync(echo),
+        ..BASE
+    },
+    CommandSpec {
+        name: "hello",
+        arity: -1,
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        since: "6.0.0",
+        summary: "Handshakes with the Redis server.",
+        syntax: "[protover [AUTH username password] [SETNAME clientname]]",
+        handler: Handler::Sync(hello),
+        ..BASE
+    },
+    CommandSpec {
+        name: "auth",
+        arity: -2,
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        summary: "Authenticates the connection.",
+        complexity: "O(N) where N is the number of passwords defined for the user",
+        syntax: "[username] password",
+        handler: Handler::Sync(auth),
+        ..BASE
+    },
+    CommandSpec {
+        name: "quit",
+        arity: -1,
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        summary: "Closes the connection.",
+        handler: Handler::Sync(quit),
+        ..BASE
+    },
+    CommandSpec {
+        name: "reset",
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        since: "6.2.0",
+        summary: "Resets the connection.",
+        handler: Handler::Sync(reset),
+        ..BASE
+    },
+    CommandSpec {
+        name: "select",
+        arity: 2,
+        summary: "Changes the selected database.",
+        syntax: "index:integer",
+        handler: Handler::Sync(select),
+        ..BASE
+    },
+];
+
+fn ping(_client: &mut Client, args: &[Bytes]) -> Reply {
+    match args.get(1) {
+        Some(msg) => Reply::Bulk(msg.clone()),
+        None => Reply::status("PONG"),
+    }
+}
+
+fn echo(_client: &mut Client, args: &[Bytes]) -> Reply {
+    Reply::Bulk(args[1].clone())
+}
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// Checks a username/password against `requirepass` (only the `default`
+/// user exists).
+fn check_password(client: &Client, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
+    let config = &client.shard.shared.config;
+    let required = config
+        .requirepass
+        .read()
+        .map(|p| p.clone())
+        .unwrap_or_default();
+    if !user.eq_ignore_ascii_case(b"default") {
+        return Err(Reply::error(WRONGPASS));
+    }
+    if required.is_empty() {
+        // With no password, the default user accepts anything (nopass).
+        return Ok(());
+    }
+    if required.as_bytes() == pass {
+        Ok(())
+    } else {
+        Err(Reply::error(WRONGPASS))
+    }
+}
+
+fn auth(client: &mut Client, args: &[Bytes]) -> Reply {
+    let (user, pass): (&[u8], &[u8]) = match args.len() {
+        2 => (b"default", &args[1]),
+        3 => (&args[1], &args[2]),
+        _ => return super::syntax_error(),
+    };
+    if args.len() == 2 && !client.shard.shared.config.auth_required() {
+        return Reply::error(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        );
+    }
+    match check_password(client, user, pass) {
+        Ok(()) => {
+            client.authenticated = true;
+            Reply::ok()
+        }
+        Err(e) => e,
+    }
+}
+
+/// Whether a client or library name is acceptable (no spaces or controls).
+pub fn valid_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
+fn hello(client: &mut Client, args: &[Bytes]) -> Reply {
+    let mut proto = None;
+    let mut i = 1;
+    if args.len() > 1 {
+        match parse_int(&args[1]) {
+            Some(v @ (2 | 3)) => proto = Some(v as u8),
+            Some(_) => return Reply::error("NOPROTO unsupported protocol version"),
+            None => return Reply::error("ERR Protocol version is not an integer or out of range"),
+        }
+        i = 2;
+    }
+    let mut credentials = None;
+    let mut setname = None;
+    while i < args.len() {
+        let more = args.len() - i - 1;
+        if is(&args[i], "auth") && more >= 2 {
+            credentials = Some((args[i + 1].clone(), args[i + 2].clone()));
+            i += 3;
+        } else if is(&args[i], "setname") && more >= 1 {
+            setname = Some(args[i + 1].clone());
+            i += 2;
+        } else {
+            return Reply::error(format!(
+                "ERR Syntax error in HELLO option '{}'",
+                super::sanitize(&args[i], 128)
+            ));
+        }
+    }
+    if let Some((user, pass)) = &credentials {
+        if let Err(e) = check_password(client, user, pass) {
+            return e;
+        }
+        client.authenticated = true;
+    }
+    if !client.authenticated {
+        return Reply::error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+        );
+    }
+    if let Some(name) = &setname {
+        if !valid_name(name) {
+            return Reply::error(
+                "ERR Client names cannot contain spaces, newlines or special characters.",
+            );
+        }
+        client.info.borrow_mut().name = String::from_utf8_lossy(name).into_owned();
+    }
+    if let Some(p) = proto {
+        client.resp3 = p == 3;
+        client.info.borrow_mut().resp = p;
+    }
+    let id = client.id();
+    Reply::Map(vec![
+        (Reply::bulk("server"), Reply::bulk("redis")),
+        (Reply::bulk("version"), Reply::bulk(crate::REDIS_VERSION)),
+        (
+            Reply::bulk("proto"),
+            Reply::Int(if client.resp3 { 3 } else { 2 }),
+        ),
+        (Reply::bulk("id"), Reply::Int(id as i64)),
+        (Reply::bulk("mode"), Reply::bulk("standalone")),
+        (Reply::bulk("role"), Reply::bulk("master")),
+        (Reply::bulk("modules"), Reply::Array(Vec::new())),
+    ])
+}
+
+fn quit(client: &mut Client, _args: &[Bytes]) -> Reply {
+    client.close_after_reply = true;
+    Reply::ok()
+}
+
+fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
+    client.resp3 = false;
+    client.no_touch = false;
+    client.authenticated = !client.shard.shared.config.auth_required();
+    let mut info = client.info.borrow_mut();
+    info.name.clear();
+    info.resp = 2;
+    info.no_touch = false;
+    info.no_evict = false;
+    Reply::status("RESET")
+}
+
+fn select(_client: &mut Client, args: &[Bytes]) -> Reply {
+    match parse_int(&args[1]) {
+        Some(0) => Reply::ok(),
+        Some(_) => Reply::error("ERR DB index is out of range"),
+        None => not_integer(),
+    }
+}

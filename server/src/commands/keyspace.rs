@@ -1,0 +1,992 @@
+//! Generic key commands (Redis's "generic" group): DEL, EXISTS, EXPIRE and
+//! TTL, RENAME, COPY, KEYS, SCAN, RANDOMKEY, TYPE, OBJECT. Also the fan-out
+//! helper multi-key commands use.
+
+use bytes::Bytes;
+
+use super::flags::*;
+use super::{
+    is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Client, CommandSpec,
+    Handler, KeyOp, KeySpec, LocalBoxFuture, ALL_KEYS, KEY1, NO_KEYS,
+};
+use crate::glob::glob_match;
+use crate::protocol::Reply;
+use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
+use crate::shard::ShardGone;
+use crate::store::Store;
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 2,
+    flags: READONLY | FAST,
+    keys: KEY1,
+    group: "generic",
+    since: "1.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "key",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+const TWO_KEYS: KeySpec = KeySpec {
+    first: 1,
+    last: 2,
+    step: 1,
+};
+
+const OBJECT_SUB: CommandSpec = CommandSpec {
+    arity: 3,
+    flags: READONLY,
+    keys: KeySpec {
+        first: 2,
+        last: 2,
+        step: 1,
+    },
+    since: "2.2.3",
+    ..BASE
+};
+
+/// The generic (keyspace) family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "del",
+        arity: -2,
+        flags: WRITE,
+        keys: ALL_KEYS,
+        summary: "Deletes one or more keys.",
+        complexity: "O(N) where N is the number of keys that will be removed.",
+        syntax: "key...",
+        handler: Handler::Async(del),
+        ..BASE
+    },
+    CommandSpec {
+        name: "unlink",
+        arity: -2,
+        flags: WRITE | FAST,
+        keys: ALL_KEYS,
+        since: "4.0.0",
+        summary: "Asynchronously deletes one or more keys.",
+        complexity: "O(1) for each key removed regardless of its size.",
+        syntax: "key...",
+        handler: Handler::Async(del),
+        ..BASE
+    },
+    CommandSpec {
+        name: "exists",
+        arity: -2,
+        keys: ALL_KEYS,
+        summary: "Determines whether one or more keys exist.",
+        complexity: "O(N) where N is the number of keys to check.",
+        syntax: "key...",
+        handler: Handler::Async(exists),
+        ..BASE
+    },
+    CommandSpec {
+        name: "touch",
+        arity: -2,
+        keys: ALL_KEYS,
+        since: "3.2.1",
+        summary: "Returns the number of existing keys out of those specified after updating the time they were last accessed.",
+        complexity: "O(N) where N is the number of keys that will be touched.",
+        syntax: "key...",
+        handler: Handler::Async(touch),
+        ..BASE
+    },
+    CommandSpec {
+        name: "type",
+        summary: "Determines the type of value stored at a key.",
+        handler: Handler::Key(key_type),
+        ..BASE
+    },
+    CommandSpec {
+        name: "keys",
+        flags: READONLY | DANGEROUS,
+        keys: NO_KEYS,
+        summary: "Returns all key names that match a pattern.",
+        complexity: "O(N) with N being the number of keys in the database.",
+        syntax: "pattern",
+        handler: Handler::Async(keys),
+        ..BASE
+    },
+    CommandSpec {
+        name: "scan",
+        arity: -2,
+        flags: READONLY,
+        keys: NO_KEYS,
+        since: "2.8.0",
+        summary: "Iterates over the key names in the database.",
+        complexity: "O(1) for every call. O(N) for a complete iteration.",
+        syntax: "cursor:integer [MATCH pattern] [COUNT count] [TYPE type]",
+        handler: Handler::Async(scan),
+        ..BASE
+    },
+    CommandSpec {
+        name: "randomkey",
+        arity: 1,
+        flags: READONLY | RANDOM,
+        keys: NO_KEYS,
+        summary: "Returns a random key name from the database.",
+        syntax: "",
+        handler: Handler::Async(randomkey),
+        ..BASE
+    },
+    CommandSpec {
+        name: "rename",
+        arity: 3,
+        flags: WRITE,
+        keys: TWO_KEYS,
+        summary: "Renames a key and overwrites the destination.",
+        syntax: "key newkey",
+        handler: Handler::Async(rename),
+        ..BASE
+    },
+    CommandSpec {
+        name: "renamenx",
+        arity: 3,
+        flags: WRITE | FAST,
+        keys: TWO_KEYS,
+        summary: "Renames a key only when the target key name doesn't exist.",
+        syntax: "key newkey",
+        handler: Handler::Async(renamenx),
+        ..BASE
+    },
+    CommandSpec {
+        name: "copy",
+        arity: -3,
+        flags: WRITE | DENYOOM,
+        keys: TWO_KEYS,
+        since: "6.2.0",
+        summary: "Copies the value of a key to a new key.",
+        complexity: "O(N) worst case for collections, where N is the number of nested items. O(1) for string values.",
+        syntax: "source destination [DB destination-db:integer] [REPLACE]",
+        handler: Handler::Async(copy),
+        ..BASE
+    },
+    CommandSpec {
+        name: "expire",
+        arity: -3,
+        flags: WRITE | FAST,
+        summary: "Sets the expiration time of a key in seconds.",
+        syntax: "key seconds [NX|XX|GT|LT]",
+        handler: Handler::Key(expire),
+        ..BASE
+    },
+    CommandSpec {
+        name: "pexpire",
+        arity: -3,
+        flags: WRITE | FAST,
+        since: "2.6.0",
+        summary: "Sets the expiration time of a key in milliseconds.",
+        syntax: "key milliseconds [NX|XX|GT|LT]",
+        handler: Handler::Key(expire),
+        ..BASE
+    },
+    CommandSpec {
+        name: "expireat",
+        arity: -3,
+        flags: WRITE | FAST,
+        since: "1.2.0",
+        summary: "Sets the expiration time of a key to a Unix timestamp.",
+        syntax: "key unix-time-seconds [NX|XX|GT|LT]",
+        handler: Handler::Key(expire),
+        ..BASE
+    },
+    CommandSpec {
+        name: "pexpireat",
+        arity: -3,
+        flags: WRITE | FAST,
+        since: "2.6.0",
+        summary: "Sets the expiration time of a key to a Unix milliseconds timestamp.",
+        syntax: "key unix-time-milliseconds [NX|XX|GT|LT]",
+        handler: Handler::Key(expire),
+        ..BASE
+    },
+    CommandSpec {
+        name: "ttl",
+        summary: "Returns the expiration time in seconds of a key.",
+        handler: Handler::Key(ttl),
+        ..BASE
+    },
+    CommandSpec {
+        name: "pttl",
+        since: "2.6.0",
+        summary: "Returns the expiration time in milliseconds of a key.",
+        handler: Handler::Key(ttl),
+        ..BASE
+    },
+    CommandSpec {
+        name: "expiretime",
+        since: "7.0.0",
+        summary: "Returns the expiration time of a key as a Unix timestamp.",
+        handler: Handler::Key(ttl),
+        ..BASE
+    },
+    CommandSpec {
+        name: "pexpiretime",
+        since: "7.0.0",
+        summary: "Returns the expiration time of a key as a Unix milliseconds timestamp.",
+        handler: Handler::Key(ttl),
+        ..BASE
+    },
+    CommandSpec {
+        name: "persist",
+        flags: WRITE | FAST,
+        since: "2.2.0",
+        summary: "Removes the expiration time of a key.",
+        handler: Handler::Key(persist),
+        ..BASE
+    },
+    CommandSpec {
+        name: "object",
+        arity: -2,
+        flags: 0,
+        keys: NO_KEYS,
+        since: "2.2.3",
+        summary: "A container for object introspection commands.",
+        complexity: "Depends on subcommand.",
+        syntax: "",
+        subcommands: &[
+            CommandSpec {
+                name: "object|encoding",
+                summary: "Returns the internal encoding of a Redis object.",
+                handler: Handler::Key(object),
+                ..OBJECT_SUB
+            },
+            CommandSpec {
+                name: "object|freq",
+                since: "4.0.0",
+                summary: "Returns the logarithmic access frequency counter of a Redis object.",
+                handler: Handler::Key(object),
+                ..OBJECT_SUB
+            },
+            CommandSpec {
+                name: "object|idletime",
+                summary: "Returns the time since the last access to a Redis object.",
+                handler: Handler::Key(object),
+                ..OBJECT_SUB
+            },
+            CommandSpec {
+                name: "object|refcount",
+                summary: "Returns the reference count of a value of a key.",
+                handler: Handler::Key(object),
+                ..OBJECT_SUB
+            },
+            CommandSpec {
+                name: "object|help",
+                arity: 2,
+                flags: LOADING | STALE,
+                keys: NO_KEYS,
+                since: "6.2.0",
+                summary: "Returns helpful text about the different subcommands.",
+                syntax: "",
+                handler: Handler::Sync(object_help),
+                ..OBJECT_SUB
+            },
+        ],
+        ..BASE
+    },
+];
+
+/// A shard is gone: the server is shutting down.
+fn gone(_: ShardGone) -> Reply {
+    Reply::error("ERR server is shutting down")
+}
+
+/// Outcome of a conditional per-key write in a fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fanned {
+    /// Written.
+    Done,
+    /// Left alone (a condition failed).
+    Skipped,
+    /// Refused for lack of memory.
+    Oom,
+}
+
+/// One key of a fan-out: result position, slot, key, following argument.
+type KeyWork = (usize, u16, Bytes, Option<Bytes>);
+
+/// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
+/// owns it: one job per shard, all shards in parallel, this shard's keys
+/// inline. `f` gets the store, the key's slot, the key, the argument after the
+/// key (the value, for MSET-like commands) and the time; results come back in
+/// key order.
+pub async fn fan_out<R, F>(
+    client: &Client,
+    args: &[Bytes],
+    key_indexes: &[usize],
+    f: F,
+) -> Result<Vec<R>, ShardGone>
+where
+    R: Send + 'static,
+    F: Fn(&mut Store, u16, &[u8], Option<&Bytes>, u64) -> R + Send + Copy + 'static,
+{
+    let shard = &client.shard;
+    let mut per_shard: Vec<Vec<KeyWork>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    for (pos, &i) in key_indexes.iter().enumerate() {
+        let key = args[i].clone();
+        let slot = key_slot(&key);
+        per_shard[shard.owner_of(slot)].push((pos, slot, key, args.get(i + 1).cloned()));
+    }
+    // Post every remote job first, so shards work in parallel; this shard's
+    // own keys run inline while the others are busy.
+    let mut pending = Vec::new();
+    let mut local = None;
+    for (target, work) in per_shard.into_iter().enumerate() {
+        if work.is_empty() {
+            continue;
+        }
+        let job = move |s: &crate::shard::Shard| {
+            let mut store = s.store.borrow_mut();
+            let now = crate::store::now_ms();
+            work.into_iter()
+                .map(|(pos, slot, key, value)| {
+                    (pos, f(&mut store, slot, &key, value.as_ref(), now))
+                })
+                .collect::<Vec<_>>()
+        };
+        if target == shard.id {
+            local = Some(job);
+        } else {
+            pending.push(shard.call(target, job));
+        }
+    }
+    let mut out: Vec<Option<R>> = (0..key_indexes.len()).map(|_| None).collect();
+    if let Some(job) = local {
+        for (pos, r) in job(shard) {
+            out[pos] = Some(r);
+        }
+    }
+    for p in pending {
+        for (pos, r) in p.await? {
+            out[pos] = Some(r);
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
+    match results {
+        Ok(r) => Reply::Int(r.into_iter().filter(|&b| b).count() as i64),
+        Err(e) => gone(e),
+    }
+}
+
+fn del(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let keys: Vec<usize> = (1..args.len()).collect();
+        count_true(
+            fan_out(client, &args, &keys, |store, slot, key, _, now| {
+                store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
+            })
+            .await,
+        )
+    })
+}
+
+fn exists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let keys: Vec<usize> = (1..args.len()).collect();
+        count_true(
+            fan_out(client, &args, &keys, |store, slot, key, _, now| {
+                store.read(slot, key, now, false).is_some()
+            })
+            .await,
+        )
+    })
+}
+
+fn touch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let keys: Vec<usize> = (1..args.len()).collect();
+        count_true(
+            fan_out(client, &args, &keys, |store, slot, key, _, now| {
+                store.touch(slot, key, now)
+            })
+            .await,
+        )
+    })
+}
+
+fn key_type(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    match store.peek(op.slot, op.key(), now) {
+        Some(_) => Reply::status("string"),
+        None => Reply::status("none"),
+    }
+}
+
+fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let pattern = args[1].clone();
+        let all = client
+            .shard
+            .call_all(move |s| {
+                let mut out = Vec::new();
+                s.store
+                    .borrow()
+                    .for_each_live(crate::store::now_ms(), |k, _| {
+                        if glob_match(&pattern, k, false) {
+                            out.push(Reply::Bulk(k.clone()));
+                        }
+                    });
+                out
+            })
+            .await;
+        match all {
+            Ok(parts) => Reply::Array(parts.into_iter().flatten().collect()),
+            Err(e) => gone(e),
+        }
+    })
+}
+
+fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let cursor = match std::str::from_utf8(&args[1])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            Some(c) => c,
+            None => return Reply::error("ERR invalid cursor"),
+        };
+        let mut count = 10usize;
+        let mut pattern: Option<Bytes> = None;
+        let mut type_filter: Option<Bytes> = None;
+        let mut i = 2;
+        while i < args.len() {
+            if i + 1 >= args.len() {
+                return syntax_error();
+            }
+            let (opt, value) = (&args[i], &args[i + 1]);
+            if is(opt, "count") {
+                match parse_int(value) {
+                    Some(n) if n >= 1 => count = n as usize,
+                    Some(_) => return syntax_error(),
+                    None => return not_integer(),
+                }
+            } else if is(opt, "match") {
+                pattern = Some(value.clone());
+            } else if is(opt, "type") {
+                type_filter = Some(value.clone());
+            } else {
+                return syntax_error();
+            }
+            i += 2;
+        }
+        // Every value is a string: any other TYPE matches nothing.
+        let only_strings = type_filter.as_ref().is_none_or(|t| is(t, "string"));
+        let mut found: Vec<Reply> = Vec::new();
+        let mut slot = cursor as usize;
+        let shards = client.shard.count();
+        while slot < SLOTS && found.len() < count {
+            let owner = slot_shard(slot as u16, shards);
+            let want = count - found.len();
+            let pattern = pattern.clone();
+            let step = client
+                .shard
+                .call(owner, move |s| {
+                    let now = crate::store::now_ms();
+                    s.store.borrow_mut().scan(
+                        slot,
+                        want,
+                        |k, _| {
+                            only_strings && pattern.as_ref().is_none_or(|p| glob_match(p, k, false))
+                        },
+                        now,
+                    )
+                })
+                .await;
+            let (keys, next) = match step {
+                Ok(step) => step,
+                Err(e) => return gone(e),
+            };
+            found.extend(keys.into_iter().map(Reply::Bulk));
+            slot = next.unwrap_or(shard_slots(owner, shards).end);
+        }
+        let next_cursor = if slot >= SLOTS { 0 } else { slot };
+        Reply::Array(vec![
+            Reply::bulk(next_cursor.to_string()),
+            Reply::Array(found),
+        ])
+    })
+}
+
+fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let sizes = match client.shard.call_all(|s| s.store.borrow().len()).await {
+            Ok(sizes) => sizes,
+            Err(e) => return gone(e),
+        };
+        let total: usize = sizes.iter().sum();
+        if total == 0 {
+            return Reply::Nil;
+        }
+        // Pick a shard in proportion to its keys, then a key in it; a shard
+        // whose keys all turned out expired passes to the next.
+        let mut pick = (crate::store::now_ms() as usize).wrapping_mul(2654435761) % total;
+        let mut start = 0;
+        for (i, &n) in sizes.iter().enumerate() {
+            if pick < n {
+                start = i;
+                break;
+            }
+            pick -= n;
+        }
+        for k in 0..sizes.len() {
+            let target = (start + k) % sizes.len();
+            if sizes[target] == 0 {
+                continue;
+            }
+            let found = client
+                .shard
+                .call(target, |s| {
+                    s.store.borrow_mut().random_key(crate::store::now_ms())
+                })
+                .await;
+            match found {
+                Ok(Some(key)) => return Reply::Bulk(key),
+                Ok(None) => continue,
+                Err(e) => return gone(e),
+            }
+        }
+        Reply::Nil
+    })
+}
+
+/// What RENAME-like commands take from the source key.
+type Moved = (Bytes, u64, crate::store::Encoding);
+
+/// Moves or copies `src` to `dst`. `remove_src`: RENAME (else COPY);
+/// `replace`: overwrite an existing destination. Returns `Ok(None)` when the
+/// source is missing, `Ok(Some(false))` when the destination exists and may
+/// not be replaced.
+async fn transfer(
+    client: &Client,
+    src: Bytes,
+    dst: Bytes,
+    remove_src: bool,
+    replace: bool,
+) -> Result<Result<Option<bool>, Reply>, ShardGone> {
+    let shard = &client.shard;
+    let (src_slot, dst_slot) = (key_slot(&src), key_slot(&dst));
+    let (src_owner, dst_owner) = (shard.owner_of(src_slot), shard.owner_of(dst_slot));
+    if src_owner == dst_owner {
+        // One shard: the whole move is one atomic step.
+        return shard
+            .call(src_owner, move |s| {
+                let mut store = s.store.borrow_mut();
+                let now = crate::store::now_ms();
+                let Some(e) = store.peek(src_slot, &src, now) else {
+                    return Ok(None);
+                };
+                let (value, at, enc) = (e.value.clone(), e.expire_at, e.encoding);
+                if src == dst {
+                    return Ok(Some(!replace || remove_src));
+                }
+                if !replace && store.peek(dst_slot, &dst, now).is_some() {
+                    return Ok(Some(false));
+                }
+                if remove_src {
+                    store.remove(src_slot, &src);
+                }
+                match store.insert_with(dst_slot, &dst, value.clone(), at, enc, now) {
+                    Ok(_) => Ok(Some(true)),
+                    Err(_) => {
+                        if remove_src {
+                            let _ = store.insert_with(src_slot, &src, value, at, enc, now);
+                        }
+                        Err(oom_error())
+                    }
+                }
+            })
+            .await;
+    }
+    let taken: Option<Moved> = shard
+        .call(src_owner, {
+            let src = src.clone();
+            move |s| {
+                let mut store = s.store.borrow_mut();
+                let now = crate::store::now_ms();
+                let e = store.peek(src_slot, &src, now)?;
+                Some((e.value.clone(), e.expire_at, e.encoding))
+            }
+        })
+        .await?;
+    let Some((value, at, enc)) = taken else {
+        return Ok(Ok(None));
+    };
+    let written = shard
+        .call(dst_owner, move |s| {
+            let mut store = s.store.borrow_mut();
+            let now = crate::store::now_ms();
+            if !replace && store.peek(dst_slot, &dst, now).is_some() {
+                return Ok(false);
+            }
+            store
+                .insert_with(dst_slot, &dst, value, at, enc, now)
+                .map(|_| true)
+                .map_err(|_| oom_error())
+        })
+        .await?;
+    match written {
+        Ok(true) if remove_src => {
+            shard
+                .call(src_owner, move |s| {
+                    s.store.borrow_mut().remove(src_slot, &src);
+                })
+                .await?;
+            Ok(Ok(Some(true)))
+        }
+        Ok(done) => Ok(Ok(Some(done))),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+fn rename(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        match transfer(client, args[1].clone(), args[2].clone(), true, true).await {
+            Ok(Ok(Some(_))) => Reply::ok(),
+            Ok(Ok(None)) => Reply::error("ERR no such key"),
+            Ok(Err(e)) => e,
+            Err(e) => gone(e),
+        }
+    })
+}
+
+fn renamenx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if args[1] == args[2] {
+            // Redis answers 0 for a rename onto itself, if the key exists.
+            let key = args[1].clone();
+            let slot = key_slot(&key);
+            let owner = client.shard.owner_of(slot);
+            return match client
+                .shard
+                .call(owner, move |s| {
+                    s.store
+                        .borrow_mut()
+                        .peek(slot, &key, crate::store::now_ms())
+                        .is_some()
+                })
+                .await
+            {
+                Ok(true) => Reply::Int(0),
+                Ok(false) => Reply::error("ERR no such key"),
+                Err(e) => gone(e),
+            };
+        }
+        match transfer(client, args[1].clone(), args[2].clone(), true, false).await {
+            Ok(Ok(Some(done))) => Reply::Int(done as i64),
+            Ok(Ok(None)) => Reply::error("ERR no such key"),
+            Ok(Err(e)) => e,
+            Err(e) => gone(e),
+        }
+    })
+}
+
+fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let mut replace = false;
+        let mut i = 3;
+        while i < args.len() {
+            if is(&args[i], "replace") {
+                replace = true;
+            } else if is(&args[i], "db") && i + 1 < args.len() {
+                match parse_int(&args[i + 1]) {
+                    Some(0) => {}
+                    Some(_) => return Reply::error("ERR DB index is out of range"),
+                    None => return not_integer(),
+                }
+                i += 1;
+            } else {
+                return syntax_error();
+            }
+            i += 1;
+        }
+        if args[1] == args[2] {
+            return Reply::error("ERR source and destination objects are the same");
+        }
+        match transfer(client, args[1].clone(), args[2].clone(), false, replace).await {
+            Ok(Ok(Some(done))) => Reply::Int(done as i64),
+            Ok(Ok(None)) => Reply::Int(0),
+            Ok(Err(e)) => e,
+            Err(e) => gone(e),
+        }
+    })
+}
+
+fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let name = op.args[0].to_ascii_lowercase();
+    let name = String::from_utf8_lossy(&name).into_owned();
+    let Some(n) = parse_int(&op.args[2]) else {
+        return not_integer();
+    };
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for opt in &op.args[3..] {
+        if is(opt, "nx") {
+            nx = true;
+        } else if is(opt, "xx") {
+            xx = true;
+        } else if is(opt, "gt") {
+            gt = true;
+        } else if is(opt, "lt") {
+            lt = true;
+        } else {
+            return Reply::error(format!(
+                "ERR Unsupported option {}",
+                String::from_utf8_lossy(opt)
+            ));
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Reply::error("ERR NX and XX, GT or LT options at the same time are not compatible");
+    }
+    if gt && lt {
+        return Reply::error("ERR GT and LT options at the same time are not compatible");
+    }
+    let invalid = || Reply::error(format!("ERR invalid expire time in '{name}' command"));
+    let seconds = name == "expire" || name == "expireat";
+    let relative = name == "expire" || name == "pexpire";
+    let ms = if seconds {
+        match n.checked_mul(1000) {
+            Some(ms) => ms,
+            None => return invalid(),
+        }
+    } else {
+        n
+    };
+    let at = if relative {
+        match ms.checked_add(now as i64) {
+            Some(at) => at,
+            None => return invalid(),
+        }
+    } else {
+        ms
+    };
+    let (slot, key) = (op.slot, op.key());
+    let Some(current) = store.peek(slot, key, now).map(|e| e.expire_at) else {
+        return Reply::Int(0);
+    };
+    // A key without TTL counts as expiring never (infinitely late).
+    let current_cmp = if current == 0 {
+        i128::MAX
+    } else {
+        current as i128
+    };
+    let allowed = !(nx && current != 0
+        || xx && current == 0
+        || gt && (at as i128) <= current_cmp
+        || lt && (at as i128) >= current_cmp);
+    if !allowed {
+        return Reply::Int(0);
+    }
+    if at <= now as i64 {
+        store.remove(slot, key);
+        store.stats.expired_keys += 1;
+        return Reply::Int(1);
+    }
+    store.set_expire(slot, key, at as u64, now);
+    Reply::Int(1)
+}
+
+fn ttl(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let name = op.args[0].to_ascii_lowercase();
+    let Some(at) = store
+        .read(op.slot, op.key(), now, false)
+        .map(|e| e.expire_at)
+    else {
+        return Reply::Int(-2);
+    };
+    if at == 0 {
+        return Reply::Int(-1);
+    }
+    let left = at.saturating_sub(now) as i64;
+    Reply::Int(match &name[..] {
+        b"ttl" => (left + 500) / 1000,
+        b"pttl" => left,
+        b"expiretime" => (at / 1000) as i64,
+        _ => at as i64,
+    })
+}
+
+fn persist(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    match store.peek(op.slot, op.key(), now).map(|e| e.expire_at) {
+        Some(at) if at != 0 => {
+            store.set_expire(op.slot, op.key(), 0, now);
+            Reply::Int(1)
+        }
+        _ => Reply::Int(0),
+    }
+}
+
+fn object(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let sub = op.args[1].to_ascii_lowercase();
+    let policy = store.policy();
+    let Some(entry) = store.peek(op.slot, op.key(), now) else {
+        return Reply::Nil;
+    };
+    match &sub[..] {
+        b"encoding" => Reply::bulk(entry.encoding_name()),
+        b"refcount" => Reply::Int(1),
+        b"freq" if policy.is_lfu() => Reply::Int(entry.frequency(now) as i64),
+        b"freq" => Reply::error(
+            "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+        ),
+        b"idletime" if policy.is_lfu() => Reply::error(
+            "ERR An LFU maxmemory policy is selected, idle time not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+        ),
+        b"idletime" => Reply::Int(entry.idle_seconds(now) as i64),
+        _ => unknown_subcommand("object", &op.args[1]),
+    }
+}
+
+fn object_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    help_reply(
+        "OBJECT",
+        &[
+            "ENCODING <key>",
+            "    Return the kind of internal representation used in order to store the value",
+            "    associated with a <key>.",
+            "FREQ <key>",
+            "    Return the access frequency index of the <key>. The returned integer is",
+            "    proportional to the logarithm of the recent access frequency of the key.",
+            "IDLETIME <key>",
+            "    Return the idle time of the <key>, that is the approximated number of",
+            "    seconds elapsed since the last access to the key.",
+            "REFCOUNT <key>",
+            "    Return the number of references of the value associated with the specified",
+            "    <key>.",
+        ],
+    )
+}
+
+/// A HELP reply in Redis's format: a title line, the lines, and HELP itself.
+pub fn help_reply(command: &str, lines: &[&str]) -> Reply {
+    let mut out = vec![Reply::status_owned(format!(
+        "{command} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+    ))];
+    out.extend(lines.iter().map(|l| Reply::status_owned(l.to_string())));
+    out.push(Reply::status("HELP"));
+    out.push(Reply::status("    Print this help."));
+    Reply::Array(out)
+}
+
+/// The LCS reply (`LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]`),
+/// computed and walked back exactly as Redis does.
+pub fn lcs_reply(
+    a: &[u8],
+    b: &[u8],
+    want_len: bool,
+    want_idx: bool,
+    with_match_len: bool,
+    min_len: usize,
+) -> Reply {
+    let (alen, blen) = (a.len(), b.len());
+    let cells = (alen as u128 + 1) * (blen as u128 + 1) * 4;
+    if cells > 512 * 1024 * 1024 {
+        return Reply::error(
+            "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len",
+        );
+    }
+    let width = blen + 1;
+    let mut table = vec![0u32; (alen + 1) * width];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            table[i * width + j] = if a[i - 1] == b[j - 1] {
+                table[(i - 1) * width + j - 1] + 1
+            } else {
+                table[(i - 1) * width + j].max(table[i * width + j - 1])
+            };
+        }
+    }
+    let lcs_len = table[alen * width + blen] as usize;
+    if want_len {
+        return Reply::Int(lcs_len as i64);
+    }
+    let mut result = vec![0u8; lcs_len];
+    let mut matches = Vec::new();
+    let (mut i, mut j, mut idx) = (alen, blen, lcs_len);
+    let (mut a_start, mut a_end, mut b_start, mut b_end) = (alen, 0, 0, 0);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            if a_start == alen {
+                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
+            } else if a_start == i && b_start == j {
+                a_start -= 1;
+                b_start -= 1;
+            } else {
+                emit = true;
+            }
+            if a_start == 0 || b_start == 0 {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if table[(i - 1) * width + j] > table[i * width + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            if a_start != alen {
+                emit = true;
+            }
+        }
+        if emit {
+            let match_len = a_end - a_start + 1;
+            if min_len == 0 || match_len >= min_len {
+                let mut m = vec![
+                    Reply::Array(vec![Reply::Int(a_start as i64), Reply::Int(a_end as i64)]),
+                    Reply::Array(vec![Reply::Int(b_start as i64), Reply::Int(b_end as i64)]),
+                ];
+                if with_match_len {
+                    m.push(Reply::Int(match_len as i64));
+                }
+                matches.push(Reply::Array(m));
+            }
+            a_start = alen;
+        }
+    }
+    if want_idx {
+        Reply::Map(vec![
+            (Reply::bulk("matches"), Reply::Array(matches)),
+            (Reply::bulk("len"), Reply::Int(lcs_len as i64)),
+        ])
+    } else {
+        Reply::Bulk(Bytes::from(result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lcs_matches_redis_example() {
+        let (a, b) = (b"ohmytext", b"mynewtext");
+        assert_eq!(
+            lcs_reply(a, b, false, false, false, 0),
+            Reply::bulk("mytext")
+        );
+        assert_eq!(lcs_reply(a, b, true, false, false, 0), Reply::Int(6));
+        let Reply::Map(fields) = lcs_reply(a, b, false, true, true, 0) else {
+            panic!("map expected")
+        };
+        let Reply::Array(matches) = &fields[0].1 else {
+            panic!("array expected")
+        };
+        // Redis: 1) [[4,7],[5,8],4]  2) [[2,3],[0,1],2]
+        assert_eq!(
+            matches[0],
+            Reply::Array(vec![
+                Reply::Array(vec![Reply::Int(4), Reply::Int(7)]),
+                Reply::Array(vec![Reply::Int(5), Reply::Int(8)]),
+                Reply::Int(4),
+            ])
+        );
+        assert_eq!(matches.len(), 2);
+    }
+}

@@ -1,0 +1,443 @@
+//! The command table: every command's name, arity, flags, key positions,
+//! documentation and handler, registered by family (one file per family, as
+//! in Dragonfly's `string_family`, `generic_family`).
+//!
+//! Handlers come in three shapes:
+//! * [`Handler::Key`]: a single-key command. It runs on the shard that owns
+//!   the key, inline when that is the connection's shard, and otherwise
+//!   through the owner's mailbox, batched with the rest of the pipeline.
+//! * [`Handler::Sync`]: connection-level work that needs no other shard.
+//! * [`Handler::Async`]: commands that fan out (MGET, DEL k1 k2, KEYS, INFO,
+//!   FLUSHALL, ...) and await the shards' answers.
+
+pub mod client;
+pub mod connection;
+pub mod docs;
+pub mod keyspace;
+pub mod server;
+pub mod string;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+
+use crate::clients::ClientInfo;
+use crate::protocol::Reply;
+use crate::shard::Shard;
+use crate::store::Store;
+
+/// A boxed future borrowing the client, returned by async handlers.
+pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
+
+/// What a single-key command gets on the owning shard.
+pub struct KeyOp {
+    /// All arguments, the command name first.
+    pub args: Vec<Bytes>,
+    /// Index of the key in `args`.
+    pub key_index: usize,
+    /// Slot of the key.
+    pub slot: u16,
+    /// Whether reads count as accesses (false under CLIENT NO-TOUCH).
+    pub touch: bool,
+}
+
+impl KeyOp {
+    /// The key this command is about.
+    pub fn key(&self) -> &[u8] {
+        &self.args[self.key_index]
+    }
+}
+
+/// A single-key command body, run on the owner shard against its store.
+pub type KeyFn = fn(&mut Store, &KeyOp, u64) -> Reply;
+/// A connection-level command body.
+pub type SyncFn = fn(&mut Client, &[Bytes]) -> Reply;
+/// A command body that awaits other shards.
+pub type AsyncFn = for<'a> fn(&'a mut Client, Vec<Bytes>) -> LocalBoxFuture<'a>;
+
+/// How a command is executed.
+#[derive(Clone, Copy)]
+pub enum Handler {
+    /// See [`KeyFn`].
+    Key(KeyFn),
+    /// See [`SyncFn`].
+    Sync(SyncFn),
+    /// See [`AsyncFn`].
+    Async(AsyncFn),
+    /// A container (CLIENT, CONFIG, ...): dispatches on its subcommand.
+    Parent,
+}
+
+/// Command flags, as COMMAND INFO reports them.
+pub mod flags {
+    /// May modify the keyspace.
+    pub const WRITE: u32 = 1;
+    /// Only reads.
+    pub const READONLY: u32 = 1 << 1;
+    /// May grow memory use: refused under OOM.
+    pub const DENYOOM: u32 = 1 << 2;
+    /// Administrative.
+    pub const ADMIN: u32 = 1 << 3;
+    /// O(1) or O(log N).
+    pub const FAST: u32 = 1 << 4;
+    /// Allowed before AUTH.
+    pub const NO_AUTH: u32 = 1 << 5;
+    /// Not allowed in scripts.
+    pub const NOSCRIPT: u32 = 1 << 6;
+    /// Allowed while loading.
+    pub const LOADING: u32 = 1 << 7;
+    /// Allowed on a stale replica.
+    pub const STALE: u32 = 1 << 8;
+    /// Answers may differ between calls with the same arguments.
+    pub const RANDOM: u32 = 1 << 9;
+    /// Can block the client.
+    pub const BLOCKING: u32 = 1 << 10;
+    /// Not propagated to replicas / AOF.
+    pub const SKIP_MONITOR: u32 = 1 << 11;
+    /// Has dangerous effects (FLUSHALL, KEYS, ...).
+    pub const DANGEROUS: u32 = 1 << 12;
+
+    /// Names reported by COMMAND INFO, in Redis's order.
+    pub const NAMES: [(u32, &str); 12] = [
+        (WRITE, "write"),
+        (READONLY, "readonly"),
+        (DENYOOM, "denyoom"),
+        (ADMIN, "admin"),
+        (NOSCRIPT, "noscript"),
+        (BLOCKING, "blocking"),
+        (LOADING, "loading"),
+        (STALE, "stale"),
+        (SKIP_MONITOR, "skip_monitor"),
+        (NO_AUTH, "no_auth"),
+        (FAST, "fast"),
+        (RANDOM, "random"),
+    ];
+}
+
+/// Where a command's keys are, as in COMMAND INFO (first, last, step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySpec {
+    /// Index of the first key (0: no keys).
+    pub first: i32,
+    /// Index of the last key; negative counts from the end.
+    pub last: i32,
+    /// Distance between keys.
+    pub step: i32,
+}
+
+/// No keys.
+pub const NO_KEYS: KeySpec = KeySpec {
+    first: 0,
+    last: 0,
+    step: 0,
+};
+/// One key at index 1.
+pub const KEY1: KeySpec = KeySpec {
+    first: 1,
+    last: 1,
+    step: 1,
+};
+/// Keys from index 1 to the end.
+pub const ALL_KEYS: KeySpec = KeySpec {
+    first: 1,
+    last: -1,
+    step: 1,
+};
+/// Key, value pairs from index 1 to the end.
+pub const KEY_VALUE_PAIRS: KeySpec = KeySpec {
+    first: 1,
+    last: -1,
+    step: 2,
+};
+
+/// One command (or subcommand) of the table.
+pub struct CommandSpec {
+    /// Lower-case name; subcommands are `parent|sub`.
+    pub name: &'static str,
+    /// Redis arity: N exactly, or at least |N| when negative.
+    pub arity: i32,
+    /// [`flags`] bits.
+    pub flags: u32,
+    /// Key positions.
+    pub keys: KeySpec,
+    /// COMMAND DOCS group (`string`, `generic`, `connection`, `server`, ...).
+    pub group: &'static str,
+    /// Redis version the command appeared in.
+    pub since: &'static str,
+    /// One-line description.
+    pub summary: &'static str,
+    /// Time complexity.
+    pub complexity: &'static str,
+    /// Argument syntax after the name, e.g. `key value [NX|XX]` (see [`docs`]).
+    pub syntax: &'static str,
+    /// The body.
+    pub handler: Handler,
+    /// Subcommands of a container.
+    pub subcommands: &'static [CommandSpec],
+}
+
+impl CommandSpec {
+    /// Whether `argc` arguments (name included) satisfy the arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let arity = self.arity;
+        (arity >= 0 && argc == arity as usize)
+            || (arity < 0 && argc >= arity.unsigned_abs() as usize)
+    }
+
+    /// Whether a flag bit is set.
+    pub fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// The name as shown to users (`client|setname` → `client|setname`).
+    pub fn full_name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The keys of a call (`args` includes the name), by the key spec.
+    pub fn key_indexes(&self, argc: usize) -> Vec<usize> {
+        let KeySpec { first, last, step } = self.keys;
+        if first <= 0 || step <= 0 || first as usize >= argc {
+            return Vec::new();
+        }
+        let last = if last < 0 {
+            argc as i32 + last
+        } else {
+            last.min(argc as i32 - 1)
+        };
+        (first..=last)
+            .step_by(step as usize)
+            .map(|i| i as usize)
+            .collect()
+    }
+}
+
+/// The command table, flattened for lookup and statistics.
+pub struct CommandTable {
+    /// Top-level commands, sorted by name.
+    pub commands: Vec<&'static CommandSpec>,
+    by_name: HashMap<&'static str, usize>,
+    /// Every command and subcommand; index = statistics id.
+    pub all: Vec<&'static CommandSpec>,
+    ids: HashMap<&'static str, usize>,
+}
+
+impl CommandTable {
+    fn build() -> CommandTable {
+        let mut commands: Vec<&'static CommandSpec> = Vec::new();
+        for family in [
+            string::COMMANDS,
+            keyspace::COMMANDS,
+            connection::COMMANDS,
+            client::COMMANDS,
+            server::COMMANDS,
+        ] {
+            commands.extend(family.iter());
+        }
+        commands.sort_by_key(|c| c.name);
+        let by_name = commands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name, i))
+            .collect();
+        let mut all = Vec::new();
+        for c in &commands {
+            all.push(*c);
+            all.extend(c.subcommands.iter());
+        }
+        let ids = all.iter().enumerate().map(|(i, c)| (c.name, i)).collect();
+        CommandTable {
+            commands,
+            by_name,
+            all,
+            ids,
+        }
+    }
+
+    /// Number of commands and subcommands.
+    pub fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Whether the table is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+
+    /// A top-level command by name, case-insensitively.
+    pub fn get(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+        let mut lower = [0u8; 32];
+        if name.len() > lower.len() {
+            return None;
+        }
+        for (d, s) in lower.iter_mut().zip(name) {
+            *d = s.to_ascii_lowercase();
+        }
+        let name = std::str::from_utf8(&lower[..name.len()]).ok()?;
+        self.by_name.get(name).map(|&i| self.commands[i])
+    }
+
+    /// A subcommand of `parent` by name, case-insensitively.
+    pub fn sub(&self, parent: &'static CommandSpec, name: &[u8]) -> Option<&'static CommandSpec> {
+        let prefix = parent.name.len() + 1;
+        parent
+            .subcommands
+            .iter()
+            .find(|s| s.name.as_bytes()[prefix..].eq_ignore_ascii_case(name))
+    }
+
+    /// The statistics id of a command.
+    pub fn id(&self, spec: &'static CommandSpec) -> usize {
+        self.ids[spec.name]
+    }
+}
+
+/// The process-wide command table.
+pub fn table() -> &'static CommandTable {
+    static TABLE: OnceLock<CommandTable> = OnceLock::new();
+    TABLE.get_or_init(CommandTable::build)
+}
+
+/// Per-connection state that commands read and change.
+pub struct Client {
+    /// The shard serving this connection.
+    pub shard: Rc<Shard>,
+    /// What CLIENT LIST shows of this connection.
+    pub info: Rc<RefCell<ClientInfo>>,
+    /// Replies in RESP3.
+    pub resp3: bool,
+    /// AUTH done (or not required).
+    pub authenticated: bool,
+    /// CLIENT NO-TOUCH.
+    pub no_touch: bool,
+    /// Close once the pending replies are written (QUIT, protocol errors).
+    pub close_after_reply: bool,
+}
+
+impl Client {
+    /// The connection's id.
+    pub fn id(&self) -> u64 {
+        self.info.borrow().id
+    }
+}
+
+/// `ERR wrong number of arguments for '<name>' command`.
+pub fn arity_error(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
+}
+
+/// `ERR syntax error`.
+pub fn syntax_error() -> Reply {
+    Reply::error("ERR syntax error")
+}
+
+/// `ERR value is not an integer or out of range`.
+pub fn not_integer() -> Reply {
+    Reply::error("ERR value is not an integer or out of range")
+}
+
+/// The OOM error of a write refused under `noeviction`.
+pub fn oom_error() -> Reply {
+    Reply::error("OOM command not allowed when used memory > 'maxmemory'.")
+}
+
+/// `ERR unknown subcommand '<sub>'. Try <PARENT> HELP.`
+pub fn unknown_subcommand(parent: &str, sub: &[u8]) -> Reply {
+    Reply::error(format!(
+        "ERR unknown subcommand '{}'. Try {} HELP.",
+        sanitize(sub, 128),
+        parent.to_ascii_uppercase()
+    ))
+}
+
+/// `ERR unknown command '<name>', with args beginning with: '<a>' '<b>' `,
+/// exactly as Redis 7 phrases it.
+pub fn unknown_command(args: &[Bytes]) -> Reply {
+    let mut shown = String::new();
+    for arg in &args[1..] {
+        if shown.len() >= 128 {
+            break;
+        }
+        let room = 128 - shown.len();
+        shown.push('\'');
+        shown.push_str(&sanitize(arg, room));
+        shown.push_str("' ");
+    }
+    Reply::error(format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        sanitize(&args[0], 128),
+        shown
+    ))
+}
+
+/// Lossy text of at most `max` bytes with newlines made spaces (errors must
+/// stay on one line).
+pub fn sanitize(bytes: &[u8], max: usize) -> String {
+    let cut = &bytes[..bytes.len().min(max)];
+    String::from_utf8_lossy(cut)
+        .chars()
+        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+        .collect()
+}
+
+/// Parses an integer argument exactly as Redis does.
+pub fn parse_int(arg: &[u8]) -> Option<i64> {
+    crate::protocol::parse_i64_strict(arg)
+}
+
+/// Lower-case ASCII equality for option names.
+pub fn is(arg: &[u8], word: &str) -> bool {
+    arg.eq_ignore_ascii_case(word.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        let t = table();
+        for c in &t.all {
+            assert_eq!(c.name, c.name.to_ascii_lowercase(), "{}", c.name);
+            assert!(c.arity != 0, "{}", c.name);
+            if matches!(c.handler, Handler::Key(_)) {
+                assert!(c.keys.first > 0, "{} routes by key but has none", c.name);
+            }
+            if matches!(c.handler, Handler::Parent) {
+                assert!(!c.subcommands.is_empty(), "{}", c.name);
+            }
+            for s in c.subcommands {
+                assert!(s.name.starts_with(&format!("{}|", c.name)), "{}", s.name);
+            }
+            docs::parse_syntax(c.syntax).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        }
+        assert!(t.get(b"GET").is_some());
+        assert!(t.get(b"gEt").is_some());
+        assert!(t.get(b"nope").is_none());
+    }
+
+    #[test]
+    fn key_indexes_follow_spec() {
+        let t = table();
+        assert_eq!(t.get(b"mset").unwrap().key_indexes(5), vec![1, 3]);
+        assert_eq!(t.get(b"del").unwrap().key_indexes(4), vec![1, 2, 3]);
+        assert_eq!(t.get(b"get").unwrap().key_indexes(2), vec![1]);
+        assert_eq!(t.get(b"ping").unwrap().key_indexes(1), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn unknown_command_text_matches_redis() {
+        let args: Vec<Bytes> = ["foo", "a", "b"].iter().map(|s| Bytes::from(*s)).collect();
+        assert_eq!(
+            unknown_command(&args),
+            Reply::error("ERR unknown command 'foo', with args beginning with: 'a' 'b' ")
+        );
+    }
+}

@@ -1,0 +1,1340 @@
+//! Server commands: COMMAND, CONFIG, INFO, DBSIZE, FLUSHDB/FLUSHALL, TIME,
+//! LASTSAVE, SHUTDOWN, WAIT, MEMORY, DEBUG, ROLE and the FUNCTION/SCRIPT
+//! flushes clients send on start-up.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+
+use super::docs::{docs_reply, info_reply};
+use super::flags::*;
+use super::keyspace::help_reply;
+use super::{
+    is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Client, CommandSpec,
+    Handler, KeyOp, KeySpec, LocalBoxFuture, NO_KEYS,
+};
+use crate::config::human_bytes;
+use crate::protocol::Reply;
+use crate::store::{now_ms, Store, StoreStats};
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 1,
+    flags: 0,
+    keys: NO_KEYS,
+    group: "server",
+    since: "1.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+const SUB: CommandSpec = CommandSpec {
+    arity: 2,
+    flags: LOADING | STALE,
+    ..BASE
+};
+
+/// The server family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "command",
+        arity: -1,
+        flags: LOADING | STALE,
+        since: "2.8.13",
+        summary: "Returns detailed information about all commands.",
+        complexity: "O(N) where N is the total number of Redis commands",
+        handler: Handler::Sync(command_all),
+        subcommands: &[
+            CommandSpec {
+                name: "command|count",
+                summary: "Returns a count of commands.",
+                handler: Handler::Sync(command_count),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|info",
+                arity: -2,
+                since: "2.8.13",
+                summary: "Returns information about one, multiple or all commands.",
+                complexity: "O(N) where N is the number of commands to look up",
+                syntax: "[command-name...]",
+                handler: Handler::Sync(command_info),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|docs",
+                arity: -2,
+                since: "7.0.0",
+                summary: "Returns documentary information about one, multiple or all commands.",
+                complexity: "O(N) where N is the number of commands to look up",
+                syntax: "[command-name...]",
+                handler: Handler::Sync(command_docs),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|list",
+                arity: -2,
+                since: "7.0.0",
+                summary: "Returns a list of command names.",
+                complexity: "O(N) where N is the total number of Redis commands",
+                syntax: "[FILTERBY (MODULE module-name|ACLCAT category|PATTERN pattern)]",
+                handler: Handler::Sync(command_list),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|getkeys",
+                arity: -3,
+                since: "2.8.13",
+                summary: "Extracts the key names from an arbitrary command.",
+                complexity: "O(N) where N is the number of arguments to the command",
+                syntax: "command arg...",
+                handler: Handler::Sync(command_getkeys),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|getkeysandflags",
+                arity: -3,
+                since: "7.0.0",
+                summary: "Extracts the key names and access flags for an arbitrary command.",
+                complexity: "O(N) where N is the number of arguments to the command",
+                syntax: "command arg...",
+                handler: Handler::Sync(command_getkeys),
+                ..SUB
+            },
+            CommandSpec {
+                name: "command|help",
+                since: "5.0.0",
+                summary: "Returns helpful text about the different subcommands.",
+                handler: Handler::Sync(command_help),
+                ..SUB
+            },
+        ],
+        ..BASE
+    },
+    CommandSpec {
+        name: "config",
+        arity: -2,
+        since: "2.0.0",
+        summary: "A container for server configuration commands.",
+        complexity: "Depends on subcommand.",
+        subcommands: &[
+            CommandSpec {
+                name: "config|get",
+                arity: -3,
+                flags: ADMIN | NOSCRIPT | LOADING | STALE,
+                summary: "Returns the effective values of configuration parameters.",
+                complexity: "O(N) when N is the number of configuration parameters provided",
+                syntax: "parameter...",
+                handler: Handler::Sync(config_get),
+                ..SUB
+            },
+            CommandSpec {
+                name: "config|set",
+                arity: -4,
+                flags: ADMIN | NOSCRIPT | LOADING | STALE,
+                summary: "Sets configuration parameters in-flight.",
+                complexity: "O(N) when N is the number of configuration parameters provided",
+                syntax: "(parameter value)...",
+                handler: Handler::Async(config_set),
+                ..SUB
+            },
+            CommandSpec {
+                name: "config|resetstat",
+                flags: ADMIN | NOSCRIPT | LOADING | STALE,
+                summary: "Resets the server's statistics.",
+                handler: Handler::Async(config_resetstat),
+                ..SUB
+            },
+            CommandSpec {
+                name: "config|help",
+                since: "5.0.0",
+                summary: "Returns helpful text about the different subcommands.",
+                handler: Handler::Sync(config_help),
+                ..SUB
+            },
+        ],
+        ..BASE
+    },
+    CommandSpec {
+        name: "info",
+        arity: -1,
+        flags: LOADING | STALE,
+        summary: "Returns information and statistics about the server.",
+        syntax: "[section...]",
+        handler: Handler::Async(info),
+        ..BASE
+    },
+    CommandSpec {
+        name: "dbsize",
+        flags: READONLY | FAST,
+        group: "server",
+        summary: "Returns the number of keys in the database.",
+        handler: Handler::Async(dbsize),
+        ..BASE
+    },
+    CommandSpec {
+        name: "flushdb",
+        arity: -1,
+        flags: WRITE | DANGEROUS,
+        summary: "Removes all keys from the current database.",
+        complexity: "O(N) where N is the number of keys in the selected database",
+        syntax: "[ASYNC|SYNC]",
+        handler: Handler::Async(flush),
+        ..BASE
+    },
+    CommandSpec {
+        name: "flushall",
+        arity: -1,
+        flags: WRITE | DANGEROUS,
+        summary: "Removes all keys from all databases.",
+        complexity: "O(N) where N is the total number of keys in all databases",
+        syntax: "[ASYNC|SYNC]",
+        handler: Handler::Async(flush),
+        ..BASE
+    },
+    CommandSpec {
+        name: "time",
+        flags: LOADING | STALE | FAST | RANDOM,
+        since: "2.6.0",
+        summary: "Returns the server time.",
+        handler: Handler::Sync(time),
+        ..BASE
+    },
+    CommandSpec {
+        name: "lastsave",
+        flags: LOADING | STALE | FAST | RANDOM,
+        summary: "Returns the Unix timestamp of the last successful save to disk.",
+        handler: Handler::Sync(lastsave),
+        ..BASE
+    },
+    CommandSpec {
+        name: "shutdown",
+        arity: -1,
+        flags: ADMIN | NOSCRIPT | LOADING | STALE,
+        summary: "Synchronously saves the database(s) to disk and shuts down the Redis server.",
+        complexity: "O(N) when saving, where N is the total number of keys in all databases when saving data, otherwise O(1)",
+        syntax: "[NOSAVE|SAVE] [NOW] [FORCE] [ABORT]",
+        handler: Handler::Sync(shutdown),
+        ..BASE
+    },
+    CommandSpec {
+        name: "wait",
+        arity: 3,
+        flags: NOSCRIPT,
+        group: "generic",
+        since: "3.0.0",
+        summary: "Blocks until the asynchronous replication of all preceding write commands sent by the connection is completed.",
+        syntax: "numreplicas timeout",
+        handler: Handler::Sync(wait),
+        ..BASE
+    },
+    CommandSpec {
+        name: "role",
+        flags: NOSCRIPT | LOADING | STALE | FAST,
+        since: "2.8.12",
+        summary: "Returns the replication role.",
+        handler: Handler::Sync(role),
+        ..BASE
+    },
+    CommandSpec {
+        name: "function",
+        arity: -2,
+        group: "scripting",
+        since: "7.0.0",
+        summary: "A container for function commands.",
+        complexity: "Depends on subcommand.",
+        subcommands: &[
+            CommandSpec {
+                name: "function|flush",
+                arity: -2,
+                flags: WRITE | NOSCRIPT,
+                group: "scripting",
+                since: "7.0.0",
+                summary: "Deletes all libraries and functions.",
+                syntax: "[ASYNC|SYNC]",
+                handler: Handler::Sync(flush_scripts),
+                ..SUB
+            },
+            CommandSpec {
+                name: "function|list",
+                arity: -2,
+                flags: NOSCRIPT,
+                group: "scripting",
+                since: "7.0.0",
+                summary: "Returns information about all libraries.",
+                syntax: "[LIBRARYNAME library-name-pattern] [WITHCODE]",
+                handler: Handler::Sync(empty_list),
+                ..SUB
+            },
+        ],
+        ..BASE
+    },
+    CommandSpec {
+        name: "script",
+        arity: -2,
+        group: "scripting",
+        since: "2.6.0",
+        summary: "A container for Lua scripts management commands.",
+        complexity: "Depends on subcommand.",
+        subcommands: &[
+            CommandSpec {
+                name: "script|flush",
+                arity: -2,
+                flags: NOSCRIPT,
+                group: "scripting",
+                since: "2.6.0",
+                summary: "Removes all server-side Lua scripts from the script cache.",
+                syntax: "[ASYNC|SYNC]",
+                handler: Handler::Sync(flush_scripts),
+                ..SUB
+            },
+            CommandSpec {
+                name: "script|exists",
+                arity: -3,
+                flags: NOSCRIPT,
+                group: "scripting",
+                since: "2.6.0",
+                summary: "Determines whether server-side Lua scripts exist in the script cache.",
+                syntax: "sha1...",
+                handler: Handler::Sync(script_exists),
+                ..SUB
+            },
+        ],
+        ..BASE
+    },
+    CommandSpec {
+        name: "memory",
+        arity: -2,
+        since: "4.0.0",
+        summary: "A container for memory diagnostics commands.",
+        complexity: "Depends on subcommand.",
+        subcommands: &[
+            CommandSpec {
+                name: "memory|usage",
+                arity: -3,
+                flags: READONLY,
+                keys: KeySpec {
+                    first: 2,
+                    last: 2,
+                    step: 1,
+                },
+                since: "4.0.0",
+                summary: "Estimates the memory usage of a key.",
+                syntax: "key [SAMPLES count]",
+                handler: Handler::Key(memory_usage),
+                ..SUB
+            },
+            CommandSpec {
+                name: "memory|stats",
+                since: "4.0.0",
+                summary: "Returns details about memory usage.",
+                handler: Handler::Async(memory_stats),
+                ..SUB
+            },
+            CommandSpec {
+                name: "memory|doctor",
+                since: "4.0.0",
+                summary: "Outputs a memory problems report.",
+                handler: Handler::Sync(memory_doctor),
+                ..SUB
+            },
+            CommandSpec {
+                name: "memory|purge",
+                since: "4.0.0",
+                summary: "Asks the allocator to release memory.",
+                handler: Handler::Sync(memory_purge),
+                ..SUB
+            },
+            CommandSpec {
+                name: "memory|malloc-stats",
+                since: "4.0.0",
+                summary: "Returns the allocator statistics.",
+                handler: Handler::Sync(memory_malloc_stats),
+                ..SUB
+            },
+            CommandSpec {
+                name: "memory|help",
+                since: "4.0.0",
+                summary: "Returns helpful text about the different subcommands.",
+                handler: Handler::Sync(memory_help),
+                ..SUB
+            },
+        ],
+        ..BASE
+    },
+    CommandSpec {
+        name: "debug",
+        arity: -2,
+        flags: ADMIN | NOSCRIPT | LOADING | STALE,
+        summary: "A container for debugging commands.",
+        complexity: "Depends on subcommand.",
+        syntax: "subcommand [arg...]",
+        handler: Handler::Async(debug),
+        ..BASE
+    },
+];
+
+fn gone() -> Reply {
+    Reply::error("ERR server is shutting down")
+}
+
+// ---- COMMAND ---------------------------------------------------------------
+
+fn command_all(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Array(table().commands.iter().map(|c| info_reply(c)).collect())
+}
+
+fn command_count(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Int(table().commands.len() as i64)
+}
+
+/// A command or `parent|sub` by name.
+fn find_command(name: &[u8]) -> Option<&'static CommandSpec> {
+    let t = table();
+    match name.iter().position(|&b| b == b'|') {
+        Some(bar) => t.get(&name[..bar]).and_then(|p| t.sub(p, &name[bar + 1..])),
+        None => t.get(name),
+    }
+}
+
+fn command_info(_client: &mut Client, args: &[Bytes]) -> Reply {
+    if args.len() == 2 {
+        return command_all(_client, args);
+    }
+    Reply::Array(
+        args[2..]
+            .iter()
+            .map(|n| find_command(n).map_or(Reply::NilArray, info_reply))
+            .collect(),
+    )
+}
+
+fn command_docs(_client: &mut Client, args: &[Bytes]) -> Reply {
+    let t = table();
+    let entries = if args.len() == 2 {
+        t.commands.iter().map(|c| docs_reply(c)).collect()
+    } else {
+        args[2..]
+            .iter()
+            .filter_map(|n| find_command(n))
+            .map(docs_reply)
+            .collect()
+    };
+    Reply::Map(entries)
+}
+
+fn command_list(_client: &mut Client, args: &[Bytes]) -> Reply {
+    let t = table();
+    let names = t.commands.iter().map(|c| c.name);
+    let chosen: Vec<&str> = match args.len() {
+        2 => names.collect(),
+        5 if is(&args[2], "filterby") => {
+            let (kind, value) = (&args[3], &args[4]);
+            if is(kind, "pattern") {
+                let mut all: Vec<&str> = Vec::new();
+                for c in &t.commands {
+                    all.push(c.name);
+                    all.extend(c.subcommands.iter().map(|s| s.name));
+                }
+                all.into_iter()
+                    .filter(|n| crate::glob::glob_match(value, n.as_bytes(), true))
+                    .collect()
+            } else if is(kind, "aclcat") {
+                let wanted = format!("@{}", String::from_utf8_lossy(value).to_ascii_lowercase());
+                t.commands
+                    .iter()
+                    .filter(|c| super::docs::acl_categories(c).contains(&wanted.as_str()))
+                    .map(|c| c.name)
+                    .collect()
+            } else if is(kind, "module") {
+                Vec::new()
+            } else {
+                return syntax_error();
+            }
+        }
+        _ => return syntax_error(),
+    };
+    Reply::Array(chosen.into_iter().map(Reply::bulk).collect())
+}
+
+fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
+    let with_flags = is(&args[1], "getkeysandflags");
+    let call = &args[2..];
+    let Some(mut spec) = table().get(&call[0]) else {
+        return Reply::error("ERR Invalid command specified");
+    };
+    if matches!(spec.handler, Handler::Parent) && call.len() > 1 {
+        match table().sub(spec, &call[1]) {
+            Some(sub) => spec = sub,
+            None => return Reply::error("ERR Invalid command specified"),
+        }
+    }
+    if !spec.arity_ok(call.len()) {
+        return Reply::error("ERR Invalid number of arguments specified for command");
+    }
+    let keys = spec.key_indexes(call.len());
+    if keys.is_empty() {
+        return Reply::error("ERR The command has no key arguments");
+    }
+    let flags: &[&str] = if spec.has(WRITE) {
+        &["RW", "UPDATE"]
+    } else {
+        &["RO", "ACCESS"]
+    };
+    Reply::Array(
+        keys.into_iter()
+            .map(|i| {
+                let key = Reply::Bulk(call[i].clone());
+                if with_flags {
+                    Reply::Array(vec![
+                        key,
+                        Reply::Set(flags.iter().map(|f| Reply::status(f)).collect()),
+                    ])
+                } else {
+                    key
+                }
+            })
+            .collect(),
+    )
+}
+
+fn command_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    help_reply(
+        "COMMAND",
+        &[
+            "(no subcommand)",
+            "    Return details about all Redis commands.",
+            "COUNT",
+            "    Return the total number of commands in this Redis server.",
+            "LIST",
+            "    Return a list of all commands in this Redis server.",
+            "INFO [<command-name> ...]",
+            "    Return details about multiple Redis commands.",
+            "DOCS [<command-name> ...]",
+            "    Return documentation details about multiple Redis commands.",
+            "GETKEYS <full-command>",
+            "    Return the keys from a full Redis command.",
+            "GETKEYSANDFLAGS <full-command>",
+            "    Return the keys and the access flags from a full Redis command.",
+        ],
+    )
+}
+
+// ---- CONFIG ----------------------------------------------------------------
+
+fn config_get(client: &mut Client, args: &[Bytes]) -> Reply {
+    let config = &client.shard.shared.config;
+    let mut seen = std::collections::BTreeMap::new();
+    for pattern in &args[2..] {
+        for (name, value) in config.get(pattern) {
+            seen.insert(name, value);
+        }
+    }
+    Reply::Map(
+        seen.into_iter()
+            .map(|(k, v)| (Reply::bulk(k), Reply::bulk(v)))
+            .collect(),
+    )
+}
+
+fn config_set(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if !args.len().is_multiple_of(2) {
+            return super::arity_error("config|set");
+        }
+        let config = &client.shard.shared.config;
+        let pairs: Vec<(String, String)> = args[2..]
+            .chunks(2)
+            .map(|p| {
+                (
+                    String::from_utf8_lossy(&p[0]).to_ascii_lowercase(),
+                    String::from_utf8_lossy(&p[1]).into_owned(),
+                )
+            })
+            .collect();
+        for (i, (name, value)) in pairs.iter().enumerate() {
+            if pairs[..i].iter().any(|(n, _)| n == name) {
+                return Reply::error(format!("ERR Duplicate parameter - {name}"));
+            }
+            match config.check(name, value) {
+                Ok(()) => {}
+                Err(e) if e == "unknown" => {
+                    return Reply::error(format!(
+                        "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
+                    ))
+                }
+                Err(e) => {
+                    return Reply::error(format!(
+                        "ERR CONFIG SET failed (possibly related to argument '{name}') - {e}"
+                    ))
+                }
+            }
+        }
+        for (name, value) in &pairs {
+            if let Err(e) = config.set(name, value) {
+                return Reply::error(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{name}') - {e}"
+                ));
+            }
+        }
+        crate::server::apply_live_config(&client.shard).await;
+        Reply::ok()
+    })
+}
+
+fn config_resetstat(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let done = client
+            .shard
+            .call_all(|s| {
+                s.stats.borrow_mut().reset();
+                s.store.borrow_mut().stats = StoreStats::default();
+            })
+            .await;
+        match done {
+            Ok(_) => Reply::ok(),
+            Err(_) => gone(),
+        }
+    })
+}
+
+fn config_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    help_reply(
+        "CONFIG",
+        &[
+            "GET <pattern>",
+            "    Return parameters matching the glob-like <pattern> and their values.",
+            "SET <directive> <value>",
+            "    Set the configuration <directive> to <value>.",
+            "RESETSTAT",
+            "    Reset statistics reported by the INFO command.",
+        ],
+    )
+}
+
+// ---- INFO ------------------------------------------------------------------
+
+/// What one shard reports for INFO.
+#[derive(Clone)]
+pub struct ShardReport {
+    /// Keys (including expired ones not yet collected).
+    pub keys: usize,
+    /// Keys with a TTL.
+    pub volatile: usize,
+    /// Mean TTL of volatile keys, ms.
+    pub avg_ttl: u64,
+    /// Bytes charged.
+    pub used_memory: usize,
+    /// Store counters.
+    pub store: StoreStats,
+    /// Connections.
+    pub clients: usize,
+    /// Commands executed.
+    pub commands: u64,
+    /// Connections accepted.
+    pub connections_received: u64,
+    /// Connections refused.
+    pub rejected_connections: u64,
+    /// Bytes in.
+    pub net_input: u64,
+    /// Bytes out.
+    pub net_output: u64,
+    /// Commands per second, recent.
+    pub ops_per_sec: u64,
+    /// Error replies by code.
+    pub errors: Vec<(String, u64)>,
+    /// Error replies.
+    pub error_replies: u64,
+    /// Per command: calls, usec, rejected, failed.
+    pub command_stats: Vec<(u64, u64, u64, u64)>,
+}
+
+/// Collects every shard's report.
+pub async fn shard_reports(client: &Client) -> Option<Vec<ShardReport>> {
+    client
+        .shard
+        .call_all(|s| {
+            let store = s.store.borrow();
+            let stats = s.stats.borrow();
+            let now = now_ms();
+            ShardReport {
+                keys: store.len(),
+                volatile: store.volatile_len(),
+                avg_ttl: store.avg_ttl(now),
+                used_memory: store.used_memory(),
+                store: store.stats,
+                clients: s.clients.borrow().len(),
+                commands: stats.total_commands,
+                connections_received: stats.connections_received,
+                rejected_connections: stats.rejected_connections,
+                net_input: stats.net_input_bytes,
+                net_output: stats.net_output_bytes,
+                ops_per_sec: stats.ops_per_sec(),
+                errors: stats.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                error_replies: stats.total_error_replies,
+                command_stats: stats
+                    .commands
+                    .iter()
+                    .map(|c| (c.calls, c.usec, c.rejected, c.failed))
+                    .collect(),
+            }
+        })
+        .await
+        .ok()
+}
+
+const DEFAULT_SECTIONS: [&str; 11] = [
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "replication",
+    "cpu",
+    "modules",
+    "errorstats",
+    "cluster",
+    "keyspace",
+];
+
+fn info(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let mut sections: Vec<String> = Vec::new();
+        for a in &args[1..] {
+            let s = String::from_utf8_lossy(a).to_ascii_lowercase();
+            match s.as_str() {
+                "default" => sections.extend(DEFAULT_SECTIONS.iter().map(|s| s.to_string())),
+                "all" | "everything" => {
+                    sections.extend(DEFAULT_SECTIONS.iter().map(|s| s.to_string()));
+                    sections.push("commandstats".into());
+                    sections.push("shards".into());
+                }
+                _ => sections.push(s),
+            }
+        }
+        if sections.is_empty() {
+            sections.extend(DEFAULT_SECTIONS.iter().map(|s| s.to_string()));
+        }
+        let mut unique = Vec::new();
+        for s in sections {
+            if !unique.contains(&s) {
+                unique.push(s);
+            }
+        }
+        let Some(reports) = shard_reports(client).await else {
+            return gone();
+        };
+        let text = render_info(client, &unique, &reports);
+        Reply::Verbatim(Bytes::from(text))
+    })
+}
+
+fn rusage() -> (f64, f64) {
+    // SAFETY: getrusage fills the zeroed struct we own; no pointers escape.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return (0.0, 0.0);
+        }
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        (t(usage.ru_stime), t(usage.ru_utime))
+    }
+}
+
+/// Resident set size of this process in bytes (from /proc).
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn total_system_memory() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) -> String {
+    let shared = &client.shard.shared;
+    let config = &shared.config;
+    let sum = |f: fn(&ShardReport) -> u64| reports.iter().map(f).sum::<u64>();
+    let used = sum(|r| r.used_memory as u64);
+    let peak = shared.memory_peak.fetch_max(used, Relaxed).max(used);
+    let rss = rss_bytes();
+    let maxmemory = config.maxmemory.load(Relaxed);
+    let uptime = shared.started.elapsed().as_secs();
+    let mut out = String::new();
+    let mut section = |title: &str, body: &mut dyn FnMut(&mut String)| {
+        if !out.is_empty() {
+            out.push_str("\r\n");
+        }
+        let _ = write!(out, "# {title}\r\n");
+        body(&mut out);
+    };
+    macro_rules! line {
+        ($out:expr, $($arg:tt)*) => {{
+            let _ = write!($out, $($arg)*);
+            $out.push_str("\r\n");
+        }};
+    }
+    for name in sections {
+        match name.as_str() {
+            "server" => section("Server", &mut |o| {
+                line!(o, "redis_version:{}", crate::REDIS_VERSION);
+                line!(o, "redis_git_sha1:00000000");
+                line!(o, "redis_git_dirty:0");
+                line!(o, "redis_build_id:0");
+                line!(o, "redis_mode:standalone");
+                line!(o, "os:{} {}", std::env::consts::OS, std::env::consts::ARCH);
+                line!(o, "arch_bits:64");
+                line!(o, "monotonic_clock:POSIX clock_gettime");
+                line!(o, "multiplexing_api:epoll");
+                line!(o, "process_id:{}", std::process::id());
+                line!(o, "process_supervised:no");
+                line!(o, "run_id:{}", shared.run_id);
+                line!(o, "tcp_port:{}", shared.port);
+                line!(o, "server_time_usec:{}", now_ms() * 1000);
+                line!(o, "uptime_in_seconds:{uptime}");
+                line!(o, "uptime_in_days:{}", uptime / 86400);
+                line!(o, "hz:{}", config.hz.load(Relaxed));
+                line!(o, "configured_hz:{}", config.hz.load(Relaxed));
+                line!(o, "lru_clock:{}", (now_ms() / 1000) & 0xff_ffff);
+                line!(o, "executable:{}", shared.executable);
+                line!(o, "config_file:{}", shared.config_file);
+                line!(o, "io_threads_active:0");
+                line!(o, "kvtier_version:{}", env!("CARGO_PKG_VERSION"));
+                line!(o, "kvtier_shards:{}", client.shard.count());
+            }),
+            "clients" => section("Clients", &mut |o| {
+                line!(o, "connected_clients:{}", sum(|r| r.clients as u64));
+                line!(o, "cluster_connections:0");
+                line!(o, "maxclients:{}", config.maxclients.load(Relaxed));
+                line!(o, "client_recent_max_input_buffer:0");
+                line!(o, "client_recent_max_output_buffer:0");
+                line!(o, "blocked_clients:0");
+                line!(o, "tracking_clients:0");
+                line!(o, "clients_in_timeout_table:0");
+            }),
+            "memory" => section("Memory", &mut |o| {
+                let keys = sum(|r| r.keys as u64);
+                let overhead = keys * crate::store::ENTRY_OVERHEAD as u64;
+                let dataset = used.saturating_sub(overhead);
+                let total_mem = total_system_memory();
+                line!(o, "used_memory:{used}");
+                line!(o, "used_memory_human:{}", human_bytes(used));
+                line!(o, "used_memory_rss:{rss}");
+                line!(o, "used_memory_rss_human:{}", human_bytes(rss));
+                line!(o, "used_memory_peak:{peak}");
+                line!(o, "used_memory_peak_human:{}", human_bytes(peak));
+                line!(
+                    o,
+                    "used_memory_peak_perc:{:.2}%",
+                    if peak == 0 {
+                        100.0
+                    } else {
+                        used as f64 * 100.0 / peak as f64
+                    }
+                );
+                line!(o, "used_memory_overhead:{overhead}");
+                line!(o, "used_memory_startup:0");
+                line!(o, "used_memory_dataset:{dataset}");
+                line!(
+                    o,
+                    "used_memory_dataset_perc:{:.2}%",
+                    if used == 0 {
+                        0.0
+                    } else {
+                        dataset as f64 * 100.0 / used as f64
+                    }
+                );
+                line!(o, "total_system_memory:{total_mem}");
+                line!(o, "total_system_memory_human:{}", human_bytes(total_mem));
+                line!(o, "maxmemory:{maxmemory}");
+                line!(o, "maxmemory_human:{}", human_bytes(maxmemory));
+                line!(o, "maxmemory_policy:{}", config.policy());
+                line!(
+                    o,
+                    "mem_fragmentation_ratio:{:.2}",
+                    if used == 0 {
+                        1.0
+                    } else {
+                        rss as f64 / used as f64
+                    }
+                );
+                line!(o, "mem_allocator:libc");
+                line!(o, "lazyfree_pending_objects:0");
+            }),
+            "persistence" => section("Persistence", &mut |o| {
+                line!(o, "loading:0");
+                line!(o, "async_loading:0");
+                line!(o, "rdb_changes_since_last_save:0");
+                line!(o, "rdb_bgsave_in_progress:0");
+                line!(o, "rdb_last_save_time:{}", shared.started_unix);
+                line!(o, "rdb_last_bgsave_status:ok");
+                line!(o, "aof_enabled:0");
+                line!(o, "aof_rewrite_in_progress:0");
+                line!(o, "aof_last_write_status:ok");
+            }),
+            "stats" => section("Stats", &mut |o| {
+                line!(
+                    o,
+                    "total_connections_received:{}",
+                    sum(|r| r.connections_received)
+                );
+                line!(o, "total_commands_processed:{}", sum(|r| r.commands));
+                line!(o, "instantaneous_ops_per_sec:{}", sum(|r| r.ops_per_sec));
+                line!(o, "total_net_input_bytes:{}", sum(|r| r.net_input));
+                line!(o, "total_net_output_bytes:{}", sum(|r| r.net_output));
+                line!(
+                    o,
+                    "rejected_connections:{}",
+                    sum(|r| r.rejected_connections)
+                );
+                line!(o, "expired_keys:{}", sum(|r| r.store.expired_keys));
+                line!(o, "evicted_keys:{}", sum(|r| r.store.evicted_keys));
+                line!(o, "keyspace_hits:{}", sum(|r| r.store.keyspace_hits));
+                line!(o, "keyspace_misses:{}", sum(|r| r.store.keyspace_misses));
+                line!(o, "pubsub_channels:0");
+                line!(o, "pubsub_patterns:0");
+                line!(o, "total_error_replies:{}", sum(|r| r.error_replies));
+                line!(o, "total_reads_processed:{}", sum(|r| r.commands));
+            }),
+            "replication" => section("Replication", &mut |o| {
+                line!(o, "role:master");
+                line!(o, "connected_slaves:0");
+                line!(o, "master_failover_state:no-failover");
+                line!(o, "master_replid:{}", shared.run_id);
+                line!(o, "master_repl_offset:0");
+            }),
+            "cpu" => section("CPU", &mut |o| {
+                let (sys, user) = rusage();
+                line!(o, "used_cpu_sys:{sys:.6}");
+                line!(o, "used_cpu_user:{user:.6}");
+            }),
+            "modules" => section("Modules", &mut |_| {}),
+            "errorstats" => section("Errorstats", &mut |o| {
+                let mut merged = std::collections::BTreeMap::new();
+                for r in reports {
+                    for (code, n) in &r.errors {
+                        *merged.entry(code.clone()).or_insert(0u64) += n;
+                    }
+                }
+                for (code, n) in merged {
+                    line!(o, "errorstat_{code}:count={n}");
+                }
+            }),
+            "cluster" => section("Cluster", &mut |o| {
+                line!(o, "cluster_enabled:0");
+            }),
+            "keyspace" => section("Keyspace", &mut |o| {
+                let keys = sum(|r| r.keys as u64);
+                if keys > 0 {
+                    let volatile = sum(|r| r.volatile as u64);
+                    let ttl_sum: u64 = reports.iter().map(|r| r.avg_ttl * r.volatile as u64).sum();
+                    let avg = ttl_sum.checked_div(volatile).unwrap_or(0);
+                    line!(o, "db0:keys={keys},expires={volatile},avg_ttl={avg}");
+                }
+            }),
+            "commandstats" => section("Commandstats", &mut |o| {
+                let t = table();
+                for (id, spec) in t.all.iter().enumerate() {
+                    let (mut calls, mut usec, mut rejected, mut failed) = (0, 0, 0, 0);
+                    for r in reports {
+                        let (c, u, re, f) = r.command_stats[id];
+                        calls += c;
+                        usec += u;
+                        rejected += re;
+                        failed += f;
+                    }
+                    if calls + rejected + failed == 0 {
+                        continue;
+                    }
+                    let per_call = if calls == 0 {
+                        0.0
+                    } else {
+                        usec as f64 / calls as f64
+                    };
+                    line!(
+                        o,
+                        "cmdstat_{}:calls={calls},usec={usec},usec_per_call={per_call:.2},rejected_calls={rejected},failed_calls={failed}",
+                        spec.name
+                    );
+                }
+            }),
+            "shards" => section("Shards", &mut |o| {
+                for (i, r) in reports.iter().enumerate() {
+                    line!(
+                        o,
+                        "shard{i}:keys={},used_memory={},commands={},ops_per_sec={},clients={},net_input_bytes={},net_output_bytes={}",
+                        r.keys, r.used_memory, r.commands, r.ops_per_sec, r.clients, r.net_input, r.net_output
+                    );
+                }
+            }),
+            _ => {}
+        }
+    }
+    out
+}
+
+// ---- keyspace-wide ---------------------------------------------------------
+
+fn dbsize(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        match client.shard.call_all(|s| s.store.borrow().len()).await {
+            Ok(sizes) => Reply::Int(sizes.into_iter().sum::<usize>() as i64),
+            Err(_) => gone(),
+        }
+    })
+}
+
+fn flush(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        match args.len() {
+            1 => {}
+            2 if is(&args[1], "async") || is(&args[1], "sync") => {}
+            _ => return syntax_error(),
+        }
+        match client
+            .shard
+            .call_all(|s| s.store.borrow_mut().clear())
+            .await
+        {
+            Ok(_) => Reply::ok(),
+            Err(_) => gone(),
+        }
+    })
+}
+
+fn time(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Reply::Array(vec![
+        Reply::bulk(now.as_secs().to_string()),
+        Reply::bulk(now.subsec_micros().to_string()),
+    ])
+}
+
+fn lastsave(client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Int(client.shard.shared.started_unix as i64)
+}
+
+fn shutdown(client: &mut Client, args: &[Bytes]) -> Reply {
+    for a in &args[1..] {
+        if is(a, "abort") {
+            return Reply::error("ERR No shutdown in progress.");
+        }
+        if !(is(a, "nosave") || is(a, "save") || is(a, "now") || is(a, "force")) {
+            return syntax_error();
+        }
+    }
+    tracing::info!("SHUTDOWN requested by client {}", client.id());
+    client.shard.shared.request_shutdown();
+    // Redis closes the connection without a reply when it shuts down.
+    client.close_after_reply = true;
+    Reply::Silent
+}
+
+fn wait(_client: &mut Client, args: &[Bytes]) -> Reply {
+    match (parse_int(&args[1]), parse_int(&args[2])) {
+        (Some(_), Some(t)) if t < 0 => Reply::error("ERR timeout is negative"),
+        (Some(_), Some(_)) => Reply::Int(0),
+        _ => not_integer(),
+    }
+}
+
+fn role(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Array(vec![
+        Reply::bulk("master"),
+        Reply::Int(0),
+        Reply::Array(Vec::new()),
+    ])
+}
+
+fn flush_scripts(_client: &mut Client, args: &[Bytes]) -> Reply {
+    match args.len() {
+        2 => Reply::ok(),
+        3 if is(&args[2], "async") || is(&args[2], "sync") => Reply::ok(),
+        _ => syntax_error(),
+    }
+}
+
+fn empty_list(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Array(Vec::new())
+}
+
+fn script_exists(_client: &mut Client, args: &[Bytes]) -> Reply {
+    // kvtier runs no scripts, so no script is cached.
+    Reply::Array(args[2..].iter().map(|_| Reply::Int(0)).collect())
+}
+
+// ---- MEMORY ----------------------------------------------------------------
+
+fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    if args.len() > 3 {
+        if args.len() != 5 || !is(&args[3], "samples") {
+            return syntax_error();
+        }
+        if parse_int(&args[4]).is_none() {
+            return not_integer();
+        }
+    }
+    match store.peek(op.slot, op.key(), now) {
+        Some(e) => {
+            Reply::Int(Store::charge(op.key().len(), e.value.len(), e.expire_at != 0) as i64)
+        }
+        None => Reply::Nil,
+    }
+}
+
+fn memory_stats(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let Some(reports) = shard_reports(client).await else {
+            return gone();
+        };
+        let used: u64 = reports.iter().map(|r| r.used_memory as u64).sum();
+        let keys: u64 = reports.iter().map(|r| r.keys as u64).sum();
+        let peak = client
+            .shard
+            .shared
+            .memory_peak
+            .fetch_max(used, Relaxed)
+            .max(used);
+        let overhead = keys * crate::store::ENTRY_OVERHEAD as u64;
+        let dataset = used.saturating_sub(overhead);
+        let rss = rss_bytes();
+        let int = |n: u64| Reply::Int(n as i64);
+        Reply::Map(vec![
+            (Reply::bulk("peak.allocated"), int(peak)),
+            (Reply::bulk("total.allocated"), int(used)),
+            (Reply::bulk("startup.allocated"), int(0)),
+            (Reply::bulk("replication.backlog"), int(0)),
+            (Reply::bulk("clients.slaves"), int(0)),
+            (Reply::bulk("clients.normal"), int(0)),
+            (Reply::bulk("aof.buffer"), int(0)),
+            (Reply::bulk("lua.caches"), int(0)),
+            (
+                Reply::bulk("db.0"),
+                Reply::Map(vec![
+                    (Reply::bulk("overhead.hashtable.main"), int(overhead)),
+                    (Reply::bulk("overhead.hashtable.expires"), int(0)),
+                ]),
+            ),
+            (Reply::bulk("overhead.total"), int(overhead)),
+            (Reply::bulk("keys.count"), int(keys)),
+            (
+                Reply::bulk("keys.bytes-per-key"),
+                int(used.checked_div(keys).unwrap_or(0)),
+            ),
+            (Reply::bulk("dataset.bytes"), int(dataset)),
+            (
+                Reply::bulk("dataset.percentage"),
+                Reply::Double(if used == 0 {
+                    0.0
+                } else {
+                    dataset as f64 * 100.0 / used as f64
+                }),
+            ),
+            (
+                Reply::bulk("peak.percentage"),
+                Reply::Double(if peak == 0 {
+                    100.0
+                } else {
+                    used as f64 * 100.0 / peak as f64
+                }),
+            ),
+            (Reply::bulk("allocator.resident"), int(rss)),
+            (
+                Reply::bulk("fragmentation"),
+                Reply::Double(if used == 0 {
+                    1.0
+                } else {
+                    rss as f64 / used as f64
+                }),
+            ),
+        ])
+    })
+}
+
+fn memory_doctor(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Verbatim(Bytes::from_static(
+        b"Hi Sam, I can't find any memory issue in your instance. I can only account for what occurs on this base.",
+    ))
+}
+
+fn memory_purge(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::ok()
+}
+
+fn memory_malloc_stats(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Verbatim(Bytes::from_static(
+        b"Stats not supported for the current allocator",
+    ))
+}
+
+fn memory_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
+    help_reply(
+        "MEMORY",
+        &[
+            "DOCTOR",
+            "    Return memory problems reports.",
+            "MALLOC-STATS",
+            "    Return internal statistics report from the memory allocator.",
+            "PURGE",
+            "    Attempt to purge dirty pages for reclamation by the allocator.",
+            "STATS",
+            "    Return information about the memory usage of the server.",
+            "USAGE <key> [SAMPLES <count>]",
+            "    Return memory in bytes used by <key> and its value.",
+        ],
+    )
+}
+
+// ---- DEBUG -----------------------------------------------------------------
+
+fn debug(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let sub = args[1].to_ascii_lowercase();
+        match &sub[..] {
+            b"sleep" if args.len() == 3 => {
+                let secs = super::string::parse_float(&args[2]).unwrap_or(0.0).max(0.0);
+                // Like Redis, DEBUG SLEEP stalls the thread (this shard).
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs.min(3600.0)));
+                Reply::ok()
+            }
+            b"set-active-expire" if args.len() == 3 => {
+                let on = parse_int(&args[2]).unwrap_or(1) != 0;
+                client.shard.shared.active_expire.store(on, Relaxed);
+                Reply::ok()
+            }
+            // There is no snapshot to reload from: the dataset after a
+            // "reload" is the dataset before it.
+            b"reload" => Reply::ok(),
+            b"object" if args.len() == 3 => {
+                let key = args[2].clone();
+                let slot = crate::shard::slot::key_slot(&key);
+                let owner = client.shard.owner_of(slot);
+                let found = client
+                    .shard
+                    .call(owner, move |s| {
+                        let now = now_ms();
+                        let mut store = s.store.borrow_mut();
+                        store.peek(slot, &key, now).map(|e| {
+                            format!(
+                                "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
+                                e.encoding_name(),
+                                e.value.len(),
+                                (now / 1000) & 0xff_ffff,
+                                e.idle_seconds(now)
+                            )
+                        })
+                    })
+                    .await;
+                match found {
+                    Ok(Some(text)) => Reply::status_owned(text),
+                    Ok(None) => Reply::error("ERR no such key"),
+                    Err(_) => gone(),
+                }
+            }
+            b"digest" | b"digest-value" => {
+                let keys: Vec<Bytes> = args[2..].to_vec();
+                let whole = sub == b"digest";
+                let parts = client
+                    .shard
+                    .call_all(move |s| {
+                        let store = s.store.borrow();
+                        let now = now_ms();
+                        let mut acc = [0u8; 20];
+                        let mut per_key = Vec::new();
+                        store.for_each_live(now, |k, e| {
+                            let d = entry_digest(k, &e.value, e.expire_at);
+                            if whole {
+                                acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
+                            } else if let Some(i) = keys.iter().position(|x| x == k) {
+                                per_key.push((i, value_digest(&e.value)));
+                            }
+                        });
+                        (acc, per_key)
+                    })
+                    .await;
+                let Ok(parts) = parts else { return gone() };
+                if whole {
+                    let mut acc = [0u8; 20];
+                    for (d, _) in &parts {
+                        acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
+                    }
+                    Reply::status_owned(hex(&acc))
+                } else {
+                    let mut out = vec![Reply::status_owned(hex(&[0u8; 20])); args.len() - 2];
+                    for (_, per_key) in parts {
+                        for (i, d) in per_key {
+                            out[i] = Reply::status_owned(hex(&d));
+                        }
+                    }
+                    Reply::Array(out)
+                }
+            }
+            b"help" => help_reply(
+                "DEBUG",
+                &[
+                    "DIGEST",
+                    "    Output a hex signature representing the current DB content.",
+                    "DIGEST-VALUE <key> [<key> ...]",
+                    "    Output a hex signature of the values of all the specified keys.",
+                    "OBJECT <key>",
+                    "    Show low level info about the key and associated value.",
+                    "RELOAD",
+                    "    Nothing to reload: kvtier keeps no snapshot; replies OK.",
+                    "SET-ACTIVE-EXPIRE <0|1>",
+                    "    Setting it to 0 disables expiring keys in background.",
+                    "SLEEP <seconds>",
+                    "    Stop the server's shard thread for <seconds>.",
+                ],
+            ),
+            _ => unknown_subcommand("debug", &args[1]),
+        }
+    })
+}
+
+/// A 160-bit digest (five 32-bit FNV-1a lanes with different seeds).
+fn digest(parts: &[&[u8]]) -> [u8; 20] {
+    let mut out = [0u8; 20];
+    for lane in 0..5u32 {
+        let mut h: u32 = 0x811c_9dc5 ^ lane.wrapping_mul(0x9e37_79b9);
+        for part in parts {
+            for &b in *part {
+                h ^= b as u32;
+                h = h.wrapping_mul(0x0100_0193);
+            }
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        out[lane as usize * 4..lane as usize * 4 + 4].copy_from_slice(&h.to_be_bytes());
+    }
+    out
+}
+
+fn entry_digest(key: &[u8], value: &[u8], expire_at: u64) -> [u8; 20] {
+    digest(&[key, value, &expire_at.to_be_bytes()])
+}
+
+fn value_digest(value: &[u8]) -> [u8; 20] {
+    digest(&[value])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

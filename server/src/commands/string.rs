@@ -1,0 +1,785 @@
+//! String commands: GET, SET and friends, counters, ranges, MGET/MSET.
+//!
+//! Blocks are plain strings, so these are also the commands an unmodified
+//! Redis client uses on kvtier's blocks.
+
+use bytes::{Bytes, BytesMut};
+
+use super::flags::*;
+use super::keyspace::{fan_out, Fanned};
+use super::{
+    arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler,
+    KeyOp, LocalBoxFuture, KEY1, KEY_VALUE_PAIRS,
+};
+use crate::protocol::reply::format_double;
+use crate::protocol::Reply;
+use crate::store::{Encoding, OutOfMemory, Store};
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 2,
+    flags: READONLY | FAST,
+    keys: KEY1,
+    group: "string",
+    since: "1.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "key",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+/// The string family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "get",
+        summary: "Returns the string value of a key.",
+        handler: Handler::Key(get),
+        ..BASE
+    },
+    CommandSpec {
+        name: "set",
+        arity: -3,
+        flags: WRITE | DENYOOM,
+        summary: "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
+        syntax: "key value [NX|XX] [GET] [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|KEEPTTL]",
+        handler: Handler::Key(set),
+        ..BASE
+    },
+    CommandSpec {
+        name: "setnx",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Set the string value of a key only when the key doesn't exist.",
+        syntax: "key value",
+        handler: Handler::Key(setnx),
+        ..BASE
+    },
+    CommandSpec {
+        name: "setex",
+        arity: 4,
+        flags: WRITE | DENYOOM,
+        since: "2.0.0",
+        summary: "Sets the string value and expiration time of a key. Creates the key if it doesn't exist.",
+        syntax: "key seconds value",
+        handler: Handler::Key(setex),
+        ..BASE
+    },
+    CommandSpec {
+        name: "psetex",
+        arity: 4,
+        flags: WRITE | DENYOOM,
+        since: "2.6.0",
+        summary: "Sets both string value and expiration time in milliseconds of a key. The key is created if it doesn't exist.",
+        syntax: "key milliseconds value",
+        handler: Handler::Key(psetex),
+        ..BASE
+    },
+    CommandSpec {
+        name: "getex",
+        arity: -2,
+        flags: WRITE | FAST,
+        since: "6.2.0",
+        summary: "Returns the string value of a key after setting its expiration time.",
+        syntax: "key [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|PERSIST]",
+        handler: Handler::Key(getex),
+        ..BASE
+    },
+    CommandSpec {
+        name: "getdel",
+        flags: WRITE | FAST,
+        since: "6.2.0",
+        summary: "Returns the string value of a key after deleting the key.",
+        handler: Handler::Key(getdel),
+        ..BASE
+    },
+    CommandSpec {
+        name: "getset",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Returns the previous string value of a key after setting it to a new value.",
+        syntax: "key value",
+        handler: Handler::Key(getset),
+        ..BASE
+    },
+    CommandSpec {
+        name: "mget",
+        arity: -2,
+        flags: READONLY | FAST,
+        keys: super::ALL_KEYS,
+        summary: "Atomically returns the string values of one or more keys.",
+        complexity: "O(N) where N is the number of keys to retrieve.",
+        syntax: "key...",
+        handler: Handler::Async(mget),
+        ..BASE
+    },
+    CommandSpec {
+        name: "mset",
+        arity: -3,
+        flags: WRITE | DENYOOM,
+        keys: KEY_VALUE_PAIRS,
+        since: "1.0.1",
+        summary: "Atomically creates or modifies the string values of one or more keys.",
+        complexity: "O(N) where N is the number of keys to set.",
+        syntax: "(key value)...",
+        handler: Handler::Async(mset),
+        ..BASE
+    },
+    CommandSpec {
+        name: "msetnx",
+        arity: -3,
+        flags: WRITE | DENYOOM,
+        keys: KEY_VALUE_PAIRS,
+        since: "1.0.1",
+        summary: "Atomically modifies the string values of one or more keys only when all keys don't exist.",
+        complexity: "O(N) where N is the number of keys to set.",
+        syntax: "(key value)...",
+        handler: Handler::Async(msetnx),
+        ..BASE
+    },
+    CommandSpec {
+        name: "append",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        since: "2.0.0",
+        summary: "Appends a string to the value of a key. Creates the key if it doesn't exist.",
+        syntax: "key value",
+        handler: Handler::Key(append),
+        ..BASE
+    },
+    CommandSpec {
+        name: "strlen",
+        since: "2.2.0",
+        summary: "Returns the length of a string value.",
+        handler: Handler::Key(strlen),
+        ..BASE
+    },
+    CommandSpec {
+        name: "getrange",
+        arity: 4,
+        flags: READONLY,
+        since: "2.4.0",
+        summary: "Returns a substring of the string stored at a key.",
+        complexity: "O(N) where N is the length of the returned string.",
+        syntax: "key start end",
+        handler: Handler::Key(getrange),
+        ..BASE
+    },
+    CommandSpec {
+        name: "substr",
+        arity: 4,
+        flags: READONLY,
+        summary: "Returns a substring from a string value.",
+        complexity: "O(N) where N is the length of the returned string.",
+        syntax: "key start end",
+        handler: Handler::Key(getrange),
+        ..BASE
+    },
+    CommandSpec {
+        name: "setrange",
+        arity: 4,
+        flags: WRITE | DENYOOM,
+        since: "2.2.0",
+        summary: "Overwrites a part of a string value with another by an offset. Creates the key if it doesn't exist.",
+        complexity: "O(1), not counting the time taken to copy the new string in place.",
+        syntax: "key offset value",
+        handler: Handler::Key(setrange),
+        ..BASE
+    },
+    CommandSpec {
+        name: "incr",
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Increments the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.",
+        handler: Handler::Key(incr),
+        ..BASE
+    },
+    CommandSpec {
+        name: "decr",
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Decrements the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.",
+        handler: Handler::Key(decr),
+        ..BASE
+    },
+    CommandSpec {
+        name: "incrby",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't exist.",
+        syntax: "key increment",
+        handler: Handler::Key(incrby),
+        ..BASE
+    },
+    CommandSpec {
+        name: "decrby",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        summary: "Decrements a number from the integer value of a key. Uses 0 as initial value if the key doesn't exist.",
+        syntax: "key decrement",
+        handler: Handler::Key(decrby),
+        ..BASE
+    },
+    CommandSpec {
+        name: "incrbyfloat",
+        arity: 3,
+        flags: WRITE | DENYOOM | FAST,
+        since: "2.6.0",
+        summary: "Increment the floating point value of a key by a number. Uses 0 as initial value if the key doesn't exist.",
+        syntax: "key increment:double",
+        handler: Handler::Key(incrbyfloat),
+        ..BASE
+    },
+    CommandSpec {
+        name: "lcs",
+        arity: -3,
+        flags: READONLY,
+        keys: super::KeySpec {
+            first: 1,
+            last: 2,
+            step: 1,
+        },
+        since: "7.0.0",
+        summary: "Finds the longest common substring.",
+        complexity: "O(N*M) where N and M are the lengths of s1 and s2, respectively",
+        syntax: "key1:string key2:string [LEN] [IDX] [MINMATCHLEN min-match-len:integer] [WITHMATCHLEN]",
+        handler: Handler::Async(lcs),
+        ..BASE
+    },
+];
+
+/// Whether a fan-out command ran into a shard that is gone.
+const SHUTTING_DOWN: &str = "ERR server is shutting down";
+
+/// Absolute expiry from an option: `EX`/`PX`/`EXAT`/`PXAT` and its value.
+/// Errors are Redis's: not-an-integer, or `invalid expire time in '<cmd>'`.
+pub(crate) fn expire_at_from(
+    unit: &[u8],
+    value: &[u8],
+    command: &str,
+    now: u64,
+) -> Result<u64, Reply> {
+    let n = parse_int(value).ok_or_else(not_integer)?;
+    let invalid = || Reply::error(format!("ERR invalid expire time in '{command}' command"));
+    if n <= 0 {
+        return Err(invalid());
+    }
+    let ms = if is(unit, "ex") || is(unit, "exat") {
+        n.checked_mul(1000).ok_or_else(invalid)?
+    } else {
+        n
+    };
+    if is(unit, "ex") || is(unit, "px") {
+        ms.checked_add(now as i64)
+            .map(|t| t as u64)
+            .ok_or_else(invalid)
+    } else {
+        Ok(ms as u64)
+    }
+}
+
+fn is_expire_option(arg: &[u8]) -> bool {
+    ["ex", "px", "exat", "pxat"].iter().any(|o| is(arg, o))
+}
+
+/// OOM, or the error a write that exceeds the budget gets.
+fn stored(result: Result<Option<crate::store::Entry>, OutOfMemory>) -> Result<(), Reply> {
+    result.map(|_| ()).map_err(|_| oom_error())
+}
+
+fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    store
+        .read(op.slot, op.key(), now, op.touch)
+        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+}
+
+#[derive(PartialEq)]
+enum Condition {
+    Always,
+    IfAbsent,
+    IfPresent,
+}
+
+fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    let mut condition = Condition::Always;
+    let mut want_old = false;
+    let mut keep_ttl = false;
+    let mut expire: Option<u64> = None;
+    let mut i = 3;
+    while i < args.len() {
+        let a = &args[i];
+        if is(a, "nx") && condition == Condition::Always {
+            condition = Condition::IfAbsent;
+        } else if is(a, "xx") && condition == Condition::Always {
+            condition = Condition::IfPresent;
+        } else if is(a, "get") && !want_old {
+            want_old = true;
+        } else if is(a, "keepttl") && expire.is_none() && !keep_ttl {
+            keep_ttl = true;
+        } else if is_expire_option(a) && expire.is_none() && !keep_ttl && i + 1 < args.len() {
+            match expire_at_from(a, &args[i + 1], "set", now) {
+                Ok(at) => expire = Some(at),
+                Err(e) => return e,
+            }
+            i += 1;
+        } else {
+            return syntax_error();
+        }
+        i += 1;
+    }
+    let (slot, key) = (op.slot, op.key());
+    let old = store
+        .peek(slot, key, now)
+        .map(|e| (e.value.clone(), e.expire_at));
+    let old_value = || {
+        old.as_ref()
+            .map_or(Reply::Nil, |(v, _)| Reply::Bulk(v.clone()))
+    };
+    let blocked = match condition {
+        Condition::IfAbsent => old.is_some(),
+        Condition::IfPresent => old.is_none(),
+        Condition::Always => false,
+    };
+    if blocked {
+        return if want_old { old_value() } else { Reply::Nil };
+    }
+    let expire_at = match (expire, keep_ttl) {
+        (Some(at), _) => at,
+        (None, true) => old.as_ref().map_or(0, |(_, at)| *at),
+        (None, false) => 0,
+    };
+    if expire_at != 0 && expire_at <= now {
+        // Already expired: the key ends up absent, as in Redis.
+        if store.remove(slot, key).is_some() {
+            store.stats.expired_keys += 1;
+        }
+    } else if let Err(e) = stored(store.insert(slot, key, args[2].clone(), expire_at, now)) {
+        return e;
+    }
+    if want_old {
+        old_value()
+    } else {
+        Reply::ok()
+    }
+}
+
+fn setnx(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    if store.peek(op.slot, op.key(), now).is_some() {
+        return Reply::Int(0);
+    }
+    match stored(store.insert(op.slot, op.key(), op.args[2].clone(), 0, now)) {
+        Ok(()) => Reply::Int(1),
+        Err(e) => e,
+    }
+}
+
+fn set_with_ttl(store: &mut Store, op: &KeyOp, now: u64, unit: &str, name: &str) -> Reply {
+    let at = match expire_at_from(unit.as_bytes(), &op.args[2], name, now) {
+        Ok(at) => at,
+        Err(e) => return e,
+    };
+    match stored(store.insert(op.slot, op.key(), op.args[3].clone(), at, now)) {
+        Ok(()) => Reply::ok(),
+        Err(e) => e,
+    }
+}
+
+fn setex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    set_with_ttl(store, op, now, "ex", "setex")
+}
+
+fn psetex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    set_with_ttl(store, op, now, "px", "psetex")
+}
+
+fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    // None: leave the TTL; Some(0): persist; Some(t): expire at t.
+    let mut new_expiry: Option<u64> = None;
+    let mut i = 2;
+    while i < args.len() {
+        let a = &args[i];
+        if is(a, "persist") && new_expiry.is_none() {
+            new_expiry = Some(0);
+        } else if is_expire_option(a) && new_expiry.is_none() && i + 1 < args.len() {
+            match expire_at_from(a, &args[i + 1], "getex", now) {
+                Ok(at) => new_expiry = Some(at),
+                Err(e) => return e,
+            }
+            i += 1;
+        } else {
+            return syntax_error();
+        }
+        i += 1;
+    }
+    let (slot, key) = (op.slot, op.key());
+    let Some(value) = store
+        .read(slot, key, now, op.touch)
+        .map(|e| e.value.clone())
+    else {
+        return Reply::Nil;
+    };
+    match new_expiry {
+        Some(at) if at != 0 && at <= now => {
+            store.remove(slot, key);
+            store.stats.expired_keys += 1;
+        }
+        Some(at) => {
+            store.set_expire(slot, key, at, now);
+        }
+        None => {}
+    }
+    Reply::Bulk(value)
+}
+
+fn getdel(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    if store.read(op.slot, op.key(), now, op.touch).is_none() {
+        return Reply::Nil;
+    }
+    store
+        .remove(op.slot, op.key())
+        .map_or(Reply::Nil, |e| Reply::Bulk(e.value))
+}
+
+fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let old = store
+        .read(op.slot, op.key(), now, op.touch)
+        .map(|e| e.value.clone());
+    match stored(store.insert(op.slot, op.key(), op.args[2].clone(), 0, now)) {
+        Ok(()) => old.map_or(Reply::Nil, Reply::Bulk),
+        Err(e) => e,
+    }
+}
+
+fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let touch = !client.no_touch;
+        let keys: Vec<usize> = (1..args.len()).collect();
+        let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
+            store
+                .read(slot, key, now, touch)
+                .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+        })
+        .await;
+        match result {
+            Ok(values) => Reply::Array(values),
+            Err(_) => Reply::error(SHUTTING_DOWN),
+        }
+    })
+}
+
+fn mset(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if args.len().is_multiple_of(2) {
+            return arity_error("mset");
+        }
+        let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
+        let result = fan_out(client, &args, &keys, |store, slot, key, value, now| {
+            let value = value.cloned().unwrap_or_default();
+            store.insert(slot, key, value, 0, now).is_ok()
+        })
+        .await;
+        match result {
+            Ok(done) if done.iter().all(|&ok| ok) => Reply::ok(),
+            Ok(_) => oom_error(),
+            Err(_) => Reply::error(SHUTTING_DOWN),
+        }
+    })
+}
+
+fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if args.len().is_multiple_of(2) {
+            return arity_error("msetnx");
+        }
+        let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
+        // All keys on one shard: check and set in one step, atomically.
+        let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
+            store.peek(slot, key, now).is_some()
+        })
+        .await;
+        match result {
+            Ok(present) if present.iter().any(|&p| p) => return Reply::Int(0),
+            Ok(_) => {}
+            Err(_) => return Reply::error(SHUTTING_DOWN),
+        }
+        let result = fan_out(client, &args, &keys, |store, slot, key, value, now| {
+            if store.peek(slot, key, now).is_some() {
+                return Fanned::Skipped;
+            }
+            let value = value.cloned().unwrap_or_default();
+            match store.insert(slot, key, value, 0, now) {
+                Ok(_) => Fanned::Done,
+                Err(_) => Fanned::Oom,
+            }
+        })
+        .await;
+        match result {
+            Ok(r) if r.contains(&Fanned::Oom) => oom_error(),
+            Ok(r) if r.contains(&Fanned::Skipped) => Reply::Int(0),
+            Ok(_) => Reply::Int(1),
+            Err(_) => Reply::error(SHUTTING_DOWN),
+        }
+    })
+}
+
+/// `ERR string exceeds maximum allowed size (proto-max-bulk-len)` when a
+/// string would grow past the limit.
+fn check_length(store: &Store, len: u64) -> Result<(), Reply> {
+    if len > store.max_value_len() as u64 {
+        Err(Reply::error(
+            "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let (slot, key, tail) = (op.slot, op.key(), &op.args[2]);
+    let existing = store
+        .peek(slot, key, now)
+        .map(|e| (e.value.clone(), e.expire_at));
+    let (value, expire_at) = match existing {
+        None => (tail.clone(), 0),
+        Some((old, at)) => {
+            if let Err(e) = check_length(store, (old.len() + tail.len()) as u64) {
+                return e;
+            }
+            let mut joined = BytesMut::with_capacity(old.len() + tail.len());
+            joined.extend_from_slice(&old);
+            joined.extend_from_slice(tail);
+            (joined.freeze(), at)
+        }
+    };
+    let len = value.len() as i64;
+    match stored(store.insert_with(slot, key, value, expire_at, Encoding::Raw, now)) {
+        Ok(()) => Reply::Int(len),
+        Err(e) => e,
+    }
+}
+
+fn strlen(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    Reply::Int(
+        store
+            .read(op.slot, op.key(), now, op.touch)
+            .map_or(0, |e| e.value.len() as i64),
+    )
+}
+
+fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let (Some(mut start), Some(mut end)) = (parse_int(&op.args[2]), parse_int(&op.args[3])) else {
+        return not_integer();
+    };
+    let Some(value) = store
+        .read(op.slot, op.key(), now, op.touch)
+        .map(|e| e.value.clone())
+    else {
+        return Reply::bulk("");
+    };
+    let len = value.len() as i64;
+    if start < 0 && end < 0 && start > end {
+        return Reply::bulk("");
+    }
+    if start < 0 {
+        start += len;
+    }
+    if end < 0 {
+        end += len;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= len {
+        end = len - 1;
+    }
+    if start > end || len == 0 {
+        return Reply::bulk("");
+    }
+    Reply::Bulk(value.slice(start as usize..=end as usize))
+}
+
+fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let Some(offset) = parse_int(&op.args[2]) else {
+        return not_integer();
+    };
+    if offset < 0 {
+        return Reply::error("ERR offset is out of range");
+    }
+    let (slot, key, patch) = (op.slot, op.key(), &op.args[3]);
+    let existing = store
+        .peek(slot, key, now)
+        .map(|e| (e.value.clone(), e.expire_at));
+    if patch.is_empty() {
+        return Reply::Int(existing.map_or(0, |(v, _)| v.len() as i64));
+    }
+    let offset = offset as u64;
+    if let Err(e) = check_length(store, offset + patch.len() as u64) {
+        return e;
+    }
+    let (old, expire_at) = existing.unwrap_or_default();
+    let offset = offset as usize;
+    let new_len = old.len().max(offset + patch.len());
+    let mut value = BytesMut::zeroed(new_len);
+    value[..old.len()].copy_from_slice(&old);
+    value[offset..offset + patch.len()].copy_from_slice(patch);
+    match stored(store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now)) {
+        Ok(()) => Reply::Int(new_len as i64),
+        Err(e) => e,
+    }
+}
+
+/// Adds `delta` to the integer at the key, creating it from 0.
+fn add_integer(store: &mut Store, op: &KeyOp, now: u64, delta: i64) -> Reply {
+    let (slot, key) = (op.slot, op.key());
+    let (current, expire_at) = match store.peek(slot, key, now) {
+        None => (0, 0),
+        Some(e) => match parse_int(&e.value) {
+            Some(n) => (n, e.expire_at),
+            None => return not_integer(),
+        },
+    };
+    let Some(next) = current.checked_add(delta) else {
+        return Reply::error("ERR increment or decrement would overflow");
+    };
+    let text = Bytes::from(next.to_string());
+    match stored(store.insert(slot, key, text, expire_at, now)) {
+        Ok(()) => Reply::Int(next),
+        Err(e) => e,
+    }
+}
+
+fn incr(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    add_integer(store, op, now, 1)
+}
+
+fn decr(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    add_integer(store, op, now, -1)
+}
+
+fn incrby(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    match parse_int(&op.args[2]) {
+        Some(delta) => add_integer(store, op, now, delta),
+        None => not_integer(),
+    }
+}
+
+fn decrby(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    match parse_int(&op.args[2]) {
+        Some(i64::MIN) => Reply::error("ERR decrement would overflow"),
+        Some(delta) => add_integer(store, op, now, -delta),
+        None => not_integer(),
+    }
+}
+
+/// Parses a float as Redis's `string2ld` does: no surrounding spaces, no NaN.
+pub(crate) fn parse_float(arg: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(arg).ok()?;
+    if s.is_empty() || s.len() > 5120 || s.trim() != s {
+        return None;
+    }
+    let v: f64 = s.parse().ok()?;
+    (!v.is_nan()).then_some(v)
+}
+
+fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let (slot, key) = (op.slot, op.key());
+    let Some(delta) = parse_float(&op.args[2]) else {
+        return Reply::error("ERR value is not a valid float");
+    };
+    let (current, expire_at) = match store.peek(slot, key, now) {
+        None => (0.0, 0),
+        Some(e) => match parse_float(&e.value) {
+            Some(v) => (v, e.expire_at),
+            None => return Reply::error("ERR value is not a valid float"),
+        },
+    };
+    let next = current + delta;
+    if next.is_nan() || next.is_infinite() {
+        return Reply::error("ERR increment would produce NaN or Infinity");
+    }
+    let text = Bytes::from(format_double(next));
+    match stored(store.insert_with(slot, key, text.clone(), expire_at, Encoding::NoInt, now)) {
+        Ok(()) => Reply::Bulk(text),
+        Err(e) => e,
+    }
+}
+
+fn lcs(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let (mut want_len, mut want_idx, mut with_match_len, mut min_len) =
+            (false, false, false, 0);
+        let mut i = 3;
+        while i < args.len() {
+            let a = &args[i];
+            if is(a, "len") {
+                want_len = true;
+            } else if is(a, "idx") {
+                want_idx = true;
+            } else if is(a, "withmatchlen") {
+                with_match_len = true;
+            } else if is(a, "minmatchlen") && i + 1 < args.len() {
+                match parse_int(&args[i + 1]) {
+                    Some(n) => min_len = n.max(0) as usize,
+                    None => return not_integer(),
+                }
+                i += 1;
+            } else {
+                return syntax_error();
+            }
+            i += 1;
+        }
+        if want_len && want_idx {
+            return Reply::error(
+                "ERR If you want both the length and indexes, please just use IDX.",
+            );
+        }
+        let touch = !client.no_touch;
+        let values = fan_out(client, &args, &[1, 2], move |store, slot, key, _, now| {
+            store
+                .read(slot, key, now, touch)
+                .map(|e| e.value.clone())
+                .unwrap_or_default()
+        })
+        .await;
+        let Ok(values) = values else {
+            return Reply::error(SHUTTING_DOWN);
+        };
+        super::keyspace::lcs_reply(
+            &values[0],
+            &values[1],
+            want_len,
+            want_idx,
+            with_match_len,
+            min_len,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expire_options() {
+        let now = 1_000_000;
+        assert_eq!(expire_at_from(b"EX", b"10", "set", now), Ok(now + 10_000));
+        assert_eq!(expire_at_from(b"px", b"10", "set", now), Ok(now + 10));
+        assert_eq!(expire_at_from(b"exat", b"10", "set", now), Ok(10_000));
+        assert_eq!(expire_at_from(b"pxat", b"10", "set", now), Ok(10));
+        assert_eq!(expire_at_from(b"ex", b"x", "set", now), Err(not_integer()));
+        assert_eq!(
+            expire_at_from(b"ex", b"0", "set", now),
+            Err(Reply::error("ERR invalid expire time in 'set' command"))
+        );
+        assert!(expire_at_from(b"ex", b"9223372036854775807", "set", now).is_err());
+    }
+
+    #[test]
+    fn floats_like_string2ld() {
+        assert_eq!(parse_float(b"1.5"), Some(1.5));
+        assert_eq!(parse_float(b"1e3"), Some(1000.0));
+        assert_eq!(parse_float(b" 1"), None);
+        assert_eq!(parse_float(b"nan"), None);
+        assert_eq!(parse_float(b""), None);
+        assert_eq!(parse_float(b"abc"), None);
+    }
+}

@@ -1,0 +1,507 @@
+//! Configuration: command-line flags, the config file, and the parameters
+//! CONFIG GET / CONFIG SET read and change at run time.
+//!
+//! The config file holds `name value` lines with the same names as the flags
+//! (and as CONFIG): `maxmemory 4gb`, `port 6380`. Flags given on the command
+//! line override the file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::RwLock;
+
+use clap::Parser;
+
+use crate::glob::glob_match;
+use crate::store::EvictionPolicy;
+
+/// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
+/// Speaks RESP (Redis clients work unchanged) and runs one shard per core.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "kvtier-server", version, args_override_self = true)]
+pub struct Config {
+    /// Config file of `name value` lines (same names as the flags).
+    #[arg(value_name = "CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// TCP port to listen on (0: pick a free one and print it).
+    #[arg(long, default_value_t = 6379)]
+    pub port: u16,
+
+    /// Address to bind (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+
+    /// Shard threads, one per core (default: the available cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+
+    /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit).
+    /// Divided equally among the shards.
+    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    pub maxmemory: u64,
+
+    /// What to do when maxmemory is reached: noeviction (writes fail with
+    /// OOM), allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru,
+    /// volatile-lfu, volatile-random or volatile-ttl.
+    #[arg(long, default_value = "noeviction")]
+    pub maxmemory_policy: EvictionPolicy,
+
+    /// Keys sampled per eviction choice.
+    #[arg(long, default_value_t = 5)]
+    pub maxmemory_samples: u64,
+
+    /// Password clients must send with AUTH (empty: none).
+    #[arg(long, default_value = "")]
+    pub requirepass: String,
+
+    /// Largest bulk argument accepted, e.g. 512mb.
+    #[arg(long, default_value = "512mb", value_parser = parse_memory)]
+    pub proto_max_bulk_len: u64,
+
+    /// Close clients idle for this many seconds (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub timeout: u64,
+
+    /// Most simultaneous client connections.
+    #[arg(long, default_value_t = 10000)]
+    pub maxclients: u64,
+
+    /// Prometheus metrics endpoint, HOST:PORT, or `none` to disable.
+    #[arg(long, default_value = "127.0.0.1:9379")]
+    pub metrics_addr: String,
+
+    /// Log level: debug, verbose, notice or warning.
+    #[arg(long, default_value = "notice")]
+    pub loglevel: String,
+
+    /// Background task frequency (active expiry runs `hz` times a second).
+    #[arg(long, default_value_t = 10)]
+    pub hz: u64,
+}
+
+impl Config {
+    /// Parses the process arguments, reading the config file if one is named.
+    pub fn load() -> Result<Config, String> {
+        Self::load_from(std::env::args().collect())
+    }
+
+    /// Parses `args` (program name first), reading the config file if named.
+    /// The file's settings come first so that flags override them.
+    pub fn load_from(args: Vec<String>) -> Result<Config, String> {
+        let first = Config::try_parse_from(&args).map_err(|e| e.to_string())?;
+        let Some(path) = &first.config_file else {
+            return Ok(first);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let mut merged = vec![args[0].clone()];
+        merged.extend(file_to_flags(&text)?);
+        merged.extend(args[1..].iter().cloned());
+        Config::try_parse_from(&merged).map_err(|e| e.to_string())
+    }
+
+    /// Shard threads to run.
+    pub fn shard_count(&self) -> usize {
+        self.threads
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The metrics listener address, unless disabled.
+    pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, String> {
+        if self.metrics_addr.eq_ignore_ascii_case("none") || self.metrics_addr.is_empty() {
+            return Ok(None);
+        }
+        self.metrics_addr
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("invalid --metrics-addr '{}': {e}", self.metrics_addr))
+    }
+}
+
+/// Turns config-file lines into `--name value` flags.
+fn file_to_flags(text: &str) -> Result<Vec<String>, String> {
+    let mut flags = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let words = crate::protocol::inline::split_inline_args(line.as_bytes())
+            .ok_or_else(|| format!("config file line {}: unbalanced quotes", n + 1))?;
+        let mut words = words
+            .into_iter()
+            .map(|w| String::from_utf8_lossy(&w).into_owned());
+        let Some(name) = words.next() else { continue };
+        let value: Vec<String> = words.collect();
+        if value.len() != 1 {
+            return Err(format!(
+                "config file line {}: expected `name value`, got {line:?}",
+                n + 1
+            ));
+        }
+        flags.push(format!("--{}", name.to_ascii_lowercase()));
+        flags.push(value.into_iter().next().unwrap_or_default());
+    }
+    Ok(flags)
+}
+
+/// Parses a memory size the way redis.conf does: `1000`, `1k` (1000),
+/// `1kb` (1024), `5mb`, `4gb` (case-insensitive).
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (digits, unit) = lower.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid memory size '{s}'"))?;
+    let mul: u64 = match unit {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1024,
+        "m" => 1000 * 1000,
+        "mb" => 1024 * 1024,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1024 * 1024 * 1024,
+        _ => return Err(format!("invalid memory size '{s}'")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("memory size '{s}' is too large"))
+}
+
+/// Formats bytes as Redis's `*_human` INFO fields do (`1.50M`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n}B")
+    } else {
+        format!("{value:.2}{}", UNITS[unit])
+    }
+}
+
+/// Settings that CONFIG SET can change while the server runs.
+pub struct LiveConfig {
+    /// Total memory budget (0: none).
+    pub maxmemory: AtomicU64,
+    policy: AtomicU8,
+    /// Keys sampled per eviction.
+    pub maxmemory_samples: AtomicU64,
+    /// Largest bulk argument.
+    pub proto_max_bulk_len: AtomicU64,
+    /// Idle client timeout, seconds.
+    pub timeout: AtomicU64,
+    /// Most clients.
+    pub maxclients: AtomicU64,
+    /// Background frequency.
+    pub hz: AtomicU64,
+    /// AUTH password; empty: none.
+    pub requirepass: RwLock<String>,
+    /// Log level name.
+    pub loglevel: RwLock<String>,
+    /// `save` (kept for clients that read it; kvtier has no RDB).
+    pub save: RwLock<String>,
+    /// Settings fixed at start, reported by CONFIG GET.
+    pub fixed: Vec<(&'static str, String)>,
+}
+
+impl LiveConfig {
+    /// Live settings initialised from the start-up configuration.
+    pub fn new(config: &Config, shards: usize, port: u16) -> LiveConfig {
+        LiveConfig {
+            maxmemory: AtomicU64::new(config.maxmemory),
+            policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
+            maxmemory_samples: AtomicU64::new(config.maxmemory_samples),
+            proto_max_bulk_len: AtomicU64::new(config.proto_max_bulk_len),
+            timeout: AtomicU64::new(config.timeout),
+            maxclients: AtomicU64::new(config.maxclients),
+            hz: AtomicU64::new(config.hz.clamp(1, 500)),
+            requirepass: RwLock::new(config.requirepass.clone()),
+            loglevel: RwLock::new(config.loglevel.clone()),
+            save: RwLock::new(String::new()),
+            fixed: vec![
+                ("port", port.to_string()),
+                ("bind", config.bind.clone()),
+                ("threads", shards.to_string()),
+                ("databases", "1".into()),
+                ("appendonly", "no".into()),
+                ("metrics-addr", config.metrics_addr.clone()),
+                (
+                    "config-file",
+                    config
+                        .config_file
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                ),
+            ],
+        }
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        EvictionPolicy::ALL[self.policy.load(Relaxed) as usize]
+    }
+
+    /// Whether clients must AUTH.
+    pub fn auth_required(&self) -> bool {
+        !self
+            .requirepass
+            .read()
+            .map(|p| p.is_empty())
+            .unwrap_or(true)
+    }
+
+    /// Every parameter name and its current value, sorted by name.
+    pub fn all(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = PARAMS
+            .iter()
+            .map(|p| (p.name.to_string(), (p.get)(self)))
+            .chain(self.fixed.iter().map(|(k, v)| (k.to_string(), v.clone())))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// CONFIG GET: parameters matching the glob `pattern` (case-insensitive).
+    pub fn get(&self, pattern: &[u8]) -> Vec<(String, String)> {
+        self.all()
+            .into_iter()
+            .filter(|(name, _)| glob_match(pattern, name.as_bytes(), true))
+            .collect()
+    }
+
+    /// Validates `value` for parameter `name` without applying it.
+    pub fn check(&self, name: &str, value: &str) -> Result<(), String> {
+        match PARAMS.iter().find(|p| p.name.eq_ignore_ascii_case(name)) {
+            Some(p) => (p.parse)(value).map(|_| ()),
+            None if self.fixed.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) => {
+                Err("can't set immutable config".into())
+            }
+            None => Err("unknown".into()),
+        }
+    }
+
+    /// CONFIG SET of one parameter (checked first with [`Self::check`]).
+    pub fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        let p = PARAMS
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+            .ok_or("unknown")?;
+        let parsed = (p.parse)(value)?;
+        (p.apply)(self, parsed);
+        Ok(())
+    }
+}
+
+fn policy_index(p: EvictionPolicy) -> u8 {
+    EvictionPolicy::ALL
+        .iter()
+        .position(|&q| q == p)
+        .unwrap_or(0) as u8
+}
+
+/// A parsed CONFIG SET value.
+enum Value {
+    Number(u64),
+    Text(String),
+}
+
+/// One parameter CONFIG SET can change.
+struct Param {
+    name: &'static str,
+    get: fn(&LiveConfig) -> String,
+    parse: fn(&str) -> Result<Value, String>,
+    apply: fn(&LiveConfig, Value),
+}
+
+fn number(s: &str) -> Result<Value, String> {
+    s.parse::<u64>()
+        .map(Value::Number)
+        .map_err(|_| "argument couldn't be parsed into an integer".into())
+}
+
+fn memory(s: &str) -> Result<Value, String> {
+    parse_memory(s)
+        .map(Value::Number)
+        .map_err(|_| "argument must be a memory value".into())
+}
+
+fn text(s: &str) -> Result<Value, String> {
+    Ok(Value::Text(s.to_string()))
+}
+
+fn set_num(target: &AtomicU64, v: Value) {
+    if let Value::Number(n) = v {
+        target.store(n, Relaxed);
+    }
+}
+
+fn set_text(target: &RwLock<String>, v: Value) {
+    if let (Value::Text(t), Ok(mut guard)) = (v, target.write()) {
+        *guard = t;
+    }
+}
+
+fn read_text(target: &RwLock<String>) -> String {
+    target.read().map(|s| s.clone()).unwrap_or_default()
+}
+
+const PARAMS: &[Param] = &[
+    Param {
+        name: "maxmemory",
+        get: |c| c.maxmemory.load(Relaxed).to_string(),
+        parse: memory,
+        apply: |c, v| set_num(&c.maxmemory, v),
+    },
+    Param {
+        name: "maxmemory-policy",
+        get: |c| c.policy().name().to_string(),
+        parse: |s| {
+            s.parse::<EvictionPolicy>()
+                .map(|p| Value::Number(policy_index(p) as u64))
+                .map_err(|_| "argument(s) must be one of the following: noeviction, allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru, volatile-lfu, volatile-random, volatile-ttl".into())
+        },
+        apply: |c, v| {
+            if let Value::Number(n) = v {
+                c.policy.store(n as u8, Relaxed);
+            }
+        },
+    },
+    Param {
+        name: "maxmemory-samples",
+        get: |c| c.maxmemory_samples.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) if (1..=64).contains(&n) => Ok(Value::Number(n)),
+            _ => Err("argument must be between 1 and 64 inclusive".into()),
+        },
+        apply: |c, v| set_num(&c.maxmemory_samples, v),
+    },
+    Param {
+        name: "proto-max-bulk-len",
+        get: |c| c.proto_max_bulk_len.load(Relaxed).to_string(),
+        parse: |s| match memory(s)? {
+            Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
+            _ => Err("argument must be a memory value of at least 1mb".into()),
+        },
+        apply: |c, v| set_num(&c.proto_max_bulk_len, v),
+    },
+    Param {
+        name: "timeout",
+        get: |c| c.timeout.load(Relaxed).to_string(),
+        parse: number,
+        apply: |c, v| set_num(&c.timeout, v),
+    },
+    Param {
+        name: "maxclients",
+        get: |c| c.maxclients.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
+            _ => Err("argument must be between 1 and 4294967295 inclusive".into()),
+        },
+        apply: |c, v| set_num(&c.maxclients, v),
+    },
+    Param {
+        name: "hz",
+        get: |c| c.hz.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) => Ok(Value::Number(n.clamp(1, 500))),
+            other => Ok(other),
+        },
+        apply: |c, v| set_num(&c.hz, v),
+    },
+    Param {
+        name: "requirepass",
+        get: |c| read_text(&c.requirepass),
+        parse: text,
+        apply: |c, v| set_text(&c.requirepass, v),
+    },
+    Param {
+        name: "loglevel",
+        get: |c| read_text(&c.loglevel),
+        parse: |s| match s.to_ascii_lowercase().as_str() {
+            l @ ("debug" | "verbose" | "notice" | "warning") => Ok(Value::Text(l.to_string())),
+            _ => Err(
+                "argument(s) must be one of the following: debug, verbose, notice, warning".into(),
+            ),
+        },
+        apply: |c, v| set_text(&c.loglevel, v),
+    },
+    Param {
+        name: "save",
+        get: |c| read_text(&c.save),
+        parse: |s| {
+            if s.trim().is_empty() {
+                Ok(Value::Text(String::new()))
+            } else {
+                Err("kvtier keeps no RDB snapshots; only an empty save is accepted".into())
+            }
+        },
+        apply: |c, v| set_text(&c.save, v),
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_units_like_redis_conf() {
+        assert_eq!(parse_memory("100").unwrap(), 100);
+        assert_eq!(parse_memory("1k").unwrap(), 1000);
+        assert_eq!(parse_memory("1kb").unwrap(), 1024);
+        assert_eq!(parse_memory("4GB").unwrap(), 4 << 30);
+        assert_eq!(parse_memory("512mb").unwrap(), 512 << 20);
+        assert!(parse_memory("12x").is_err());
+        assert!(parse_memory("").is_err());
+    }
+
+    #[test]
+    fn file_then_flags_override() {
+        let dir = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kvtier.conf");
+        std::fs::write(
+            &path,
+            "# comment\nport 7000\nmaxmemory 1gb\nrequirepass \"a b\"\n",
+        )
+        .unwrap();
+        let args = |extra: &[&str]| {
+            let mut v = vec!["kvtier-server".to_string(), path.display().to_string()];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let c = Config::load_from(args(&[])).unwrap();
+        assert_eq!(
+            (c.port, c.maxmemory, c.requirepass.as_str()),
+            (7000, 1 << 30, "a b")
+        );
+        let c = Config::load_from(args(&["--port", "7001"])).unwrap();
+        assert_eq!(c.port, 7001);
+        std::fs::write(&path, "bogus-option 1\n").unwrap();
+        assert!(Config::load_from(args(&[])).is_err());
+    }
+
+    #[test]
+    fn config_get_glob_and_set() {
+        let c = Config::load_from(vec!["kvtier-server".into()]).unwrap();
+        let live = LiveConfig::new(&c, 2, 6379);
+        let got = live.get(b"maxmemory*");
+        assert_eq!(got.len(), 3);
+        live.set("maxmemory", "10mb").unwrap();
+        assert_eq!(live.maxmemory.load(Relaxed), 10 << 20);
+        assert!(live.check("maxmemory-policy", "bogus").is_err());
+        assert!(live.check("port", "1").is_err());
+        assert!(live.check("save", "900 1").is_err());
+        live.set("maxmemory-policy", "allkeys-lru").unwrap();
+        assert_eq!(live.policy(), EvictionPolicy::AllKeysLru);
+    }
+}

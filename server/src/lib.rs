@@ -1,0 +1,25 @@
+//! kvtier-server: a thread-per-core RESP server that is the shared storage
+//! tier for LLM KV-cache blocks.
+//!
+//! * [`protocol`]: the wire (request parsing, reply encoding); never touches
+//!   the store.
+//! * [`shard`]: threads, slots and mailboxes.
+//! * [`store`]: one shard's keyspace, expiry, memory and eviction.
+//! * [`commands`]: the command table, by family.
+//! * [`net`]: serving a connection.
+//! * [`server`]: start-up, shutdown and background work.
+
+pub mod clients;
+pub mod commands;
+pub mod config;
+pub mod glob;
+pub mod net;
+pub mod protocol;
+pub mod server;
+pub mod shard;
+pub mod stats;
+pub mod store;
+
+/// The Redis version kvtier reports (INFO, HELLO): the command set and
+/// replies follow Redis 7.
+pub const REDIS_VERSION: &str = "7.2.4";

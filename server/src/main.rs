@@ -1,0 +1,100 @@
+//! The `kvtier-server` binary: parse flags, start the shards, wait for
+//! SIGINT, SIGTERM or SHUTDOWN, stop.
+
+use std::process::ExitCode;
+
+use kvtier_server::config::Config;
+use kvtier_server::server::Server;
+use kvtier_server::stats::{describe_metrics, LATENCY_BUCKETS};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tracing::{error, info};
+
+fn main() -> ExitCode {
+    let config = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config.loglevel);
+    match config.metrics_socket() {
+        Ok(Some(addr)) => {
+            let installed = PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .set_buckets_for_metric(
+                    Matcher::Full("kvtier_command_duration_seconds".into()),
+                    &LATENCY_BUCKETS,
+                )
+                .and_then(|b| b.install());
+            match installed {
+                Ok(()) => {
+                    describe_metrics();
+                    info!("metrics on http://{addr}/metrics");
+                }
+                Err(e) => {
+                    error!("cannot serve metrics on {addr}: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
+    let server = match Server::start(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    // The port line is printed on stdout so scripts using --port 0 can read it.
+    println!("kvtier listening on {}", server.local_addr());
+    let shared = std::sync::Arc::clone(server.shared());
+    std::thread::spawn(move || wait_for_signal(shared));
+    server.wait();
+    info!("kvtier stopped");
+    ExitCode::SUCCESS
+}
+
+/// Turns SIGINT or SIGTERM into a graceful shutdown.
+fn wait_for_signal(shared: std::sync::Arc<kvtier_server::server::Shared>) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let mut stop = shared.shutdown_signal();
+        tokio::select! {
+            _ = int.recv() => info!("SIGINT: shutting down"),
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = stop.changed() => return,
+        }
+        shared.request_shutdown();
+    });
+}
+
+fn init_logging(level: &str) {
+    let level = match level.to_ascii_lowercase().as_str() {
+        "debug" => tracing::Level::DEBUG,
+        "verbose" => tracing::Level::DEBUG,
+        "warning" => tracing::Level::WARN,
+        _ => tracing::Level::INFO,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

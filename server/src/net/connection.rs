@@ -1,0 +1,388 @@
+//! One client connection: read, parse, execute, reply.
+//!
+//! Everything that is already in the read buffer is parsed and executed as
+//! one batch. Single-key commands for this shard run inline at once; those
+//! for other shards are queued per shard and sent as one mailbox job per
+//! shard, so a pipeline costs one cross-thread round trip per shard instead
+//! of one per command. A command that needs every shard (MGET, INFO, ...)
+//! first waits for what is queued, so it sees the effects of the commands
+//! before it. Replies go out in order with one vectored write.
+//!
+//! Each key's commands apply in pipeline order (a key has one owner and each
+//! mailbox is FIFO); commands on different shards may become visible to
+//! other clients in a different order, as with a pipeline spread over Redis
+//! Cluster nodes.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tracing::debug;
+
+use crate::clients::ClientInfo;
+use crate::commands::{
+    arity_error, flags, table, unknown_command, unknown_subcommand, Client, CommandSpec, Handler,
+    KeyFn, KeyOp,
+};
+use crate::protocol::{Reply, ReplyBuf, Request, RequestParser};
+use crate::shard::slot::key_slot;
+use crate::shard::Shard;
+use crate::store::now_ms;
+
+/// Bytes read per `read` call into the shared read buffer.
+const READ_CHUNK: usize = 16 * 1024;
+/// Most commands executed before replies are written.
+const MAX_BATCH: usize = 1024;
+/// Output size after which a batch is cut short and written.
+const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    let shared = Arc::clone(&shard.shared);
+    let id = shared.next_client_id.fetch_add(1, Relaxed);
+    let info = Rc::new(RefCell::new(ClientInfo::new(id, peer, local)));
+    shard.clients.borrow_mut().add(Rc::clone(&info));
+    shard.stats.borrow_mut().connections_received += 1;
+    let authenticated = !shared.config.auth_required();
+    let mut conn = Connection {
+        stream,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        parser: RequestParser::new(shared.config.proto_max_bulk_len.load(Relaxed) as usize),
+        out: ReplyBuf::new(),
+        client: Client {
+            shard: Rc::clone(&shard),
+            info,
+            resp3: false,
+            authenticated,
+            no_touch: false,
+            close_after_reply: false,
+        },
+    };
+    if let Err(e) = conn.run().await {
+        debug!("client {id} ({peer}): {e}");
+    }
+    shard.clients.borrow_mut().remove(id);
+    shared.connected.fetch_sub(1, Relaxed);
+}
+
+struct Connection {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    parser: RequestParser,
+    out: ReplyBuf,
+    client: Client,
+}
+
+/// A reply slot of the current batch, encoded in the protocol that was in
+/// force when its command ran.
+struct Entry {
+    reply: Option<Reply>,
+    resp3: bool,
+}
+
+/// A command waiting to run on another shard.
+struct Remote {
+    entry: usize,
+    id: usize,
+    f: KeyFn,
+    op: KeyOp,
+}
+
+/// The commands of one read, in order.
+#[derive(Default)]
+struct Batch {
+    entries: Vec<Entry>,
+    remote: Vec<Vec<Remote>>,
+    remote_count: usize,
+}
+
+impl Batch {
+    fn ready(&mut self, reply: Reply, resp3: bool) {
+        self.entries.push(Entry {
+            reply: Some(reply),
+            resp3,
+        });
+    }
+}
+
+impl Connection {
+    async fn run(&mut self) -> std::io::Result<()> {
+        let shared = Arc::clone(&self.client.shard.shared);
+        let kill = Rc::clone(&self.client.info.borrow().kill);
+        let mut shutdown = shared.shutdown_signal();
+        if shared.shutting_down() {
+            return Ok(());
+        }
+        loop {
+            self.parser
+                .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+            let mut batch = Batch {
+                remote: (0..self.client.shard.count()).map(|_| Vec::new()).collect(),
+                ..Batch::default()
+            };
+            let mut fatal = None;
+            let mut cut_short = false;
+            loop {
+                if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
+                    cut_short = true;
+                    break;
+                }
+                self.parser.set_unauthenticated(!self.client.authenticated);
+                match self.parser.parse(&mut self.rbuf) {
+                    Ok(Some(request)) => {
+                        self.dispatch(request, &mut batch).await;
+                        if self.client.close_after_reply {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        fatal = Some(e);
+                        break;
+                    }
+                }
+            }
+            self.finish(batch).await;
+            if let Some(e) = fatal {
+                debug!("protocol error from client {}: {}", self.client.id(), e.0);
+                let reply = Reply::error(format!("ERR {}", e.0));
+                self.count_error(&reply);
+                self.out.push(&reply, self.client.resp3);
+                self.client.close_after_reply = true;
+            }
+            if !self.out.is_empty() {
+                let bytes = self.out.pending() as u64;
+                self.out.write_to(&mut self.stream).await?;
+                self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
+            }
+            if self.client.close_after_reply {
+                return Ok(());
+            }
+            if cut_short {
+                continue;
+            }
+            {
+                let mut info = self.client.info.borrow_mut();
+                info.qbuf = self.rbuf.len();
+                info.omem = 0;
+            }
+            let timeout = shared.config.timeout.load(Relaxed);
+            let idle = async {
+                if timeout == 0 {
+                    std::future::pending::<()>().await
+                } else {
+                    tokio::time::sleep(Duration::from_secs(timeout)).await
+                }
+            };
+            let Connection {
+                stream,
+                rbuf,
+                parser,
+                ..
+            } = self;
+            let read = async {
+                match parser.big_bulk_buffer() {
+                    Some(big) => stream.read_buf(big).await,
+                    None => {
+                        rbuf.reserve(READ_CHUNK);
+                        stream.read_buf(rbuf).await
+                    }
+                }
+            };
+            tokio::select! {
+                n = read => {
+                    let n = n?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
+                }
+                _ = kill.notified() => return Ok(()),
+                _ = shutdown.changed() => return Ok(()),
+                _ = idle => return Ok(()),
+            }
+        }
+    }
+
+    /// Looks up, checks and runs (or queues) one command.
+    async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
+        let args = request.args;
+        let resp3 = self.client.resp3;
+        let table = table();
+        let Some(mut spec) = table.get(&args[0]) else {
+            batch.ready(unknown_command(&args), resp3);
+            return;
+        };
+        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
+            self.client
+                .shard
+                .stats
+                .borrow_mut()
+                .reject(Some(table.id(spec)));
+            batch.ready(Reply::error("NOAUTH Authentication required."), resp3);
+            return;
+        }
+        if !spec.subcommands.is_empty()
+            && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
+        {
+            match args.get(1).and_then(|sub| table.sub(spec, sub)) {
+                Some(sub) => spec = sub,
+                None if args.len() < 2 => {
+                    batch.ready(arity_error(spec.name), resp3);
+                    return;
+                }
+                None => {
+                    self.client
+                        .shard
+                        .stats
+                        .borrow_mut()
+                        .reject(Some(table.id(spec)));
+                    batch.ready(unknown_subcommand(spec.name, &args[1]), resp3);
+                    return;
+                }
+            }
+        }
+        let id = table.id(spec);
+        if !spec.arity_ok(args.len()) {
+            self.client.shard.stats.borrow_mut().reject(Some(id));
+            batch.ready(arity_error(spec.name), resp3);
+            return;
+        }
+        let started = Instant::now();
+        {
+            let mut info = self.client.info.borrow_mut();
+            info.last_cmd = spec.name;
+            info.last_active = started;
+        }
+        match spec.handler {
+            Handler::Key(f) => self.run_keyed(spec, id, f, args, batch, started),
+            Handler::Sync(f) => {
+                let reply = f(&mut self.client, &args);
+                self.record(id, started, &reply);
+                batch.ready(reply, self.client.resp3);
+            }
+            Handler::Async(f) => {
+                // Commands that span shards see everything queued before them.
+                self.send_remote(batch).await;
+                let started = Instant::now();
+                let reply = f(&mut self.client, args).await;
+                self.record(id, started, &reply);
+                batch.ready(reply, self.client.resp3);
+            }
+            Handler::Parent => {
+                batch.ready(unknown_subcommand(spec.name, &args[0]), resp3);
+            }
+        }
+    }
+
+    fn run_keyed(
+        &mut self,
+        spec: &'static CommandSpec,
+        id: usize,
+        f: KeyFn,
+        args: Vec<Bytes>,
+        batch: &mut Batch,
+        started: Instant,
+    ) {
+        let key_index = spec.keys.first as usize;
+        let slot = key_slot(&args[key_index]);
+        let op = KeyOp {
+            args,
+            key_index,
+            slot,
+            touch: !self.client.no_touch,
+        };
+        let shard = &self.client.shard;
+        let owner = shard.owner_of(slot);
+        if owner == shard.id {
+            let reply = f(&mut shard.store.borrow_mut(), &op, now_ms());
+            self.record(id, started, &reply);
+            batch.ready(reply, self.client.resp3);
+        } else {
+            let entry = batch.entries.len();
+            batch.entries.push(Entry {
+                reply: None,
+                resp3: self.client.resp3,
+            });
+            batch.remote[owner].push(Remote { entry, id, f, op });
+            batch.remote_count += 1;
+        }
+    }
+
+    fn record(&self, id: usize, started: Instant, reply: &Reply) {
+        self.client
+            .shard
+            .stats
+            .borrow_mut()
+            .record(id, started.elapsed(), reply.is_error());
+    }
+
+    /// Sends the queued commands of each shard as one job and fills in the
+    /// replies.
+    async fn send_remote(&mut self, batch: &mut Batch) {
+        if batch.remote_count == 0 {
+            return;
+        }
+        batch.remote_count = 0;
+        let shard = Rc::clone(&self.client.shard);
+        let mut pending = Vec::new();
+        for (target, queue) in batch.remote.iter_mut().enumerate() {
+            if queue.is_empty() {
+                continue;
+            }
+            let work: Vec<Remote> = std::mem::take(queue);
+            let indexes: Vec<usize> = work.iter().map(|r| r.entry).collect();
+            let job = shard.call(target, move |s: &Shard| {
+                let mut store = s.store.borrow_mut();
+                let mut stats = s.stats.borrow_mut();
+                work.into_iter()
+                    .map(|r| {
+                        let started = Instant::now();
+                        let reply = (r.f)(&mut store, &r.op, now_ms());
+                        stats.record(r.id, started.elapsed(), reply.is_error());
+                        reply
+                    })
+                    .collect::<Vec<Reply>>()
+            });
+            pending.push((indexes, job));
+        }
+        for (indexes, job) in pending {
+            let replies = match job.await {
+                Ok(replies) => replies,
+                Err(_) => indexes
+                    .iter()
+                    .map(|_| Reply::error("ERR server is shutting down"))
+                    .collect(),
+            };
+            for (i, reply) in indexes.into_iter().zip(replies) {
+                batch.entries[i].reply = Some(reply);
+            }
+        }
+    }
+
+    /// Resolves the batch and encodes its replies in order.
+    async fn finish(&mut self, mut batch: Batch) {
+        self.send_remote(&mut batch).await;
+        for entry in batch.entries {
+            let reply = entry.reply.unwrap_or(Reply::Nil);
+            if reply.is_error() {
+                self.count_error(&reply);
+            }
+            self.out.push(&reply, entry.resp3);
+        }
+    }
+
+    fn count_error(&self, reply: &Reply) {
+        if let Reply::Error(msg) = reply {
+            self.client.shard.stats.borrow_mut().error_reply(msg);
+        }
+    }
+}

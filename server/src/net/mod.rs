@@ -1,0 +1,4 @@
+//! Connections: accepting is in [`crate::server`]; serving one client is
+//! [`connection`].
+
+pub mod connection;

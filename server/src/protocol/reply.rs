@@ -1,0 +1,412 @@
+//! Replies, and their encoding as RESP2 or RESP3 into a [`ReplyBuf`].
+//!
+//! A `ReplyBuf` is a queue of byte chunks written with one vectored write:
+//! small replies are copied into a scratch buffer, while a value of
+//! [`ZERO_COPY_MIN`] bytes or more is queued as the stored `Bytes` handle
+//! itself, so a 2 MiB block goes from the store to the socket without a copy.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// Values at least this long are written by reference, not copied.
+pub const ZERO_COPY_MIN: usize = 16 * 1024;
+/// Most chunks handed to one `writev`.
+const MAX_IOVECS: usize = 64;
+
+/// A reply to one command, independent of the protocol version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `+text`
+    Status(Cow<'static, str>),
+    /// `-text`; the text starts with the error code (`ERR`, `WRONGTYPE`, ...).
+    Error(Cow<'static, str>),
+    /// `:n`
+    Int(i64),
+    /// `$len` + bytes
+    Bulk(Bytes),
+    /// The null bulk string (RESP3 `_`).
+    Nil,
+    /// The null array (RESP3 `_`).
+    NilArray,
+    /// `*n` + elements
+    Array(Vec<Reply>),
+    /// RESP3 `%n` map; a flat array of pairs in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// RESP3 `~n` set; an array in RESP2.
+    Set(Vec<Reply>),
+    /// RESP3 `,` double; a bulk string in RESP2.
+    Double(f64),
+    /// RESP3 `#t`/`#f`; `:1`/`:0` in RESP2.
+    Bool(bool),
+    /// RESP3 `=` verbatim text (`txt:`); a bulk string in RESP2.
+    Verbatim(Bytes),
+    /// Nothing at all goes on the wire (SHUTDOWN closes without a reply).
+    Silent,
+}
+
+impl Reply {
+    /// `+OK`
+    pub const fn ok() -> Reply {
+        Reply::Status(Cow::Borrowed("OK"))
+    }
+
+    /// An error reply; `msg` must start with its code, e.g. `ERR syntax error`.
+    pub fn error(msg: impl Into<Cow<'static, str>>) -> Reply {
+        Reply::Error(msg.into())
+    }
+
+    /// A bulk string copied from `s`.
+    pub fn bulk(s: impl AsRef<[u8]>) -> Reply {
+        Reply::Bulk(Bytes::copy_from_slice(s.as_ref()))
+    }
+
+    /// A bulk string from a `'static` slice (no copy).
+    pub const fn bulk_static(s: &'static [u8]) -> Reply {
+        Reply::Bulk(Bytes::from_static(s))
+    }
+
+    /// A simple status from a `'static` string.
+    pub const fn status(s: &'static str) -> Reply {
+        Reply::Status(Cow::Borrowed(s))
+    }
+
+    /// A simple status from an owned string.
+    pub fn status_owned(s: String) -> Reply {
+        Reply::Status(Cow::Owned(s))
+    }
+
+    /// Whether this is an error reply.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+}
+
+impl From<i64> for Reply {
+    fn from(n: i64) -> Reply {
+        Reply::Int(n)
+    }
+}
+
+impl From<Bytes> for Reply {
+    fn from(b: Bytes) -> Reply {
+        Reply::Bulk(b)
+    }
+}
+
+impl From<Option<Bytes>> for Reply {
+    fn from(b: Option<Bytes>) -> Reply {
+        b.map_or(Reply::Nil, Reply::Bulk)
+    }
+}
+
+/// Pending output of one connection.
+#[derive(Default)]
+pub struct ReplyBuf {
+    /// Sealed chunks, written before `scratch`.
+    chunks: VecDeque<Bytes>,
+    /// Where small replies are encoded.
+    scratch: BytesMut,
+    /// Bytes in `chunks` (not yet written).
+    chunk_bytes: usize,
+}
+
+impl ReplyBuf {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes waiting to be written.
+    pub fn pending(&self) -> usize {
+        self.chunk_bytes + self.scratch.len()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.pending() == 0
+    }
+
+    /// Encodes `reply` in RESP3 when `resp3`, RESP2 otherwise.
+    pub fn push(&mut self, reply: &Reply, resp3: bool) {
+        self.encode(reply, resp3);
+    }
+
+    /// Appends raw, already-encoded bytes.
+    pub fn push_raw(&mut self, raw: &[u8]) {
+        self.scratch.extend_from_slice(raw);
+    }
+
+    fn encode(&mut self, reply: &Reply, resp3: bool) {
+        match reply {
+            Reply::Status(s) => {
+                self.scratch.put_u8(b'+');
+                put_line_safe(&mut self.scratch, s.as_bytes());
+            }
+            Reply::Error(s) => {
+                self.scratch.put_u8(b'-');
+                put_line_safe(&mut self.scratch, s.as_bytes());
+            }
+            Reply::Int(n) => self.put_header(b':', *n),
+            Reply::Bulk(b) => self.put_bulk(b),
+            Reply::Verbatim(b) if resp3 => {
+                self.put_header(b'=', b.len() as i64 + 4);
+                self.scratch.extend_from_slice(b"txt:");
+                self.put_payload(b);
+            }
+            Reply::Verbatim(b) => self.put_bulk(b),
+            Reply::Silent => {}
+            Reply::Nil | Reply::NilArray if resp3 => self.scratch.extend_from_slice(b"_\r\n"),
+            Reply::Nil => self.scratch.extend_from_slice(b"$-1\r\n"),
+            Reply::NilArray => self.scratch.extend_from_slice(b"*-1\r\n"),
+            Reply::Array(items) => {
+                self.put_header(b'*', items.len() as i64);
+                items.iter().for_each(|r| self.encode(r, resp3));
+            }
+            Reply::Set(items) => {
+                self.put_header(if resp3 { b'~' } else { b'*' }, items.len() as i64);
+                items.iter().for_each(|r| self.encode(r, resp3));
+            }
+            Reply::Map(pairs) => {
+                if resp3 {
+                    self.put_header(b'%', pairs.len() as i64);
+                } else {
+                    self.put_header(b'*', pairs.len() as i64 * 2);
+                }
+                for (k, v) in pairs {
+                    self.encode(k, resp3);
+                    self.encode(v, resp3);
+                }
+            }
+            Reply::Double(d) if resp3 => {
+                self.scratch.put_u8(b',');
+                self.scratch.extend_from_slice(format_double(*d).as_bytes());
+                self.scratch.extend_from_slice(b"\r\n");
+            }
+            Reply::Double(d) => self.put_bulk(&Bytes::from(format_double(*d))),
+            Reply::Bool(b) => {
+                let text: &[u8] = match (resp3, b) {
+                    (true, true) => b"#t\r\n",
+                    (true, false) => b"#f\r\n",
+                    (false, true) => b":1\r\n",
+                    (false, false) => b":0\r\n",
+                };
+                self.scratch.extend_from_slice(text);
+            }
+        }
+    }
+
+    fn put_header(&mut self, kind: u8, n: i64) {
+        self.scratch.put_u8(kind);
+        put_int(&mut self.scratch, n);
+        self.scratch.extend_from_slice(b"\r\n");
+    }
+
+    fn put_bulk(&mut self, b: &Bytes) {
+        self.put_header(b'$', b.len() as i64);
+        self.put_payload(b);
+    }
+
+    /// The payload of a bulk value plus its CRLF: copied when small, queued
+    /// by reference when large.
+    fn put_payload(&mut self, b: &Bytes) {
+        if b.len() >= ZERO_COPY_MIN {
+            self.seal();
+            self.chunk_bytes += b.len();
+            self.chunks.push_back(b.clone());
+        } else {
+            self.scratch.extend_from_slice(b);
+        }
+        self.scratch.extend_from_slice(b"\r\n");
+    }
+
+    /// Moves `scratch` into the chunk queue.
+    fn seal(&mut self) {
+        if !self.scratch.is_empty() {
+            self.chunk_bytes += self.scratch.len();
+            self.chunks.push_back(self.scratch.split().freeze());
+        }
+    }
+
+    /// Takes everything pending as one contiguous `Vec` (tests, forwarding).
+    pub fn take_bytes(&mut self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.pending());
+        for c in self.chunks.drain(..) {
+            out.extend_from_slice(&c);
+        }
+        out.extend_from_slice(&self.scratch);
+        self.scratch.clear();
+        self.chunk_bytes = 0;
+        out
+    }
+
+    /// Writes everything pending with vectored writes.
+    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+        while !self.is_empty() {
+            let written = {
+                let mut slices: Vec<IoSlice<'_>> =
+                    Vec::with_capacity(self.chunks.len().min(MAX_IOVECS) + 1);
+                for c in self.chunks.iter().take(MAX_IOVECS) {
+                    slices.push(IoSlice::new(c));
+                }
+                if slices.len() < MAX_IOVECS && !self.scratch.is_empty() {
+                    slices.push(IoSlice::new(&self.scratch));
+                }
+                if slices.len() == 1 {
+                    w.write(&slices[0]).await?
+                } else {
+                    w.write_vectored(&slices).await?
+                }
+            };
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.consume(written);
+        }
+        Ok(())
+    }
+
+    fn consume(&mut self, mut n: usize) {
+        while n > 0 {
+            match self.chunks.front_mut() {
+                Some(front) if front.len() <= n => {
+                    n -= front.len();
+                    self.chunk_bytes -= front.len();
+                    self.chunks.pop_front();
+                }
+                Some(front) => {
+                    front.advance(n);
+                    self.chunk_bytes -= n;
+                    return;
+                }
+                None => {
+                    self.scratch.advance(n);
+                    break;
+                }
+            }
+        }
+        if self.scratch.is_empty() {
+            // Rewinds to the start of the allocation for reuse.
+            self.scratch.clear();
+        }
+    }
+}
+
+/// Writes `s` and CRLF, turning any CR or LF inside `s` into a space so a
+/// status or error line can never break the framing.
+fn put_line_safe(buf: &mut BytesMut, s: &[u8]) {
+    if s.iter().any(|&b| b == b'\r' || b == b'\n') {
+        buf.extend(
+            s.iter()
+                .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+        );
+    } else {
+        buf.extend_from_slice(s);
+    }
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends the decimal form of `n`.
+pub fn put_int(buf: &mut BytesMut, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        buf.put_u8(b'-');
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+/// A double as Redis prints it: the shortest text that reads back the same
+/// value, integers without a fraction, `inf`, `-inf` and `nan` by name.
+pub fn format_double(d: f64) -> String {
+    if d.is_nan() {
+        "nan".into()
+    } else if d.is_infinite() {
+        if d > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{d}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(r: Reply, resp3: bool) -> String {
+        let mut b = ReplyBuf::new();
+        b.push(&r, resp3);
+        let pending = b.pending();
+        let out = b.take_bytes();
+        assert_eq!(pending, out.len());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn resp2_and_resp3() {
+        assert_eq!(enc(Reply::ok(), false), "+OK\r\n");
+        assert_eq!(enc(Reply::Int(-42), false), ":-42\r\n");
+        assert_eq!(
+            enc(Reply::Int(i64::MIN), false),
+            ":-9223372036854775808\r\n"
+        );
+        assert_eq!(enc(Reply::Nil, false), "$-1\r\n");
+        assert_eq!(enc(Reply::Nil, true), "_\r\n");
+        assert_eq!(enc(Reply::NilArray, false), "*-1\r\n");
+        assert_eq!(enc(Reply::bulk("hi"), false), "$2\r\nhi\r\n");
+        let map = Reply::Map(vec![(Reply::bulk("a"), Reply::Int(1))]);
+        assert_eq!(enc(map.clone(), false), "*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(enc(map, true), "%1\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(enc(Reply::Double(1.5), true), ",1.5\r\n");
+        assert_eq!(enc(Reply::Double(3.0), false), "$1\r\n3\r\n");
+        assert_eq!(enc(Reply::Bool(true), true), "#t\r\n");
+        assert_eq!(
+            enc(Reply::Verbatim(Bytes::from("x")), true),
+            "=5\r\ntxt:x\r\n"
+        );
+        assert_eq!(enc(Reply::error("ERR a\r\nb"), false), "-ERR a  b\r\n");
+    }
+
+    #[test]
+    fn large_values_are_queued_by_reference() {
+        let value = Bytes::from(vec![7u8; ZERO_COPY_MIN]);
+        let mut b = ReplyBuf::new();
+        b.push(&Reply::Int(1), false);
+        b.push(&Reply::Bulk(value.clone()), false);
+        b.push(&Reply::Int(2), false);
+        assert!(b.chunks.iter().any(|c| c.as_ptr() == value.as_ptr()));
+        let out = b.take_bytes();
+        let header = format!(":1\r\n${}\r\n", ZERO_COPY_MIN);
+        assert!(out.starts_with(header.as_bytes()));
+        assert!(out.ends_with(b"\r\n:2\r\n"));
+        assert_eq!(out.len(), header.len() + ZERO_COPY_MIN + 2 + 4);
+    }
+
+    #[tokio::test]
+    async fn vectored_write_sends_everything_in_order() {
+        let mut b = ReplyBuf::new();
+        let mut want = Vec::new();
+        for i in 0..200 {
+            let v = Bytes::from(vec![i as u8; ZERO_COPY_MIN + i]);
+            b.push(&Reply::Bulk(v.clone()), false);
+            want.extend_from_slice(format!("${}\r\n", v.len()).as_bytes());
+            want.extend_from_slice(&v);
+            want.extend_from_slice(b"\r\n");
+        }
+        let mut out = Vec::new();
+        b.write_to(&mut out).await.unwrap();
+        assert!(b.is_empty());
+        assert_eq!(out, want);
+    }
+}

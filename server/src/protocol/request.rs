@@ -1,0 +1,500 @@
+//! Turning bytes from a client into commands (`Vec<Bytes>` of arguments).
+//!
+//! Three paths, one result:
+//!
+//! * **Fast path.** When a whole RESP array is already in the read buffer, the
+//!   redis-protocol crate's zero-copy decoder (`decode_range`) finds its
+//!   arguments and they become slices of one frozen `Bytes`: no copy at all.
+//! * **Streaming path.** A command that is still arriving is assembled one
+//!   argument at a time, so a pipeline or a huge MSET never re-scans what was
+//!   already parsed. A bulk argument of [`BIG_BULK`] bytes or more gets its own
+//!   buffer of exactly its size, and the connection reads the rest of it
+//!   straight into that buffer ([`RequestParser::big_bulk_buffer`]).
+//! * **Inline commands** (`PING\r\n`, what telnet and `redis-cli` in some
+//!   modes send), split with Redis's quoting rules (see [`super::inline`]).
+//!
+//! Violations get Redis's exact error text and close the connection, as Redis
+//! does (`Protocol error: invalid bulk length`, ...).
+
+use bytes::{Buf, Bytes, BytesMut};
+use redis_protocol::resp2::{decode::decode_range, types::RangeFrame};
+
+use super::inline::split_inline_args;
+
+/// Arguments at least this large are read into a buffer of their exact size.
+pub const BIG_BULK: usize = 32 * 1024;
+/// Most elements one multibulk request may declare.
+pub const MAX_MULTIBULK: usize = 1024 * 1024;
+/// Longest inline command, and longest `*N` / `$N` header line.
+pub const MAX_INLINE: usize = 64 * 1024;
+/// Unauthenticated clients may not send more elements than this...
+const UNAUTH_MAX_MULTIBULK: usize = 10;
+/// ...nor bulk arguments longer than this (Redis's limits, against DoS).
+const UNAUTH_MAX_BULK: usize = 16 * 1024;
+
+/// A request that cannot be parsed. Redis answers `-ERR <message>` and closes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl ProtocolError {
+    fn new(msg: impl Into<String>) -> Self {
+        ProtocolError(msg.into())
+    }
+}
+
+/// One parsed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The arguments, the command name first.
+    pub args: Vec<Bytes>,
+    /// Whether it came as an inline command rather than a RESP array.
+    pub inline: bool,
+}
+
+enum State {
+    /// Between commands.
+    Idle,
+    /// Inside a multibulk: `remaining` arguments still to come.
+    Args { remaining: usize, args: Vec<Bytes> },
+    /// Inside a small bulk argument whose `$len` header was consumed.
+    SmallBulk {
+        len: usize,
+        remaining: usize,
+        args: Vec<Bytes>,
+    },
+    /// Inside a big bulk argument being read into its own buffer (`len`
+    /// payload bytes plus the trailing CRLF).
+    BigBulk {
+        buf: BytesMut,
+        len: usize,
+        remaining: usize,
+        args: Vec<Bytes>,
+    },
+}
+
+/// Incremental RESP2/inline request parser for one connection.
+pub struct RequestParser {
+    state: State,
+    max_bulk: usize,
+    /// When set, the stricter limits for clients that have not authenticated.
+    unauthenticated: bool,
+}
+
+impl RequestParser {
+    /// A parser that accepts bulk arguments of up to `max_bulk` bytes.
+    pub fn new(max_bulk: usize) -> Self {
+        RequestParser {
+            state: State::Idle,
+            max_bulk,
+            unauthenticated: false,
+        }
+    }
+
+    /// Changes `proto-max-bulk-len` for requests that start from now on.
+    pub fn set_max_bulk(&mut self, max_bulk: usize) {
+        self.max_bulk = max_bulk;
+    }
+
+    /// Applies Redis's smaller limits to clients that still have to AUTH.
+    pub fn set_unauthenticated(&mut self, unauthenticated: bool) {
+        self.unauthenticated = unauthenticated;
+    }
+
+    /// While a big argument is arriving: the buffer to read its bytes into
+    /// (its capacity is exactly what is missing), so they skip the read
+    /// buffer. `None` otherwise.
+    pub fn big_bulk_buffer(&mut self) -> Option<&mut BytesMut> {
+        match &mut self.state {
+            State::BigBulk { buf, .. } if buf.len() < buf.capacity() => Some(buf),
+            _ => None,
+        }
+    }
+
+    /// Whether a command is partly parsed (so EOF now would cut it).
+    pub fn in_progress(&self) -> bool {
+        !matches!(self.state, State::Idle)
+    }
+
+    /// Parses the next complete command out of `buf`, consuming its bytes.
+    /// `Ok(None)` means more bytes are needed.
+    pub fn parse(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, ProtocolError> {
+        loop {
+            match std::mem::replace(&mut self.state, State::Idle) {
+                State::Idle => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    if buf[0] != b'*' {
+                        match parse_inline(buf)? {
+                            Some(args) if args.is_empty() => continue,
+                            Some(args) => return Ok(Some(Request { args, inline: true })),
+                            None => return Ok(None),
+                        }
+                    }
+                    if let Some(args) = self.fast_path(buf) {
+                        if args.is_empty() {
+                            continue;
+                        }
+                        return Ok(Some(Request {
+                            args,
+                            inline: false,
+                        }));
+                    }
+                    let Some((line, used)) = header_line(buf, "mbulk count")? else {
+                        return Ok(None);
+                    };
+                    let count = parse_len(&line[1..]);
+                    buf.advance(used);
+                    let count = match count {
+                        Some(n) if n <= 0 => continue,
+                        Some(n) if (n as usize) <= MAX_MULTIBULK => n as usize,
+                        _ => {
+                            return Err(ProtocolError::new(
+                                "Protocol error: invalid multibulk length",
+                            ))
+                        }
+                    };
+                    if self.unauthenticated && count > UNAUTH_MAX_MULTIBULK {
+                        return Err(ProtocolError::new(
+                            "Protocol error: unauthenticated multibulk length",
+                        ));
+                    }
+                    self.state = State::Args {
+                        remaining: count,
+                        args: Vec::with_capacity(count.min(1024)),
+                    };
+                }
+                State::Args { remaining: 0, args } => {
+                    return Ok(Some(Request {
+                        args,
+                        inline: false,
+                    }));
+                }
+                State::Args { remaining, args } => {
+                    if buf.is_empty() {
+                        self.state = State::Args { remaining, args };
+                        return Ok(None);
+                    }
+                    if buf[0] != b'$' {
+                        return Err(ProtocolError::new(format!(
+                            "Protocol error: expected '$', got '{}'",
+                            buf[0] as char
+                        )));
+                    }
+                    let Some((line, used)) = header_line(buf, "bulk count")? else {
+                        self.state = State::Args { remaining, args };
+                        return Ok(None);
+                    };
+                    let len = match parse_len(&line[1..]) {
+                        Some(n) if n >= 0 && (n as u64) <= self.max_bulk as u64 => n as usize,
+                        _ => return Err(ProtocolError::new("Protocol error: invalid bulk length")),
+                    };
+                    if self.unauthenticated && len > UNAUTH_MAX_BULK {
+                        return Err(ProtocolError::new(
+                            "Protocol error: unauthenticated bulk length",
+                        ));
+                    }
+                    buf.advance(used);
+                    let remaining = remaining - 1;
+                    if len >= BIG_BULK {
+                        let mut big = BytesMut::with_capacity(len + 2);
+                        let take = buf.len().min(len + 2);
+                        big.extend_from_slice(&buf[..take]);
+                        buf.advance(take);
+                        self.state = State::BigBulk {
+                            buf: big,
+                            len,
+                            remaining,
+                            args,
+                        };
+                    } else {
+                        self.state = State::SmallBulk {
+                            len,
+                            remaining,
+                            args,
+                        };
+                    }
+                }
+                State::SmallBulk {
+                    len,
+                    remaining,
+                    mut args,
+                } => {
+                    if buf.len() < len + 2 {
+                        self.state = State::SmallBulk {
+                            len,
+                            remaining,
+                            args,
+                        };
+                        return Ok(None);
+                    }
+                    // Copied: a slice would pin the whole read buffer while
+                    // the rest of the command arrives.
+                    args.push(Bytes::copy_from_slice(&buf[..len]));
+                    // Like Redis, the two bytes after the payload are skipped
+                    // without checking that they are CRLF.
+                    buf.advance(len + 2);
+                    self.state = State::Args { remaining, args };
+                }
+                State::BigBulk {
+                    buf: mut big,
+                    len,
+                    remaining,
+                    mut args,
+                } => {
+                    let missing = len + 2 - big.len();
+                    if missing > 0 && !buf.is_empty() {
+                        let take = buf.len().min(missing);
+                        big.extend_from_slice(&buf[..take]);
+                        buf.advance(take);
+                    }
+                    if big.len() < len + 2 {
+                        self.state = State::BigBulk {
+                            buf: big,
+                            len,
+                            remaining,
+                            args,
+                        };
+                        return Ok(None);
+                    }
+                    big.truncate(len);
+                    args.push(big.freeze());
+                    self.state = State::Args { remaining, args };
+                }
+            }
+        }
+    }
+
+    /// A whole, well-formed array of bulk strings at the front of `buf`,
+    /// decoded by redis-protocol without copying. `None` sends the request
+    /// down the streaming path (incomplete, malformed, or over a limit), which
+    /// produces Redis's exact errors.
+    fn fast_path(&self, buf: &mut BytesMut) -> Option<Vec<Bytes>> {
+        let (frame, used) = match decode_range(buf) {
+            Ok(Some(found)) => found,
+            _ => return None,
+        };
+        let RangeFrame::Array(items) = frame else {
+            return None;
+        };
+        let max_count = if self.unauthenticated {
+            UNAUTH_MAX_MULTIBULK
+        } else {
+            MAX_MULTIBULK
+        };
+        let max_bulk = if self.unauthenticated {
+            UNAUTH_MAX_BULK.min(self.max_bulk)
+        } else {
+            self.max_bulk
+        };
+        if items.len() > max_count {
+            return None;
+        }
+        let mut ranges = Vec::with_capacity(items.len());
+        for item in &items {
+            match item {
+                RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
+                    ranges.push((*start, *end))
+                }
+                _ => return None,
+            }
+        }
+        let frame = buf.split_to(used).freeze();
+        Some(
+            ranges
+                .into_iter()
+                .map(|(start, end)| {
+                    if end - start >= BIG_BULK {
+                        // Big arguments own their memory, so a stored value
+                        // never pins a read buffer.
+                        Bytes::copy_from_slice(&frame[start..end])
+                    } else {
+                        frame.slice(start..end)
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The header line (`*N` or `$N`) at the front of `buf`, up to its `\r`, and
+/// how many bytes it spans with its CRLF. Like Redis, the line ends at the
+/// first `\r` and the byte after it is taken as `\n`.
+fn header_line<'a>(
+    buf: &'a BytesMut,
+    what: &str,
+) -> Result<Option<(&'a [u8], usize)>, ProtocolError> {
+    let window = &buf[..buf.len().min(MAX_INLINE + 1)];
+    match window.iter().position(|&b| b == b'\r') {
+        Some(cr) if cr + 1 < buf.len() => Ok(Some((&buf[..cr], cr + 2))),
+        Some(_) => Ok(None),
+        None if buf.len() > MAX_INLINE => Err(ProtocolError::new(format!(
+            "Protocol error: too big {what} string"
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// Parses a length the way Redis's `string2ll` does: optional `-`, digits,
+/// no leading zeros (except "0"), no spaces, must fit an i64.
+pub fn parse_len(digits: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(digits).ok()?;
+    crate::protocol::parse_i64_strict(s.as_bytes())
+}
+
+/// An inline command at the front of `buf`: `Ok(None)` until its newline.
+fn parse_inline(buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > MAX_INLINE {
+            return Err(ProtocolError::new("Protocol error: too big inline request"));
+        }
+        return Ok(None);
+    };
+    if newline > MAX_INLINE {
+        return Err(ProtocolError::new("Protocol error: too big inline request"));
+    }
+    let mut line = &buf[..newline];
+    if line.last() == Some(&b'\r') {
+        line = &line[..line.len() - 1];
+    }
+    let args = split_inline_args(line)
+        .ok_or_else(|| ProtocolError::new("Protocol error: unbalanced quotes in request"))?;
+    buf.advance(newline + 1);
+    Ok(Some(args.into_iter().map(Bytes::from).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut parser = RequestParser::new(512 * 1024 * 1024);
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(req) = parser.parse(&mut buf)? {
+            out.push(req.args.iter().map(|a| a.to_vec()).collect());
+        }
+        Ok(out)
+    }
+
+    /// Feeds `input` one byte at a time, the worst case for the streaming path.
+    fn parse_bytewise(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut parser = RequestParser::new(512 * 1024 * 1024);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for &b in input {
+            buf.extend_from_slice(&[b]);
+            while let Some(req) = parser.parse(&mut buf)? {
+                out.push(req.args.iter().map(|a| a.to_vec()).collect());
+            }
+        }
+        Ok(out)
+    }
+
+    fn strs(cmds: &[&[&str]]) -> Vec<Vec<Vec<u8>>> {
+        cmds.iter()
+            .map(|c| c.iter().map(|a| a.as_bytes().to_vec()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn pipeline_whole_and_bytewise() {
+        let input =
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n";
+        let want = strs(&[&["SET", "k", "hello"], &["GET", "k"], &["PING"]]);
+        assert_eq!(parse_all(input).unwrap(), want);
+        assert_eq!(parse_bytewise(input).unwrap(), want);
+    }
+
+    #[test]
+    fn empty_multibulk_is_ignored() {
+        assert_eq!(
+            parse_all(b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n").unwrap(),
+            strs(&[&["PING"]])
+        );
+    }
+
+    #[test]
+    fn big_bulk_goes_to_its_own_buffer() {
+        let value = vec![b'x'; BIG_BULK + 10];
+        let mut input = format!("*2\r\n$4\r\nECHO\r\n${}\r\n", value.len()).into_bytes();
+        let mut parser = RequestParser::new(1 << 30);
+        let mut buf = BytesMut::from(&input[..]);
+        assert!(parser.parse(&mut buf).unwrap().is_none());
+        // The connection now reads straight into the exact-size buffer.
+        let big = parser.big_bulk_buffer().expect("streaming a big argument");
+        assert_eq!(big.capacity(), value.len() + 2);
+        big.extend_from_slice(&value);
+        big.extend_from_slice(b"\r\n");
+        let req = parser.parse(&mut buf).unwrap().unwrap();
+        assert_eq!(req.args[1].len(), value.len());
+        input.extend_from_slice(&value);
+        input.extend_from_slice(b"\r\n");
+        assert_eq!(parse_bytewise(&input).unwrap()[0][1], value);
+    }
+
+    #[test]
+    fn errors_use_redis_text() {
+        let err = |input: &[u8]| parse_all(input).unwrap_err().0;
+        assert_eq!(
+            err(b"*1\r\n:5\r\n"),
+            "Protocol error: expected '$', got ':'"
+        );
+        assert_eq!(err(b"*1\r\n$-5\r\n"), "Protocol error: invalid bulk length");
+        assert_eq!(
+            err(b"*1\r\n$abc\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(err(b"*abc\r\n"), "Protocol error: invalid multibulk length");
+        assert_eq!(
+            err(b"*1048577\r\n"),
+            "Protocol error: invalid multibulk length"
+        );
+        assert_eq!(
+            err(b"*2\r\n$999999999999\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(
+            err(b"SET \"unterminated\r\n"),
+            "Protocol error: unbalanced quotes in request"
+        );
+        let long = vec![b'a'; MAX_INLINE + 2];
+        assert_eq!(err(&long), "Protocol error: too big inline request");
+        let mut long_header = b"*".to_vec();
+        long_header.extend(std::iter::repeat_n(b'1', MAX_INLINE + 2));
+        assert_eq!(
+            err(&long_header),
+            "Protocol error: too big mbulk count string"
+        );
+    }
+
+    #[test]
+    fn max_bulk_is_enforced() {
+        let mut parser = RequestParser::new(4);
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$5\r\nhello\r\n"[..]);
+        assert_eq!(
+            parser.parse(&mut buf).unwrap_err().0,
+            "Protocol error: invalid bulk length"
+        );
+    }
+
+    #[test]
+    fn unauthenticated_limits() {
+        let mut parser = RequestParser::new(1 << 20);
+        parser.set_unauthenticated(true);
+        let mut buf = BytesMut::from(&b"*11\r\n"[..]);
+        assert_eq!(
+            parser.parse(&mut buf).unwrap_err().0,
+            "Protocol error: unauthenticated multibulk length"
+        );
+    }
+
+    #[test]
+    fn inline_quoting() {
+        assert_eq!(
+            parse_all(b"set \"a b\" 'c d'\r\nget \"\\x41\\n\"\n").unwrap(),
+            strs(&[&["set", "a b", "c d"], &["get", "A\n"]])
+        );
+        assert_eq!(parse_all(b"\r\n  \r\nPING\n").unwrap(), strs(&[&["PING"]]));
+    }
+}

@@ -1,0 +1,341 @@
+//! Starting and stopping the server: one thread per shard, each with its own
+//! current-thread tokio runtime, `SO_REUSEPORT` listener, mailbox and cron.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::LocalSet;
+use tracing::{info, warn};
+
+use crate::config::{Config, LiveConfig};
+use crate::shard::{self, slot::shard_slots, Mailbox, Shard};
+use crate::store::Store;
+
+/// State shared by every shard thread. Read on the data path only through
+/// atomics; nothing here is locked per command.
+pub struct Shared {
+    /// Number of shards.
+    pub shards: usize,
+    /// Each shard's mailbox.
+    pub mailboxes: Vec<Mailbox>,
+    /// Settings CONFIG SET can change.
+    pub config: LiveConfig,
+    /// When the server started.
+    pub started: Instant,
+    /// Unix seconds at start.
+    pub started_unix: u64,
+    /// Random id of this run (INFO run_id).
+    pub run_id: String,
+    /// The port clients connect to.
+    pub port: u16,
+    /// Path of the executable.
+    pub executable: String,
+    /// Path of the config file, if any.
+    pub config_file: String,
+    /// Source of client ids.
+    pub next_client_id: AtomicU64,
+    /// Open client connections.
+    pub connected: AtomicUsize,
+    /// Highest used_memory seen.
+    pub memory_peak: AtomicU64,
+    /// Whether the cron expires keys (DEBUG SET-ACTIVE-EXPIRE).
+    pub active_expire: AtomicBool,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    /// Starts a graceful shutdown of every shard.
+    pub fn request_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// A receiver that sees `true` once shutdown is requested.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Whether shutdown was requested.
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// A running server.
+pub struct Server {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    addr: SocketAddr,
+}
+
+impl Server {
+    /// Binds the listeners and starts every shard thread.
+    pub fn start(config: &Config) -> io::Result<Server> {
+        let shards = config.shard_count();
+        let addr = (config.bind.as_str(), config.port)
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind"))?;
+        // The first listener fixes the port (when 0 asks for any free one);
+        // the others share it through SO_REUSEPORT.
+        let first = reuseport_listener(addr)?;
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..shards {
+            listeners.push(reuseport_listener(addr)?);
+        }
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+        let (shutdown, _) = watch::channel(false);
+        let started_unix = crate::store::now_ms() / 1000;
+        let shared = Arc::new(Shared {
+            shards,
+            mailboxes: senders,
+            config: LiveConfig::new(config, shards, addr.port()),
+            started: Instant::now(),
+            started_unix,
+            run_id: run_id(),
+            port: addr.port(),
+            executable: std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            config_file: config
+                .config_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            next_client_id: AtomicU64::new(1),
+            connected: AtomicUsize::new(0),
+            memory_peak: AtomicU64::new(0),
+            active_expire: AtomicBool::new(true),
+            shutdown,
+        });
+        let cpus = allowed_cpus();
+        let mut threads = Vec::with_capacity(shards);
+        for (id, (listener, rx)) in listeners.into_iter().zip(receivers).enumerate() {
+            let shared = Arc::clone(&shared);
+            // Pin only when there is a core for every shard.
+            let cpu = (cpus.len() >= shards).then(|| cpus[id]);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvtier-shard-{id}"))
+                .spawn(move || run_shard(id, shared, listener, rx, cpu))?;
+            threads.push(handle);
+        }
+        info!(
+            "kvtier {} listening on {addr} with {shards} shard(s)",
+            env!("CARGO_PKG_VERSION")
+        );
+        Ok(Server {
+            shared,
+            threads,
+            addr,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// State shared by the shards.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Asks every shard to stop.
+    pub fn shutdown(&self) {
+        self.shared.request_shutdown();
+    }
+
+    /// Waits until every shard thread has stopped.
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reuseport_listener(addr: SocketAddr) -> io::Result<StdListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+fn run_id() -> String {
+    let seed = crate::store::now_ms() ^ ((std::process::id() as u64) << 32);
+    let mut x = seed | 1;
+    (0..40)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            std::char::from_digit((x % 16) as u32, 16).unwrap_or('0')
+        })
+        .collect()
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills the zeroed set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+fn run_shard(
+    id: usize,
+    shared: Arc<Shared>,
+    listener: StdListener,
+    rx: mpsc::UnboundedReceiver<shard::ShardJob>,
+    cpu: Option<usize>,
+) {
+    if let Some(cpu) = cpu {
+        shard::pin_to_core(cpu);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            warn!("shard {id}: cannot start its runtime: {e}");
+            shared.request_shutdown();
+            return;
+        }
+    };
+    let local = LocalSet::new();
+    local.block_on(&runtime, async move {
+        let n = shared.shards;
+        let budget = shard_budget(&shared.config, n);
+        let mut store = Store::new(shard_slots(id, n), budget, shared.config.policy());
+        store.set_samples(shared.config.maxmemory_samples.load(Relaxed) as usize);
+        store.set_max_value_len(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        let shard = Rc::new(Shard::new(id, Arc::clone(&shared), store));
+        tokio::task::spawn_local(shard::run_mailbox(Rc::clone(&shard), rx));
+        tokio::task::spawn_local(cron(Rc::clone(&shard)));
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("shard {id}: listener: {e}");
+                shared.request_shutdown();
+                return;
+            }
+        };
+        accept_loop(Rc::clone(&shard), listener).await;
+        shard.clients.borrow().kill_all();
+        // Let connections see the kill and close their sockets.
+        tokio::task::yield_now().await;
+    });
+}
+
+fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
+    (config.maxmemory.load(Relaxed) / shards as u64) as usize
+}
+
+async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+    let shared = Arc::clone(&shard.shared);
+    let mut shutdown = shared.shutdown_signal();
+    if shared.shutting_down() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let max = shared.config.maxclients.load(Relaxed) as usize;
+                    if shared.connected.fetch_add(1, Relaxed) >= max {
+                        shared.connected.fetch_sub(1, Relaxed);
+                        shard.stats.borrow_mut().rejected_connections += 1;
+                        let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
+                        continue;
+                    }
+                    tokio::task::spawn_local(crate::net::connection::serve(
+                        Rc::clone(&shard),
+                        stream,
+                        peer,
+                    ));
+                }
+                Err(e) => {
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Background work of a shard: active expiry `hz` times a second, and once
+/// a second the rate sample and the metrics export.
+async fn cron(shard: Rc<Shard>) {
+    let shared = Arc::clone(&shard.shared);
+    let mut last_export = Instant::now();
+    loop {
+        let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
+        tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
+        if shared.active_expire.load(Relaxed) {
+            // Bounded work per round so clients are not stalled; the next
+            // round continues right after yielding.
+            loop {
+                let removed = shard
+                    .store
+                    .borrow_mut()
+                    .expire_due(crate::store::now_ms(), 1000);
+                if removed < 1000 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        let elapsed = last_export.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            last_export = Instant::now();
+            let mut stats = shard.stats.borrow_mut();
+            stats.sample_ops(elapsed);
+            stats.export(crate::commands::table());
+            let store = shard.store.borrow();
+            shared
+                .memory_peak
+                .fetch_max(store.used_memory() as u64 * shared.shards as u64, Relaxed);
+            crate::stats::export_store(shard.id, &store, shard.clients.borrow().len());
+            if shard.id == 0 {
+                metrics::gauge!("kvtier_maxmemory_bytes")
+                    .set(shared.config.maxmemory.load(Relaxed) as f64);
+                metrics::gauge!("kvtier_process_resident_memory_bytes")
+                    .set(crate::commands::server::rss_bytes() as f64);
+            }
+        }
+    }
+}
+
+/// Pushes the live configuration (memory budget, policy, limits) into every
+/// shard's store, after CONFIG SET.
+pub async fn apply_live_config(shard: &Shard) {
+    let _ = shard
+        .call_all(|s| {
+            let config = &s.shared.config;
+            let mut store = s.store.borrow_mut();
+            store.set_policy(config.policy());
+            store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
+            store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
+            store.set_budget(shard_budget(config, s.shared.shards));
+        })
+        .await;
+}

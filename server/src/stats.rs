@@ -1,0 +1,304 @@
+//! Per-shard counters (INFO stats, commandstats, errorstats) and their
+//! export as Prometheus metrics.
+//!
+//! Counting happens in plain integers owned by the shard's thread: no atomics
+//! and no shared cache lines on the data path. The shard's cron publishes the
+//! deltas to the `metrics` recorder a few times a second; latencies are kept
+//! in fixed buckets (the same bounds the exporter uses) and handed over with
+//! `record_many`, so a histogram costs the data path one comparison loop.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics::{Counter, Histogram};
+
+use crate::commands::CommandTable;
+
+/// Upper bounds (seconds) of the command latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// One command's counters (INFO commandstats).
+#[derive(Clone, Default)]
+pub struct CommandStat {
+    /// Executions.
+    pub calls: u64,
+    /// Total execution time, microseconds.
+    pub usec: u64,
+    /// Refused before running (arity, auth, OOM).
+    pub rejected: u64,
+    /// Ran and replied with an error.
+    pub failed: u64,
+    /// Latency bucket counts not yet exported.
+    latency: [u32; LATENCY_BUCKETS.len() + 1],
+    /// Calls not yet exported.
+    unexported_calls: u64,
+    /// Errors not yet exported.
+    unexported_errors: u64,
+}
+
+/// A shard's counters.
+pub struct ShardStats {
+    /// Per command id (see [`CommandTable::id`]).
+    pub commands: Vec<CommandStat>,
+    /// Commands executed on this shard.
+    pub total_commands: u64,
+    /// Connections accepted.
+    pub connections_received: u64,
+    /// Connections refused (maxclients).
+    pub rejected_connections: u64,
+    /// Bytes read from clients.
+    pub net_input_bytes: u64,
+    /// Bytes written to clients.
+    pub net_output_bytes: u64,
+    /// Error replies by error code (errorstats).
+    pub errors: HashMap<String, u64>,
+    /// Error replies in all.
+    pub total_error_replies: u64,
+    /// Recent commands-per-second samples (instantaneous_ops_per_sec).
+    ops_samples: [u64; 16],
+    ops_sample_at: usize,
+    ops_last_total: u64,
+    exported: Exported,
+    handles: Vec<Option<(Counter, Counter, Histogram)>>,
+}
+
+/// Totals already handed to the metrics recorder.
+#[derive(Default)]
+struct Exported {
+    connections: u64,
+    input: u64,
+    output: u64,
+}
+
+impl ShardStats {
+    /// Zeroed counters for `commands` commands.
+    pub fn new(commands: usize) -> ShardStats {
+        ShardStats {
+            commands: vec![CommandStat::default(); commands],
+            total_commands: 0,
+            connections_received: 0,
+            rejected_connections: 0,
+            net_input_bytes: 0,
+            net_output_bytes: 0,
+            errors: HashMap::new(),
+            total_error_replies: 0,
+            ops_samples: [0; 16],
+            ops_sample_at: 0,
+            ops_last_total: 0,
+            exported: Exported::default(),
+            handles: (0..commands).map(|_| None).collect(),
+        }
+    }
+
+    /// Records one execution of command `id`.
+    pub fn record(&mut self, id: usize, took: Duration, failed: bool) {
+        let stat = &mut self.commands[id];
+        stat.calls += 1;
+        stat.unexported_calls += 1;
+        stat.usec += took.as_micros() as u64;
+        if failed {
+            stat.failed += 1;
+            stat.unexported_errors += 1;
+        }
+        let secs = took.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        stat.latency[bucket] += 1;
+        self.total_commands += 1;
+    }
+
+    /// Records a command refused before it ran.
+    pub fn reject(&mut self, id: Option<usize>) {
+        if let Some(id) = id {
+            self.commands[id].rejected += 1;
+            self.commands[id].unexported_errors += 1;
+        }
+    }
+
+    /// Counts an error reply under its code (`ERR`, `WRONGTYPE`, ...).
+    pub fn error_reply(&mut self, message: &str) {
+        let code = message.split(' ').next().unwrap_or("ERR");
+        *self.errors.entry(code.to_string()).or_insert(0) += 1;
+        self.total_error_replies += 1;
+    }
+
+    /// CONFIG RESETSTAT.
+    pub fn reset(&mut self) {
+        for c in &mut self.commands {
+            c.calls = 0;
+            c.usec = 0;
+            c.rejected = 0;
+            c.failed = 0;
+        }
+        self.total_commands = 0;
+        self.connections_received = 0;
+        self.rejected_connections = 0;
+        self.net_input_bytes = 0;
+        self.net_output_bytes = 0;
+        self.errors.clear();
+        self.total_error_replies = 0;
+        self.ops_last_total = 0;
+        self.exported = Exported::default();
+    }
+
+    /// Samples the command rate; call every `interval`.
+    pub fn sample_ops(&mut self, interval: Duration) {
+        let done = self.total_commands.saturating_sub(self.ops_last_total);
+        self.ops_last_total = self.total_commands;
+        let per_sec = (done as f64 / interval.as_secs_f64().max(1e-3)) as u64;
+        self.ops_samples[self.ops_sample_at % self.ops_samples.len()] = per_sec;
+        self.ops_sample_at += 1;
+    }
+
+    /// Mean of the recent rate samples.
+    pub fn ops_per_sec(&self) -> u64 {
+        let n = self.ops_sample_at.min(self.ops_samples.len()).max(1);
+        self.ops_samples.iter().sum::<u64>() / n as u64
+    }
+
+    /// Hands what was counted since the last call to the metrics recorder.
+    pub fn export(&mut self, table: &CommandTable) {
+        for (id, stat) in self.commands.iter_mut().enumerate() {
+            if stat.unexported_calls == 0 && stat.unexported_errors == 0 {
+                continue;
+            }
+            let name = table.all[id].name;
+            let (calls, errors, latency) = self.handles[id].get_or_insert_with(|| {
+                (
+                    counter!("kvtier_commands_total", "cmd" => name),
+                    counter!("kvtier_command_errors_total", "cmd" => name),
+                    metrics::histogram!("kvtier_command_duration_seconds", "cmd" => name),
+                )
+            });
+            calls.increment(stat.unexported_calls);
+            errors.increment(stat.unexported_errors);
+            for (bucket, count) in stat.latency.iter_mut().enumerate() {
+                if *count > 0 {
+                    let value = LATENCY_BUCKETS
+                        .get(bucket)
+                        .copied()
+                        .unwrap_or(LATENCY_BUCKETS[LATENCY_BUCKETS.len() - 1] * 2.0);
+                    latency.record_many(value, *count as usize);
+                    *count = 0;
+                }
+            }
+            stat.unexported_calls = 0;
+            stat.unexported_errors = 0;
+        }
+        let e = &mut self.exported;
+        counter!("kvtier_connections_total")
+            .increment(self.connections_received.saturating_sub(e.connections));
+        counter!("kvtier_net_input_bytes_total")
+            .increment(self.net_input_bytes.saturating_sub(e.input));
+        counter!("kvtier_net_output_bytes_total")
+            .increment(self.net_output_bytes.saturating_sub(e.output));
+        e.connections = self.connections_received;
+        e.input = self.net_input_bytes;
+        e.output = self.net_output_bytes;
+    }
+}
+
+/// Publishes a shard's store figures as gauges labelled by shard.
+pub fn export_store(shard: usize, store: &crate::store::Store, clients: usize) {
+    let label = shard.to_string();
+    gauge!("kvtier_keys", "shard" => label.clone()).set(store.len() as f64);
+    gauge!("kvtier_used_memory_bytes", "shard" => label.clone()).set(store.used_memory() as f64);
+    gauge!("kvtier_connected_clients", "shard" => label.clone()).set(clients as f64);
+    let s = store.stats;
+    counter!("kvtier_expired_keys_total", "shard" => label.clone()).absolute(s.expired_keys);
+    counter!("kvtier_evicted_keys_total", "shard" => label.clone()).absolute(s.evicted_keys);
+    counter!("kvtier_keyspace_hits_total", "shard" => label.clone()).absolute(s.keyspace_hits);
+    counter!("kvtier_keyspace_misses_total", "shard" => label).absolute(s.keyspace_misses);
+}
+
+/// Declares every metric once, with its unit and help text.
+pub fn describe_metrics() {
+    describe_counter!(
+        "kvtier_commands_total",
+        "Commands executed, by command name."
+    );
+    describe_counter!(
+        "kvtier_command_errors_total",
+        "Commands that were refused or replied with an error, by command name."
+    );
+    describe_histogram!(
+        "kvtier_command_duration_seconds",
+        Unit::Seconds,
+        "Time to execute a command on its shard, by command name (sum approximated from bucket bounds)."
+    );
+    describe_counter!("kvtier_connections_total", "Client connections accepted.");
+    describe_gauge!(
+        "kvtier_connected_clients",
+        "Client connections open, by shard."
+    );
+    describe_counter!(
+        "kvtier_net_input_bytes_total",
+        Unit::Bytes,
+        "Bytes read from clients."
+    );
+    describe_counter!(
+        "kvtier_net_output_bytes_total",
+        Unit::Bytes,
+        "Bytes written to clients."
+    );
+    describe_gauge!("kvtier_keys", "Keys stored, by shard.");
+    describe_gauge!(
+        "kvtier_used_memory_bytes",
+        Unit::Bytes,
+        "Memory charged for keys, values and index, by shard."
+    );
+    describe_gauge!(
+        "kvtier_maxmemory_bytes",
+        Unit::Bytes,
+        "The configured memory limit (0: none)."
+    );
+    describe_gauge!(
+        "kvtier_process_resident_memory_bytes",
+        Unit::Bytes,
+        "Resident set size of the server process."
+    );
+    describe_counter!(
+        "kvtier_expired_keys_total",
+        "Keys removed because their TTL passed, by shard."
+    );
+    describe_counter!(
+        "kvtier_evicted_keys_total",
+        "Keys evicted to stay under maxmemory, by shard."
+    );
+    describe_counter!(
+        "kvtier_keyspace_hits_total",
+        "Key lookups that found the key, by shard."
+    );
+    describe_counter!(
+        "kvtier_keyspace_misses_total",
+        "Key lookups that missed, by shard."
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_calls_failures_and_buckets() {
+        let mut s = ShardStats::new(3);
+        s.record(1, Duration::from_micros(3), false);
+        s.record(1, Duration::from_millis(2), true);
+        s.record(1, Duration::from_secs(5), false);
+        s.reject(Some(2));
+        let c = &s.commands[1];
+        assert_eq!((c.calls, c.failed), (3, 1));
+        assert_eq!(c.latency[0], 1);
+        assert_eq!(c.latency[8], 1);
+        assert_eq!(c.latency[LATENCY_BUCKETS.len()], 1);
+        assert_eq!(s.commands[2].rejected, 1);
+        s.error_reply("WRONGTYPE Operation against a key");
+        assert_eq!(s.errors["WRONGTYPE"], 1);
+    }
+}

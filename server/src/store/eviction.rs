@@ -1,0 +1,178 @@
+//! Eviction policies and the per-key recency/frequency they rank by.
+//!
+//! Victims are chosen Redis-style: sample a few random keys, evict the one
+//! the policy ranks worst (highest [`score`]). LFU uses Redis's logarithmic
+//! 8-bit counter with one decrement per idle minute.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::Entry;
+
+/// `maxmemory-policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Writes that need memory fail with OOM.
+    NoEviction,
+    /// Least recently used among all keys.
+    AllKeysLru,
+    /// Least frequently used among all keys.
+    AllKeysLfu,
+    /// Any key.
+    AllKeysRandom,
+    /// Least recently used among keys with a TTL.
+    VolatileLru,
+    /// Least frequently used among keys with a TTL.
+    VolatileLfu,
+    /// Any key with a TTL.
+    VolatileRandom,
+    /// The key with the nearest expiry.
+    VolatileTtl,
+}
+
+impl EvictionPolicy {
+    /// Every policy, in the order CONFIG documents them.
+    pub const ALL: [EvictionPolicy; 8] = [
+        EvictionPolicy::NoEviction,
+        EvictionPolicy::AllKeysLru,
+        EvictionPolicy::AllKeysLfu,
+        EvictionPolicy::AllKeysRandom,
+        EvictionPolicy::VolatileLru,
+        EvictionPolicy::VolatileLfu,
+        EvictionPolicy::VolatileRandom,
+        EvictionPolicy::VolatileTtl,
+    ];
+
+    /// The name used in configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicy::NoEviction => "noeviction",
+            EvictionPolicy::AllKeysLru => "allkeys-lru",
+            EvictionPolicy::AllKeysLfu => "allkeys-lfu",
+            EvictionPolicy::AllKeysRandom => "allkeys-random",
+            EvictionPolicy::VolatileLru => "volatile-lru",
+            EvictionPolicy::VolatileLfu => "volatile-lfu",
+            EvictionPolicy::VolatileRandom => "volatile-random",
+            EvictionPolicy::VolatileTtl => "volatile-ttl",
+        }
+    }
+
+    /// Whether only keys with a TTL may be evicted.
+    pub fn volatile_only(self) -> bool {
+        matches!(
+            self,
+            EvictionPolicy::VolatileLru
+                | EvictionPolicy::VolatileLfu
+                | EvictionPolicy::VolatileRandom
+                | EvictionPolicy::VolatileTtl
+        )
+    }
+
+    /// Whether the policy tracks frequency (OBJECT FREQ works, IDLETIME not).
+    pub fn is_lfu(self) -> bool {
+        matches!(
+            self,
+            EvictionPolicy::AllKeysLfu | EvictionPolicy::VolatileLfu
+        )
+    }
+}
+
+impl fmt::Display for EvictionPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EvictionPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EvictionPolicy::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("invalid maxmemory-policy '{s}'"))
+    }
+}
+
+/// Initial LFU counter of a new key (so it is not evicted at once).
+pub const LFU_INIT: u8 = 5;
+const LFU_LOG_FACTOR: f64 = 10.0;
+
+/// A 16-bit minutes clock for LFU decay.
+pub fn minutes(now_ms: u64) -> u16 {
+    ((now_ms / 60_000) & 0xffff) as u16
+}
+
+/// The LFU counter after one decrement per minute idle since `since`.
+pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
+    let elapsed = minutes(now_ms).wrapping_sub(since);
+    counter.saturating_sub(elapsed.min(255) as u8)
+}
+
+/// Records an access: recency always, frequency under LFU policies.
+pub fn touch(entry: &mut Entry, policy: EvictionPolicy, now_ms: u64) {
+    entry.atime = (now_ms / 1000) as u32;
+    if policy.is_lfu() {
+        let counter = decayed(entry.lfu, entry.lfu_minutes, now_ms);
+        entry.lfu = log_increment(counter, now_ms);
+        entry.lfu_minutes = minutes(now_ms);
+    }
+}
+
+/// Redis's probabilistic logarithmic increment: the higher the counter, the
+/// less likely one access raises it.
+fn log_increment(counter: u8, seed: u64) -> u8 {
+    if counter == 255 {
+        return 255;
+    }
+    // A cheap pseudo-random number in [0, 1) from the clock and counter.
+    let mut x = seed ^ ((counter as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    let r = (x >> 11) as f64 / (1u64 << 53) as f64;
+    let base = counter.saturating_sub(LFU_INIT) as f64;
+    let p = 1.0 / (base * LFU_LOG_FACTOR + 1.0);
+    if r < p {
+        counter + 1
+    } else {
+        counter
+    }
+}
+
+/// How strongly the policy wants to evict `entry`: higher goes first.
+pub fn score(entry: &Entry, policy: EvictionPolicy, now_ms: u64) -> u64 {
+    match policy {
+        EvictionPolicy::AllKeysLfu | EvictionPolicy::VolatileLfu => {
+            255 - decayed(entry.lfu, entry.lfu_minutes, now_ms) as u64
+        }
+        EvictionPolicy::AllKeysRandom | EvictionPolicy::VolatileRandom => 0,
+        EvictionPolicy::VolatileTtl => u64::MAX - entry.expire_at,
+        _ => entry.idle_seconds(now_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in EvictionPolicy::ALL {
+            assert_eq!(p.name().parse::<EvictionPolicy>().unwrap(), p);
+        }
+        assert!("ALLKEYS-LRU".parse::<EvictionPolicy>().is_ok());
+        assert!("bogus".parse::<EvictionPolicy>().is_err());
+    }
+
+    #[test]
+    fn lfu_counter_grows_slowly_and_decays() {
+        let mut counter = LFU_INIT;
+        for i in 0..1000u64 {
+            counter = log_increment(counter, i * 7919);
+        }
+        assert!(counter > LFU_INIT && counter < 60, "{counter}");
+        assert_eq!(decayed(10, minutes(0), 3 * 60_000), 7);
+        assert_eq!(decayed(2, minutes(0), 10 * 60_000), 0);
+    }
+}
