@@ -75,6 +75,10 @@ pub struct Config {
     #[arg(long, default_value = "notice")]
     pub loglevel: String,
 
+    /// Longest wait of a blocking read (MGETPREFIX ... BLOCK ms), in ms.
+    #[arg(long, default_value_t = 60000)]
+    pub max_block_ms: u64,
+
     /// Background task frequency (active expiry runs `hz` times a second).
     #[arg(long, default_value_t = 10)]
     pub hz: u64,
@@ -203,6 +207,8 @@ pub struct LiveConfig {
     pub maxclients: AtomicU64,
     /// Background frequency.
     pub hz: AtomicU64,
+    /// Cap on blocking reads, ms.
+    pub max_block_ms: AtomicU64,
     /// AUTH password; empty: none.
     pub requirepass: RwLock<String>,
     /// Log level name.
@@ -224,6 +230,7 @@ impl LiveConfig {
             timeout: AtomicU64::new(config.timeout),
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
+            max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
             requirepass: RwLock::new(config.requirepass.clone()),
             loglevel: RwLock::new(config.loglevel.clone()),
             save: RwLock::new(String::new()),
@@ -417,6 +424,15 @@ const PARAMS: &[Param] = &[
             other => Ok(other),
         },
         apply: |c, v| set_num(&c.hz, v),
+    },
+    Param {
+        name: "max-block-ms",
+        get: |c| c.max_block_ms.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
+            _ => Err("argument must be at least 1".into()),
+        },
+        apply: |c, v| set_num(&c.max_block_ms, v),
     },
     Param {
         name: "requirepass",

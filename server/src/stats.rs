@@ -58,6 +58,8 @@ pub struct ShardStats {
     pub errors: HashMap<String, u64>,
     /// Error replies in all.
     pub total_error_replies: u64,
+    /// Clients waiting in a blocking command (MGETPREFIX BLOCK).
+    pub blocked_clients: u64,
     /// Recent commands-per-second samples (instantaneous_ops_per_sec).
     ops_samples: [u64; 16],
     ops_sample_at: usize,
@@ -86,6 +88,7 @@ impl ShardStats {
             net_output_bytes: 0,
             errors: HashMap::new(),
             total_error_replies: 0,
+            blocked_clients: 0,
             ops_samples: [0; 16],
             ops_sample_at: 0,
             ops_last_total: 0,

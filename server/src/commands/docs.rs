@@ -348,7 +348,12 @@ pub fn acl_categories(spec: &CommandSpec) -> Vec<&'static str> {
 }
 
 fn key_specs_reply(spec: &CommandSpec) -> Reply {
-    let KeySpec { first, last, step } = spec.keys;
+    let KeySpec {
+        first,
+        last,
+        step,
+        count_at,
+    } = spec.keys;
     if first <= 0 {
         return Reply::Array(Vec::new());
     }
@@ -357,58 +362,82 @@ fn key_specs_reply(spec: &CommandSpec) -> Reply {
     } else {
         &["RO", "ACCESS"]
     };
-    let key_step = step.max(1) as i64;
-    let last_key = if last < 0 {
-        last as i64
-    } else {
-        (last - first) as i64
+    let map = |pairs: Vec<(&str, Reply)>| {
+        Reply::Map(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (Reply::bulk(k), v))
+                .collect(),
+        )
     };
-    Reply::Array(vec![Reply::Map(vec![
+    let begin_index = if count_at > 0 { count_at } else { first };
+    let find_keys = if count_at > 0 {
+        map(vec![
+            ("type", Reply::bulk("keynum")),
+            (
+                "spec",
+                map(vec![
+                    ("keynumidx", Reply::Int(0)),
+                    ("firstkey", Reply::Int(1)),
+                    ("keystep", Reply::Int(step.max(1) as i64)),
+                ]),
+            ),
+        ])
+    } else {
+        let last_key = if last < 0 {
+            last as i64
+        } else {
+            (last - first) as i64
+        };
+        map(vec![
+            ("type", Reply::bulk("range")),
+            (
+                "spec",
+                map(vec![
+                    ("lastkey", Reply::Int(last_key)),
+                    ("keystep", Reply::Int(step.max(1) as i64)),
+                    ("limit", Reply::Int(0)),
+                ]),
+            ),
+        ])
+    };
+    Reply::Array(vec![map(vec![
         (
-            Reply::bulk("flags"),
+            "flags",
             Reply::Set(access.iter().map(|f| Reply::status(f)).collect()),
         ),
         (
-            Reply::bulk("begin_search"),
-            Reply::Map(vec![
-                (Reply::bulk("type"), Reply::bulk("index")),
-                (
-                    Reply::bulk("spec"),
-                    Reply::Map(vec![(Reply::bulk("index"), Reply::Int(first as i64))]),
-                ),
+            "begin_search",
+            map(vec![
+                ("type", Reply::bulk("index")),
+                ("spec", map(vec![("index", Reply::Int(begin_index as i64))])),
             ]),
         ),
-        (
-            Reply::bulk("find_keys"),
-            Reply::Map(vec![
-                (Reply::bulk("type"), Reply::bulk("range")),
-                (
-                    Reply::bulk("spec"),
-                    Reply::Map(vec![
-                        (Reply::bulk("lastkey"), Reply::Int(last_key)),
-                        (Reply::bulk("keystep"), Reply::Int(key_step)),
-                        (Reply::bulk("limit"), Reply::Int(0)),
-                    ]),
-                ),
-            ]),
-        ),
+        ("find_keys", find_keys),
     ])])
 }
 
 /// The COMMAND INFO entry of one command (Redis 7's ten fields).
 pub fn info_reply(spec: &CommandSpec) -> Reply {
-    let flag_names = flags::NAMES
+    let mut flag_names: Vec<Reply> = flags::NAMES
         .iter()
         .filter(|(bit, _)| spec.has(*bit))
         .map(|(_, name)| Reply::status(name))
         .collect();
+    // Movable keys have no fixed (first, last, step); clients ask GETKEYS.
+    let (first, last, step) = if spec.keys.movable() {
+        flag_names.push(Reply::status("movablekeys"));
+        (0, 0, 0)
+    } else {
+        (spec.keys.first, spec.keys.last, spec.keys.step)
+    };
     Reply::Array(vec![
         Reply::bulk(spec.name),
         Reply::Int(spec.arity as i64),
         Reply::Set(flag_names),
-        Reply::Int(spec.keys.first as i64),
-        Reply::Int(spec.keys.last as i64),
-        Reply::Int(spec.keys.step as i64),
+        Reply::Int(first as i64),
+        Reply::Int(last as i64),
+        Reply::Int(step as i64),
         Reply::Set(
             acl_categories(spec)
                 .into_iter()

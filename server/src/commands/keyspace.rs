@@ -29,20 +29,12 @@ const BASE: CommandSpec = CommandSpec {
     subcommands: &[],
 };
 
-const TWO_KEYS: KeySpec = KeySpec {
-    first: 1,
-    last: 2,
-    step: 1,
-};
+const TWO_KEYS: KeySpec = KeySpec::range(1, 2, 1);
 
 const OBJECT_SUB: CommandSpec = CommandSpec {
     arity: 3,
     flags: READONLY,
-    keys: KeySpec {
-        first: 2,
-        last: 2,
-        step: 1,
-    },
+    keys: KeySpec::range(2, 2, 1),
     since: "2.2.3",
     ..BASE
 };
@@ -554,7 +546,7 @@ fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 }
 
 /// What RENAME-like commands take from the source key.
-type Moved = (Bytes, u64, crate::store::Encoding);
+type Moved = (Bytes, u64, crate::store::Encoding, Option<Bytes>);
 
 /// Moves or copies `src` to `dst`. `remove_src`: RENAME (else COPY);
 /// `replace`: overwrite an existing destination. Returns `Ok(None)` when the
@@ -579,7 +571,8 @@ async fn transfer(
                 let Some(e) = store.peek(src_slot, &src, now) else {
                     return Ok(None);
                 };
-                let (value, at, enc) = (e.value.clone(), e.expire_at, e.encoding);
+                let (value, at, enc, parent) =
+                    (e.value.clone(), e.expire_at, e.encoding, e.parent.clone());
                 if src == dst {
                     return Ok(Some(!replace || remove_src));
                 }
@@ -589,11 +582,19 @@ async fn transfer(
                 if remove_src {
                     store.remove(src_slot, &src);
                 }
-                match store.insert_with(dst_slot, &dst, value.clone(), at, enc, now) {
+                match store.insert_entry(
+                    dst_slot,
+                    &dst,
+                    value.clone(),
+                    at,
+                    enc,
+                    parent.clone(),
+                    now,
+                ) {
                     Ok(_) => Ok(Some(true)),
                     Err(_) => {
                         if remove_src {
-                            let _ = store.insert_with(src_slot, &src, value, at, enc, now);
+                            let _ = store.insert_entry(src_slot, &src, value, at, enc, parent, now);
                         }
                         Err(oom_error())
                     }
@@ -608,11 +609,11 @@ async fn transfer(
                 let mut store = s.store.borrow_mut();
                 let now = crate::store::now_ms();
                 let e = store.peek(src_slot, &src, now)?;
-                Some((e.value.clone(), e.expire_at, e.encoding))
+                Some((e.value.clone(), e.expire_at, e.encoding, e.parent.clone()))
             }
         })
         .await?;
-    let Some((value, at, enc)) = taken else {
+    let Some((value, at, enc, parent)) = taken else {
         return Ok(Ok(None));
     };
     let written = shard
@@ -623,7 +624,7 @@ async fn transfer(
                 return Ok(false);
             }
             store
-                .insert_with(dst_slot, &dst, value, at, enc, now)
+                .insert_entry(dst_slot, &dst, value, at, enc, parent, now)
                 .map(|_| true)
                 .map_err(|_| oom_error())
         })

@@ -10,6 +10,7 @@
 //! * [`Handler::Async`]: commands that fan out (MGET, DEL k1 k2, KEYS, INFO,
 //!   FLUSHALL, ...) and await the shards' answers.
 
+pub mod block;
 pub mod client;
 pub mod connection;
 pub mod docs;
@@ -18,7 +19,6 @@ pub mod server;
 pub mod string;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -119,7 +119,8 @@ pub mod flags {
     ];
 }
 
-/// Where a command's keys are, as in COMMAND INFO (first, last, step).
+/// Where a command's keys are, as in COMMAND INFO (first, last, step), or
+/// after a count argument (`numkeys`, as in ZUNIONSTORE: "movable" keys).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeySpec {
     /// Index of the first key (0: no keys).
@@ -128,32 +129,45 @@ pub struct KeySpec {
     pub last: i32,
     /// Distance between keys.
     pub step: i32,
+    /// Index of the argument that says how many keys follow (0: none).
+    pub count_at: i32,
+}
+
+impl KeySpec {
+    /// Keys at fixed positions `first..=last` every `step`.
+    pub const fn range(first: i32, last: i32, step: i32) -> KeySpec {
+        KeySpec {
+            first,
+            last,
+            step,
+            count_at: 0,
+        }
+    }
+
+    /// `args[count_at]` keys starting at `count_at + 1`, every `step`.
+    pub const fn counted(count_at: i32, step: i32) -> KeySpec {
+        KeySpec {
+            first: count_at + 1,
+            last: -1,
+            step,
+            count_at,
+        }
+    }
+
+    /// Whether the key positions depend on an argument (movablekeys).
+    pub const fn movable(&self) -> bool {
+        self.count_at > 0
+    }
 }
 
 /// No keys.
-pub const NO_KEYS: KeySpec = KeySpec {
-    first: 0,
-    last: 0,
-    step: 0,
-};
+pub const NO_KEYS: KeySpec = KeySpec::range(0, 0, 0);
 /// One key at index 1.
-pub const KEY1: KeySpec = KeySpec {
-    first: 1,
-    last: 1,
-    step: 1,
-};
+pub const KEY1: KeySpec = KeySpec::range(1, 1, 1);
 /// Keys from index 1 to the end.
-pub const ALL_KEYS: KeySpec = KeySpec {
-    first: 1,
-    last: -1,
-    step: 1,
-};
+pub const ALL_KEYS: KeySpec = KeySpec::range(1, -1, 1);
 /// Key, value pairs from index 1 to the end.
-pub const KEY_VALUE_PAIRS: KeySpec = KeySpec {
-    first: 1,
-    last: -1,
-    step: 2,
-};
+pub const KEY_VALUE_PAIRS: KeySpec = KeySpec::range(1, -1, 2);
 
 /// One command (or subcommand) of the table.
 pub struct CommandSpec {
@@ -200,10 +214,27 @@ impl CommandSpec {
     }
 
     /// The keys of a call (`args` includes the name), by the key spec.
-    pub fn key_indexes(&self, argc: usize) -> Vec<usize> {
-        let KeySpec { first, last, step } = self.keys;
+    pub fn key_indexes(&self, args: &[Bytes]) -> Vec<usize> {
+        let argc = args.len();
+        let KeySpec {
+            first,
+            last,
+            step,
+            count_at,
+        } = self.keys;
         if first <= 0 || step <= 0 || first as usize >= argc {
             return Vec::new();
+        }
+        if count_at > 0 {
+            let count = args
+                .get(count_at as usize)
+                .and_then(|a| parse_int(a))
+                .unwrap_or(0)
+                .max(0) as usize;
+            return (0..count)
+                .map(|i| first as usize + i * step as usize)
+                .take_while(|&i| i < argc)
+                .collect();
         }
         let last = if last < 0 {
             argc as i32 + last
@@ -221,10 +252,11 @@ impl CommandSpec {
 pub struct CommandTable {
     /// Top-level commands, sorted by name.
     pub commands: Vec<&'static CommandSpec>,
-    by_name: HashMap<&'static str, usize>,
-    /// Every command and subcommand; index = statistics id.
+    /// Top-level name → id.
+    by_name: hashbrown::HashMap<&'static [u8], usize>,
+    /// Every command followed by its subcommands; index = statistics id.
     pub all: Vec<&'static CommandSpec>,
-    ids: HashMap<&'static str, usize>,
+    ids: hashbrown::HashMap<&'static str, usize>,
 }
 
 impl CommandTable {
@@ -232,6 +264,7 @@ impl CommandTable {
         let mut commands: Vec<&'static CommandSpec> = Vec::new();
         for family in [
             string::COMMANDS,
+            block::COMMANDS,
             keyspace::COMMANDS,
             connection::COMMANDS,
             client::COMMANDS,
@@ -240,13 +273,10 @@ impl CommandTable {
             commands.extend(family.iter());
         }
         commands.sort_by_key(|c| c.name);
-        let by_name = commands
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name, i))
-            .collect();
         let mut all = Vec::new();
+        let mut by_name = hashbrown::HashMap::new();
         for c in &commands {
+            by_name.insert(c.name.as_bytes(), all.len());
             all.push(*c);
             all.extend(c.subcommands.iter());
         }
@@ -269,26 +299,36 @@ impl CommandTable {
         self.all.is_empty()
     }
 
-    /// A top-level command by name, case-insensitively.
-    pub fn get(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+    /// A top-level command and its id by name, case-insensitively.
+    pub fn lookup(&self, name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
         let mut lower = [0u8; 32];
-        if name.len() > lower.len() {
-            return None;
-        }
+        let lower = lower.get_mut(..name.len())?;
         for (d, s) in lower.iter_mut().zip(name) {
             *d = s.to_ascii_lowercase();
         }
-        let name = std::str::from_utf8(&lower[..name.len()]).ok()?;
-        self.by_name.get(name).map(|&i| self.commands[i])
+        let &id = self.by_name.get(&lower[..])?;
+        Some((id, self.all[id]))
+    }
+
+    /// A subcommand and its id, given its parent's id, case-insensitively.
+    pub fn lookup_sub(&self, parent: usize, name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
+        let spec = self.all[parent];
+        let prefix = spec.name.len() + 1;
+        let pos = spec
+            .subcommands
+            .iter()
+            .position(|s| s.name.as_bytes()[prefix..].eq_ignore_ascii_case(name))?;
+        Some((parent + 1 + pos, &spec.subcommands[pos]))
+    }
+
+    /// A top-level command by name, case-insensitively.
+    pub fn get(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+        self.lookup(name).map(|(_, spec)| spec)
     }
 
     /// A subcommand of `parent` by name, case-insensitively.
     pub fn sub(&self, parent: &'static CommandSpec, name: &[u8]) -> Option<&'static CommandSpec> {
-        let prefix = parent.name.len() + 1;
-        parent
-            .subcommands
-            .iter()
-            .find(|s| s.name.as_bytes()[prefix..].eq_ignore_ascii_case(name))
+        self.lookup_sub(self.id(parent), name).map(|(_, spec)| spec)
     }
 
     /// The statistics id of a command.
@@ -426,10 +466,17 @@ mod tests {
     #[test]
     fn key_indexes_follow_spec() {
         let t = table();
-        assert_eq!(t.get(b"mset").unwrap().key_indexes(5), vec![1, 3]);
-        assert_eq!(t.get(b"del").unwrap().key_indexes(4), vec![1, 2, 3]);
-        assert_eq!(t.get(b"get").unwrap().key_indexes(2), vec![1]);
-        assert_eq!(t.get(b"ping").unwrap().key_indexes(1), Vec::<usize>::new());
+        let args =
+            |s: &str| -> Vec<Bytes> { s.split(' ').map(|w| Bytes::from(w.to_string())).collect() };
+        let keys = |cmd: &str| {
+            t.get(cmd.split(' ').next().unwrap().as_bytes())
+                .unwrap()
+                .key_indexes(&args(cmd))
+        };
+        assert_eq!(keys("mset a 1 b 2"), vec![1, 3]);
+        assert_eq!(keys("del a b c"), vec![1, 2, 3]);
+        assert_eq!(keys("get a"), vec![1]);
+        assert_eq!(keys("ping"), Vec::<usize>::new());
     }
 
     #[test]

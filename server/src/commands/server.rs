@@ -317,11 +317,7 @@ pub const COMMANDS: &[CommandSpec] = &[
                 name: "memory|usage",
                 arity: -3,
                 flags: READONLY,
-                keys: KeySpec {
-                    first: 2,
-                    last: 2,
-                    step: 1,
-                },
+                keys: KeySpec::range(2, 2, 1),
                 since: "4.0.0",
                 summary: "Estimates the memory usage of a key.",
                 syntax: "key [SAMPLES count]",
@@ -476,7 +472,7 @@ fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
     if !spec.arity_ok(call.len()) {
         return Reply::error("ERR Invalid number of arguments specified for command");
     }
-    let keys = spec.key_indexes(call.len());
+    let keys = spec.key_indexes(call);
     if keys.is_empty() {
         return Reply::error("ERR The command has no key arguments");
     }
@@ -649,6 +645,10 @@ pub struct ShardReport {
     pub errors: Vec<(String, u64)>,
     /// Error replies.
     pub error_replies: u64,
+    /// Clients in a blocking wait.
+    pub blocked_clients: u64,
+    /// Keys blocked clients wait for.
+    pub blocking_keys: u64,
     /// Per command: calls, usec, rejected, failed.
     pub command_stats: Vec<(u64, u64, u64, u64)>,
 }
@@ -676,6 +676,8 @@ pub async fn shard_reports(client: &Client) -> Option<Vec<ShardReport>> {
                 ops_per_sec: stats.ops_per_sec(),
                 errors: stats.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
                 error_replies: stats.total_error_replies,
+                blocked_clients: stats.blocked_clients,
+                blocking_keys: store.watched_keys() as u64,
                 command_stats: stats
                     .commands
                     .iter()
@@ -823,7 +825,8 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                 line!(o, "maxclients:{}", config.maxclients.load(Relaxed));
                 line!(o, "client_recent_max_input_buffer:0");
                 line!(o, "client_recent_max_output_buffer:0");
-                line!(o, "blocked_clients:0");
+                line!(o, "blocked_clients:{}", sum(|r| r.blocked_clients));
+                line!(o, "total_blocking_keys:{}", sum(|r| r.blocking_keys));
                 line!(o, "tracking_clients:0");
                 line!(o, "clients_in_timeout_table:0");
             }),

@@ -232,11 +232,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "lcs",
         arity: -3,
         flags: READONLY,
-        keys: super::KeySpec {
-            first: 1,
-            last: 2,
-            step: 1,
-        },
+        keys: super::KeySpec::range(1, 2, 1),
         since: "7.0.0",
         summary: "Finds the longest common substring.",
         complexity: "O(N*M) where N and M are the lengths of s1 and s2, respectively",

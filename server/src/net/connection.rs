@@ -27,8 +27,8 @@ use tracing::debug;
 
 use crate::clients::ClientInfo;
 use crate::commands::{
-    arity_error, flags, table, unknown_command, unknown_subcommand, Client, CommandSpec, Handler,
-    KeyFn, KeyOp,
+    arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
+    Handler, KeyFn, KeyOp,
 };
 use crate::protocol::{Reply, ReplyBuf, Request, RequestParser};
 use crate::shard::slot::key_slot;
@@ -39,6 +39,8 @@ use crate::store::now_ms;
 const READ_CHUNK: usize = 16 * 1024;
 /// Most commands executed before replies are written.
 const MAX_BATCH: usize = 1024;
+/// Most bytes read ahead while a blocking command waits.
+const MAX_BUFFERED_WHILE_BLOCKED: usize = 1024 * 1024;
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
@@ -65,6 +67,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             no_touch: false,
             close_after_reply: false,
         },
+        clock: Instant::now(),
+        now_ms: now_ms(),
     };
     if let Err(e) = conn.run().await {
         debug!("client {id} ({peer}): {e}");
@@ -79,6 +83,10 @@ struct Connection {
     parser: RequestParser,
     out: ReplyBuf,
     client: Client,
+    /// When the previous command finished (command timing).
+    clock: Instant,
+    /// Unix milliseconds for the commands of the current batch.
+    now_ms: u64,
 }
 
 /// A reply slot of the current batch, encoded in the protocol that was in
@@ -130,6 +138,9 @@ impl Connection {
             };
             let mut fatal = None;
             let mut cut_short = false;
+            self.clock = Instant::now();
+            self.now_ms = now_ms();
+            self.client.info.borrow_mut().last_active = self.clock;
             loop {
                 if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
                     cut_short = true;
@@ -217,68 +228,95 @@ impl Connection {
         let args = request.args;
         let resp3 = self.client.resp3;
         let table = table();
-        let Some(mut spec) = table.get(&args[0]) else {
+        let Some((mut id, mut spec)) = table.lookup(&args[0]) else {
             batch.ready(unknown_command(&args), resp3);
             return;
         };
         if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
-            self.client
-                .shard
-                .stats
-                .borrow_mut()
-                .reject(Some(table.id(spec)));
+            self.client.shard.stats.borrow_mut().reject(Some(id));
             batch.ready(Reply::error("NOAUTH Authentication required."), resp3);
             return;
         }
         if !spec.subcommands.is_empty()
             && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
         {
-            match args.get(1).and_then(|sub| table.sub(spec, sub)) {
-                Some(sub) => spec = sub,
+            match args.get(1).and_then(|sub| table.lookup_sub(id, sub)) {
+                Some(found) => (id, spec) = found,
                 None if args.len() < 2 => {
                     batch.ready(arity_error(spec.name), resp3);
                     return;
                 }
                 None => {
-                    self.client
-                        .shard
-                        .stats
-                        .borrow_mut()
-                        .reject(Some(table.id(spec)));
+                    self.client.shard.stats.borrow_mut().reject(Some(id));
                     batch.ready(unknown_subcommand(spec.name, &args[1]), resp3);
                     return;
                 }
             }
         }
-        let id = table.id(spec);
         if !spec.arity_ok(args.len()) {
             self.client.shard.stats.borrow_mut().reject(Some(id));
             batch.ready(arity_error(spec.name), resp3);
             return;
         }
-        let started = Instant::now();
-        {
-            let mut info = self.client.info.borrow_mut();
-            info.last_cmd = spec.name;
-            info.last_active = started;
-        }
+        self.client.info.borrow_mut().last_cmd = spec.name;
         match spec.handler {
-            Handler::Key(f) => self.run_keyed(spec, id, f, args, batch, started),
+            Handler::Key(f) => self.run_keyed(spec, id, f, args, batch),
             Handler::Sync(f) => {
                 let reply = f(&mut self.client, &args);
-                self.record(id, started, &reply);
+                self.record(id, &reply);
                 batch.ready(reply, self.client.resp3);
             }
             Handler::Async(f) => {
                 // Commands that span shards see everything queued before them.
                 self.send_remote(batch).await;
-                let started = Instant::now();
-                let reply = f(&mut self.client, args).await;
-                self.record(id, started, &reply);
+                self.clock = Instant::now();
+                let reply = if spec.has(flags::BLOCKING) {
+                    match self.run_blocking(f, args).await {
+                        Some(reply) => reply,
+                        None => {
+                            // The client left (or was killed) mid-wait: the
+                            // dropped command released what it held.
+                            self.client.close_after_reply = true;
+                            return;
+                        }
+                    }
+                } else {
+                    f(&mut self.client, args).await
+                };
+                self.record(id, &reply);
+                self.now_ms = now_ms();
                 batch.ready(reply, self.client.resp3);
             }
             Handler::Parent => {
                 batch.ready(unknown_subcommand(spec.name, &args[0]), resp3);
+            }
+        }
+    }
+
+    /// Runs a command that may wait a long time, while still noticing the
+    /// client going away: bytes that arrive meanwhile are kept for later (up
+    /// to a bound), and EOF, CLIENT KILL or shutdown abandon the command.
+    async fn run_blocking(&mut self, f: AsyncFn, args: Vec<Bytes>) -> Option<Reply> {
+        let kill = Rc::clone(&self.client.info.borrow().kill);
+        let mut shutdown = self.client.shard.shared.shutdown_signal();
+        let Connection {
+            client,
+            stream,
+            rbuf,
+            ..
+        } = self;
+        let shard = Rc::clone(&client.shard);
+        let mut command = f(client, args);
+        loop {
+            let room = rbuf.len() < MAX_BUFFERED_WHILE_BLOCKED;
+            tokio::select! {
+                reply = &mut command => return Some(reply),
+                read = stream.read_buf(rbuf), if room => match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => shard.stats.borrow_mut().net_input_bytes += n as u64,
+                },
+                _ = kill.notified() => return None,
+                _ = shutdown.changed() => return None,
             }
         }
     }
@@ -290,7 +328,6 @@ impl Connection {
         f: KeyFn,
         args: Vec<Bytes>,
         batch: &mut Batch,
-        started: Instant,
     ) {
         let key_index = spec.keys.first as usize;
         let slot = key_slot(&args[key_index]);
@@ -303,8 +340,8 @@ impl Connection {
         let shard = &self.client.shard;
         let owner = shard.owner_of(slot);
         if owner == shard.id {
-            let reply = f(&mut shard.store.borrow_mut(), &op, now_ms());
-            self.record(id, started, &reply);
+            let reply = f(&mut shard.store.borrow_mut(), &op, self.now_ms);
+            self.record(id, &reply);
             batch.ready(reply, self.client.resp3);
         } else {
             let entry = batch.entries.len();
@@ -317,12 +354,17 @@ impl Connection {
         }
     }
 
-    fn record(&self, id: usize, started: Instant, reply: &Reply) {
+    /// Counts one execution; its time runs from the end of the previous one
+    /// (one clock read per command).
+    fn record(&mut self, id: usize, reply: &Reply) {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(self.clock);
+        self.clock = now;
         self.client
             .shard
             .stats
             .borrow_mut()
-            .record(id, started.elapsed(), reply.is_error());
+            .record(id, took, reply.is_error());
     }
 
     /// Sends the queued commands of each shard as one job and fills in the
@@ -343,11 +385,14 @@ impl Connection {
             let job = shard.call(target, move |s: &Shard| {
                 let mut store = s.store.borrow_mut();
                 let mut stats = s.stats.borrow_mut();
+                let now = now_ms();
+                let mut clock = Instant::now();
                 work.into_iter()
                     .map(|r| {
-                        let started = Instant::now();
-                        let reply = (r.f)(&mut store, &r.op, now_ms());
-                        stats.record(r.id, started.elapsed(), reply.is_error());
+                        let reply = (r.f)(&mut store, &r.op, now);
+                        let done = Instant::now();
+                        stats.record(r.id, done - clock, reply.is_error());
+                        clock = done;
                         reply
                     })
                     .collect::<Vec<Reply>>()

@@ -290,27 +290,22 @@ impl RequestParser {
         if items.len() > max_count {
             return None;
         }
-        let mut ranges = Vec::with_capacity(items.len());
-        for item in &items {
-            match item {
-                RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
-                    ranges.push((*start, *end))
-                }
-                _ => return None,
-            }
+        let fits = |item: &RangeFrame| matches!(item, RangeFrame::BulkString((start, end)) if end - start <= max_bulk);
+        if !items.iter().all(fits) {
+            return None;
         }
         let frame = buf.split_to(used).freeze();
         Some(
-            ranges
+            items
                 .into_iter()
-                .map(|(start, end)| {
-                    if end - start >= BIG_BULK {
-                        // Big arguments own their memory, so a stored value
-                        // never pins a read buffer.
+                .map(|item| match item {
+                    // Big arguments own their memory, so a stored value never
+                    // pins a read buffer.
+                    RangeFrame::BulkString((start, end)) if end - start >= BIG_BULK => {
                         Bytes::copy_from_slice(&frame[start..end])
-                    } else {
-                        frame.slice(start..end)
                     }
+                    RangeFrame::BulkString((start, end)) => frame.slice(start..end),
+                    _ => Bytes::new(),
                 })
                 .collect(),
         )

@@ -15,9 +15,12 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use hashbrown::hash_map::{Entry as MapEntry, EntryRef};
 use hashbrown::HashMap;
+use tokio::sync::Notify;
 
 pub use eviction::EvictionPolicy;
 
@@ -63,6 +66,8 @@ pub struct Entry {
     pub(crate) lfu_minutes: u16,
     /// OBJECT ENCODING.
     pub encoding: Encoding,
+    /// The block this one continues (MSETBLOCK CHAIN), if the writer said.
+    pub parent: Option<Bytes>,
 }
 
 impl Entry {
@@ -74,6 +79,7 @@ impl Entry {
             lfu: eviction::LFU_INIT,
             lfu_minutes: eviction::minutes(now),
             encoding: Encoding::Auto,
+            parent: None,
         }
     }
 
@@ -97,6 +103,12 @@ impl Entry {
         }
     }
 
+    /// Bytes charged for this entry under `key_len`.
+    pub fn charge(&self, key_len: usize) -> usize {
+        Store::charge(key_len, self.value.len(), self.expire_at != 0)
+            + self.parent.as_ref().map_or(0, |p| p.len())
+    }
+
     /// Seconds since the last access.
     pub fn idle_seconds(&self, now: u64) -> u64 {
         ((now / 1000) as u32).saturating_sub(self.atime) as u64
@@ -106,6 +118,15 @@ impl Entry {
     pub fn frequency(&self, now: u64) -> u8 {
         eviction::decayed(self.lfu, self.lfu_minutes, now)
     }
+}
+
+/// A blocked reader (MGETPREFIX BLOCK) waiting for a key to be written.
+#[derive(Clone)]
+pub struct Waiter {
+    /// Identifies the waiter when it unregisters.
+    pub id: u64,
+    /// Woken on every write of a watched key.
+    pub wake: Arc<Notify>,
 }
 
 /// The write did not fit in memory and nothing could be evicted.
@@ -143,7 +164,7 @@ impl Meta {
             self.expires.insert((entry.expire_at, key.clone()));
             self.expire_sum += entry.expire_at as u128;
         }
-        self.used += Store::charge(key.len(), entry.value.len(), entry.expire_at != 0);
+        self.used += entry.charge(key.len());
         self.keys += 1;
     }
 
@@ -151,7 +172,7 @@ impl Meta {
         if entry.expire_at != 0 && self.expires.remove(&(entry.expire_at, key.clone())) {
             self.expire_sum -= entry.expire_at as u128;
         }
-        self.used -= Store::charge(key.len(), entry.value.len(), entry.expire_at != 0);
+        self.used -= entry.charge(key.len());
         self.keys -= 1;
     }
 }
@@ -187,6 +208,8 @@ pub struct Store {
     samples: usize,
     max_value_len: usize,
     rng: u64,
+    /// Blocked readers waiting for keys to be written.
+    watchers: HashMap<Bytes, Vec<Waiter>>,
     /// Counters for INFO.
     pub stats: StoreStats,
 }
@@ -203,6 +226,7 @@ impl Store {
             policy,
             samples: 5,
             max_value_len: 512 * 1024 * 1024,
+            watchers: HashMap::new(),
             stats: StoreStats::default(),
         }
     }
@@ -369,12 +393,26 @@ impl Store {
         encoding: Encoding,
         now: u64,
     ) -> Result<Option<Entry>, OutOfMemory> {
+        self.insert_entry(slot, key, value, expire_at, encoding, None, now)
+    }
+
+    /// Stores a value with every attribute given: the general write.
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_entry(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        encoding: Encoding,
+        parent: Option<Bytes>,
+        now: u64,
+    ) -> Result<Option<Entry>, OutOfMemory> {
         let index = self.index(slot);
         if self.budget != 0 {
-            let new_charge = Self::charge(key.len(), value.len(), expire_at != 0);
-            let old_charge = self.maps[index].get(key).map_or(0, |e| {
-                Self::charge(key.len(), e.value.len(), e.expire_at != 0)
-            });
+            let new_charge = Self::charge(key.len(), value.len(), expire_at != 0)
+                + parent.as_ref().map_or(0, |p| p.len());
+            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
             if new_charge > old_charge {
                 self.ensure_room(new_charge - old_charge, Some(key))?;
             }
@@ -386,20 +424,81 @@ impl Store {
         };
         let mut entry = Entry::new(value, expire_at, now);
         entry.encoding = encoding;
-        match self.maps[index].entry(Bytes::copy_from_slice(key)) {
+        entry.parent = parent.map(|p| Bytes::copy_from_slice(&p));
+        let old = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
             MapEntry::Occupied(mut o) => {
                 let old = std::mem::replace(o.get_mut(), entry);
                 self.meta.removed(o.key(), &old);
                 self.meta.added(o.key(), o.get());
-                Ok(Some(old))
+                Some(old)
             }
             MapEntry::Vacant(v) => {
                 let key = v.key().clone();
                 let entry = v.insert(entry);
                 self.meta.added(&key, entry);
-                Ok(None)
+                None
+            }
+        };
+        if !self.watchers.is_empty() {
+            if let Some(waiters) = self.watchers.get(key) {
+                for w in waiters {
+                    w.wake.notify_one();
+                }
             }
         }
+        Ok(old)
+    }
+
+    /// MSETBLOCK's write of one block: `1` stored, `0` already present and
+    /// left unchanged (unless `replace`), `-1` not stored (no memory, or
+    /// larger than this shard's whole budget).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_block(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        parent: Option<Bytes>,
+        replace: bool,
+        now: u64,
+    ) -> i64 {
+        if !replace && self.peek(slot, key, now).is_some() {
+            return 0;
+        }
+        if self.budget != 0 && Self::charge(key.len(), value.len(), expire_at != 0) > self.budget {
+            return -1;
+        }
+        match self.insert_entry(slot, key, value, expire_at, Encoding::Auto, parent, now) {
+            Ok(_) => 1,
+            Err(OutOfMemory) => -1,
+        }
+    }
+
+    /// Wakes `waiter` whenever `key` is written, until [`Store::unwatch`].
+    pub fn watch(&mut self, key: &[u8], waiter: Waiter) {
+        match self.watchers.get_mut(key) {
+            Some(waiters) => waiters.push(waiter),
+            None => {
+                self.watchers
+                    .insert(Bytes::copy_from_slice(key), vec![waiter]);
+            }
+        }
+    }
+
+    /// Forgets waiter `id` on `key`.
+    pub fn unwatch(&mut self, key: &[u8], id: u64) {
+        if let Some(waiters) = self.watchers.get_mut(key) {
+            waiters.retain(|w| w.id != id);
+            if waiters.is_empty() {
+                self.watchers.remove(key);
+            }
+        }
+    }
+
+    /// Number of keys readers are waiting for.
+    pub fn watched_keys(&self) -> usize {
+        self.watchers.len()
     }
 
     /// Deletes `key`, returning its entry.

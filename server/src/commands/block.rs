@@ -1,0 +1,594 @@
+//! The block dialect: MSETBLOCK, MGETPREFIX, PREFIXLEN, MEXISTS.
+//!
+//! An LLM serving stack stores a prompt's KV cache as a chain of blocks whose
+//! keys hash the token prefix; a lookup walks the chain and stops at the
+//! first miss. These commands do each step of that in one round trip, with
+//! the keys on any shard:
+//!
+//! * `PREFIXLEN numkeys key...`: how many leading blocks are cached.
+//! * `MGETPREFIX numkeys key... [MAXBYTES n] [BLOCK ms [MIN count]]`: the
+//!   values of the leading present blocks; with BLOCK, waits for a prefill
+//!   worker's writes to complete the prefix.
+//! * `MSETBLOCK numblocks key value... [EX s|PX ms] [CHAIN [PARENT key]]
+//!   [REPLACE]`: stores blocks (immutable unless REPLACE); CHAIN records the
+//!   parent links and publishes in chain order.
+//! * `MEXISTS numkeys key...`: 0/1 per key.
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::flags::*;
+use super::keyspace::fan_out;
+use super::string::expire_at_from;
+use super::{
+    is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeySpec, LocalBoxFuture,
+};
+use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
+use crate::shard::Shard;
+use crate::store::{now_ms, Waiter};
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: -3,
+    flags: READONLY,
+    keys: KeySpec::counted(1, 1),
+    group: "string",
+    since: "7.2.4",
+    summary: "",
+    complexity: "O(N) where N is the number of keys.",
+    syntax: "numkeys key...",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+/// The block family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "msetblock",
+        arity: -4,
+        flags: WRITE | DENYOOM,
+        keys: KeySpec::counted(1, 2),
+        summary: "Stores KV-cache blocks; with CHAIN, records parent links and publishes in chain order.",
+        complexity: "O(N) where N is the number of blocks.",
+        syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey]] [REPLACE]",
+        handler: Handler::Async(msetblock),
+        ..BASE
+    },
+    CommandSpec {
+        name: "mgetprefix",
+        flags: READONLY | BLOCKING,
+        summary: "Returns the values of the longest run of leading keys that are all present, optionally waiting for them.",
+        syntax: "numkeys key... [MAXBYTES bytes:integer] [BLOCK milliseconds [MIN count]]",
+        handler: Handler::Async(mgetprefix),
+        ..BASE
+    },
+    CommandSpec {
+        name: "prefixlen",
+        summary: "Returns how many leading keys are present, without touching them.",
+        handler: Handler::Async(prefixlen),
+        ..BASE
+    },
+    CommandSpec {
+        name: "mexists",
+        summary: "Returns 1 or 0 for each key: whether it exists.",
+        handler: Handler::Async(mexists),
+        ..BASE
+    },
+];
+
+/// Reads `numkeys` (args[1]) and checks that `numkeys * step` arguments
+/// follow. Returns the count and the index of the first option.
+fn parse_count(args: &[Bytes], step: usize, what: &str) -> Result<(usize, usize), Reply> {
+    let n = parse_int(&args[1]).ok_or_else(not_integer)?;
+    if n < 1 {
+        return Err(Reply::error(format!("ERR {what} should be greater than 0")));
+    }
+    let n = n as usize;
+    let end = n
+        .checked_mul(step)
+        .and_then(|k| k.checked_add(2))
+        .filter(|&end| end <= args.len())
+        .ok_or_else(syntax_error)?;
+    Ok((n, end))
+}
+
+fn gone() -> Reply {
+    Reply::error("ERR server is shutting down")
+}
+
+// ---- MSETBLOCK ---------------------------------------------------------------
+
+struct SetOptions {
+    expire_at: u64,
+    chain: bool,
+    parent: Option<Bytes>,
+    replace: bool,
+}
+
+fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOptions, Reply> {
+    let mut opts = SetOptions {
+        expire_at: 0,
+        chain: false,
+        parent: None,
+        replace: false,
+    };
+    let mut has_expiry = false;
+    let mut i = from;
+    while i < args.len() {
+        let a = &args[i];
+        if (is(a, "ex") || is(a, "px")) && !has_expiry && i + 1 < args.len() {
+            opts.expire_at = expire_at_from(a, &args[i + 1], "msetblock", now_ms())?;
+            has_expiry = true;
+            i += 2;
+        } else if is(a, "chain") && !opts.chain {
+            opts.chain = true;
+            i += 1;
+            if i + 1 < args.len() && is(&args[i], "parent") {
+                opts.parent = Some(args[i + 1].clone());
+                i += 2;
+            }
+        } else if is(a, "replace") && !opts.replace {
+            opts.replace = true;
+            i += 1;
+        } else {
+            return Err(syntax_error());
+        }
+    }
+    Ok(opts)
+}
+
+fn msetblock(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let (n, end) = match parse_count(&args, 2, "numblocks") {
+            Ok(found) => found,
+            Err(e) => return e,
+        };
+        let opts = match parse_set_options(&args, end) {
+            Ok(o) => o,
+            Err(e) => return e,
+        };
+        let key_indexes: Vec<usize> = (0..n).map(|i| 2 + 2 * i).collect();
+        let (at, replace) = (opts.expire_at, opts.replace);
+        if !opts.chain {
+            let stored = fan_out(
+                client,
+                &args,
+                &key_indexes,
+                move |store, slot, key, value, now| {
+                    let value = value.cloned().unwrap_or_default();
+                    store.insert_block(slot, key, value, at, None, replace, now)
+                },
+            )
+            .await;
+            return match stored {
+                Ok(codes) => Reply::Array(codes.into_iter().map(Reply::Int).collect()),
+                Err(_) => gone(),
+            };
+        }
+        match store_chain(&client.shard, &args, &key_indexes, &opts).await {
+            Some(codes) => Reply::Array(codes.into_iter().map(Reply::Int).collect()),
+            None => gone(),
+        }
+    })
+}
+
+/// Stores a chain in order: each run of consecutive blocks owned by one
+/// shard is one job, and the next run starts only when it is done, so a
+/// reader can never see block i without block i-1. A block that cannot be
+/// stored ends the chain: the blocks after it would be unreachable.
+async fn store_chain(
+    shard: &Rc<Shard>,
+    args: &[Bytes],
+    key_indexes: &[usize],
+    opts: &SetOptions,
+) -> Option<Vec<i64>> {
+    let mut codes = Vec::with_capacity(key_indexes.len());
+    let mut i = 0;
+    while i < key_indexes.len() {
+        let owner = shard.owner_of(key_slot(&args[key_indexes[i]]));
+        let mut run = Vec::new();
+        while i < key_indexes.len() && shard.owner_of(key_slot(&args[key_indexes[i]])) == owner {
+            let k = key_indexes[i];
+            let parent = if i == 0 {
+                opts.parent.clone()
+            } else {
+                Some(args[key_indexes[i - 1]].clone())
+            };
+            run.push((args[k].clone(), args[k + 1].clone(), parent));
+            i += 1;
+        }
+        let (at, replace) = (opts.expire_at, opts.replace);
+        let done = shard
+            .call(owner, move |s| {
+                let mut store = s.store.borrow_mut();
+                let now = now_ms();
+                let mut out = Vec::with_capacity(run.len());
+                let mut failed = false;
+                for (key, value, parent) in run {
+                    let code = if failed {
+                        -1
+                    } else {
+                        store.insert_block(key_slot(&key), &key, value, at, parent, replace, now)
+                    };
+                    failed |= code < 0;
+                    out.push(code);
+                }
+                out
+            })
+            .await
+            .ok()?;
+        let failed = done.contains(&-1);
+        codes.extend(done);
+        if failed {
+            codes.resize(key_indexes.len(), -1);
+            break;
+        }
+    }
+    Some(codes)
+}
+
+// ---- reading a prefix -------------------------------------------------------------
+
+/// How a prefix read treats the keys it finds missing.
+#[derive(Clone)]
+enum Watch {
+    /// Stop at the first miss on each shard.
+    No,
+    /// Read everything; wake `waiter` when a missing key at a position below
+    /// `below` is written.
+    Register { waiter: Waiter, below: usize },
+}
+
+/// Values of `keys` (None where absent), read in parallel on their shards
+/// without touching them. Each shard stops at its own first miss: nothing
+/// after it can be part of the prefix.
+async fn read_values(
+    shard: &Rc<Shard>,
+    keys: &[Bytes],
+    watch: Watch,
+) -> Option<Vec<Option<Bytes>>> {
+    let mut per_shard: Vec<Vec<(usize, Bytes)>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    for (pos, key) in keys.iter().enumerate() {
+        per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
+    }
+    let mut pending = Vec::new();
+    for (target, work) in per_shard.into_iter().enumerate() {
+        if work.is_empty() {
+            continue;
+        }
+        let watch = watch.clone();
+        pending.push(shard.call(target, move |s| {
+            let mut store = s.store.borrow_mut();
+            let now = now_ms();
+            let mut out = Vec::with_capacity(work.len());
+            for (pos, key) in work {
+                let value = store
+                    .peek(key_slot(&key), &key, now)
+                    .map(|e| e.value.clone());
+                let missing = value.is_none();
+                out.push((pos, value));
+                match &watch {
+                    Watch::No if missing => break,
+                    Watch::Register { waiter, below } if missing && pos < *below => {
+                        store.watch(&key, waiter.clone());
+                    }
+                    _ => {}
+                }
+            }
+            out
+        }));
+    }
+    let mut values = vec![None; keys.len()];
+    for p in pending {
+        for (pos, value) in p.await.ok()? {
+            values[pos] = value;
+        }
+    }
+    Some(values)
+}
+
+/// The leading present values, at most `max_bytes` in total.
+fn leading(values: Vec<Option<Bytes>>, max_bytes: Option<u64>) -> Vec<Bytes> {
+    let mut total = 0u64;
+    let mut out = Vec::new();
+    for v in values {
+        let Some(v) = v else { break };
+        total += v.len() as u64;
+        if max_bytes.is_some_and(|m| total > m) {
+            break;
+        }
+        out.push(v);
+    }
+    out
+}
+
+/// Counts the returned blocks as accessed, on their shards, without waiting.
+fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes]) {
+    let mut per_shard: Vec<Vec<Bytes>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    for key in keys {
+        per_shard[shard.owner_of(key_slot(key))].push(key.clone());
+    }
+    for (target, work) in per_shard.into_iter().enumerate() {
+        if work.is_empty() {
+            continue;
+        }
+        let job = move |s: &Shard| {
+            let mut store = s.store.borrow_mut();
+            let now = now_ms();
+            for key in work {
+                store.read(key_slot(&key), &key, now, true);
+            }
+        };
+        if target == shard.id {
+            job(shard);
+        } else {
+            let _ = shard.post(target, Box::new(job));
+        }
+    }
+}
+
+/// Unregisters a blocked reader's watches when dropped: on wake-up, on
+/// timeout, and when the client disconnects mid-wait.
+struct WatchGuard {
+    shard: Rc<Shard>,
+    keys: Vec<Bytes>,
+    id: u64,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let mut per_shard: Vec<Vec<Bytes>> = (0..self.shard.count()).map(|_| Vec::new()).collect();
+        for key in self.keys.drain(..) {
+            per_shard[self.shard.owner_of(key_slot(&key))].push(key);
+        }
+        let id = self.id;
+        for (target, work) in per_shard.into_iter().enumerate() {
+            if work.is_empty() {
+                continue;
+            }
+            let _ = self.shard.post(
+                target,
+                Box::new(move |s: &Shard| {
+                    let mut store = s.store.borrow_mut();
+                    for key in work {
+                        store.unwatch(&key, id);
+                    }
+                }),
+            );
+        }
+    }
+}
+
+/// Source of blocked-reader ids (unique across shards).
+static NEXT_WAITER: AtomicU64 = AtomicU64::new(1);
+
+fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let (n, end) = match parse_count(&args, 1, "numkeys") {
+            Ok(found) => found,
+            Err(e) => return e,
+        };
+        let mut max_bytes = None;
+        let mut block_ms = None;
+        let mut min = n;
+        let mut i = end;
+        while i < args.len() {
+            let value = args.get(i + 1);
+            if is(&args[i], "maxbytes") && value.is_some() && max_bytes.is_none() {
+                match value.and_then(|v| parse_int(v)) {
+                    Some(b) if b >= 0 => max_bytes = Some(b as u64),
+                    Some(_) => return Reply::error("ERR MAXBYTES must not be negative"),
+                    None => return not_integer(),
+                }
+                i += 2;
+            } else if is(&args[i], "block") && value.is_some() && block_ms.is_none() {
+                match value.and_then(|v| parse_int(v)) {
+                    Some(ms) if ms > 0 => block_ms = Some(ms as u64),
+                    Some(_) => return Reply::error("ERR timeout must be greater than 0"),
+                    None => return Reply::error("ERR timeout is not an integer or out of range"),
+                }
+                i += 2;
+                if i + 1 < args.len() && is(&args[i], "min") {
+                    match parse_int(&args[i + 1]) {
+                        Some(m) if m >= 1 && m as usize <= n => min = m as usize,
+                        Some(_) => return Reply::error("ERR MIN must be between 1 and numkeys"),
+                        None => return not_integer(),
+                    }
+                    i += 2;
+                }
+            } else {
+                return syntax_error();
+            }
+        }
+        let keys: Vec<Bytes> = args[2..end].to_vec();
+        let shard = Rc::clone(&client.shard);
+        let values = match block_ms {
+            None => read_values(&shard, &keys, Watch::No).await,
+            Some(ms) => {
+                let cap = shard.shared.config.max_block_ms.load(Relaxed).max(1);
+                blocking_read(&shard, &keys, min, Duration::from_millis(ms.min(cap))).await
+            }
+        };
+        let Some(values) = values else {
+            return gone();
+        };
+        let found = leading(values, max_bytes);
+        touch_returned(&shard, &keys[..found.len()]);
+        Reply::Array(found.into_iter().map(Reply::Bulk).collect())
+    })
+}
+
+/// MGETPREFIX BLOCK: reads, and while fewer than `min` leading keys are
+/// present, waits (up to `timeout`) for writes of the missing ones.
+async fn blocking_read(
+    shard: &Rc<Shard>,
+    keys: &[Bytes],
+    min: usize,
+    timeout: Duration,
+) -> Option<Vec<Option<Bytes>>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let waiter = Waiter {
+        id: NEXT_WAITER.fetch_add(1, Relaxed),
+        wake: Arc::new(Notify::new()),
+    };
+    let present = |values: &[Option<Bytes>]| values.iter().take_while(|v| v.is_some()).count();
+    // Reading and registering happen in one step on each shard, so a write
+    // landing in between cannot be missed.
+    let register = Watch::Register {
+        waiter: waiter.clone(),
+        below: min,
+    };
+    let mut values = read_values(shard, keys, register).await?;
+    if present(&values) >= min {
+        drop(WatchGuard {
+            shard: Rc::clone(shard),
+            keys: keys[..min].to_vec(),
+            id: waiter.id,
+        });
+        return Some(values);
+    }
+    let _guard = WatchGuard {
+        shard: Rc::clone(shard),
+        keys: keys[..min].to_vec(),
+        id: waiter.id,
+    };
+    shard.stats.borrow_mut().blocked_clients += 1;
+    let _unblocked = BlockedCount(Rc::clone(shard));
+    loop {
+        let woke = tokio::time::timeout_at(deadline, waiter.wake.notified()).await;
+        values = read_values(shard, keys, Watch::No).await?;
+        if present(&values) >= min || woke.is_err() {
+            return Some(values);
+        }
+    }
+}
+
+/// Keeps INFO's blocked_clients right however the wait ends.
+struct BlockedCount(Rc<Shard>);
+
+impl Drop for BlockedCount {
+    fn drop(&mut self) {
+        self.0.stats.borrow_mut().blocked_clients -= 1;
+    }
+}
+
+// ---- PREFIXLEN and MEXISTS -------------------------------------------------------
+
+fn prefixlen(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let (n, end) = match parse_count(&args, 1, "numkeys") {
+            Ok(found) => found,
+            Err(e) => return e,
+        };
+        if end != args.len() {
+            return syntax_error();
+        }
+        let shard = &client.shard;
+        let mut per_shard: Vec<Vec<(usize, Bytes)>> =
+            (0..shard.count()).map(|_| Vec::new()).collect();
+        for (pos, key) in args[2..end].iter().enumerate() {
+            per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
+        }
+        let mut pending = Vec::new();
+        for (target, work) in per_shard.into_iter().enumerate() {
+            if work.is_empty() {
+                continue;
+            }
+            // Each shard reports its first missing position (side-effect
+            // free: no recency, no hit/miss counting).
+            pending.push(shard.call(target, move |s| {
+                let mut store = s.store.borrow_mut();
+                let now = now_ms();
+                work.into_iter()
+                    .find(|(_, key)| store.peek(key_slot(key), key, now).is_none())
+                    .map(|(pos, _)| pos)
+            }));
+        }
+        let mut prefix = n;
+        for p in pending {
+            match p.await {
+                Ok(Some(first_missing)) => prefix = prefix.min(first_missing),
+                Ok(None) => {}
+                Err(_) => return gone(),
+            }
+        }
+        Reply::Int(prefix as i64)
+    })
+}
+
+fn mexists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let (n, end) = match parse_count(&args, 1, "numkeys") {
+            Ok(found) => found,
+            Err(e) => return e,
+        };
+        if end != args.len() {
+            return syntax_error();
+        }
+        let keys: Vec<usize> = (2..2 + n).collect();
+        let found = fan_out(client, &args, &keys, |store, slot, key, _, now| {
+            Reply::Int(store.read(slot, key, now, false).is_some() as i64)
+        })
+        .await;
+        match found {
+            Ok(flags) => Reply::Array(flags),
+            Err(_) => gone(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<Bytes> {
+        s.split(' ').map(|w| Bytes::from(w.to_string())).collect()
+    }
+
+    #[test]
+    fn counts_and_options() {
+        assert_eq!(
+            parse_count(&args("mgetprefix 2 a b"), 1, "numkeys").unwrap(),
+            (2, 4)
+        );
+        assert_eq!(
+            parse_count(&args("msetblock 1 a 1 CHAIN"), 2, "numblocks").unwrap(),
+            (1, 4)
+        );
+        assert_eq!(
+            parse_count(&args("mgetprefix 3 a b"), 1, "numkeys").unwrap_err(),
+            syntax_error()
+        );
+        assert_eq!(
+            parse_count(&args("mgetprefix 0 a"), 1, "numkeys").unwrap_err(),
+            Reply::error("ERR numkeys should be greater than 0")
+        );
+        assert_eq!(
+            parse_count(&args("mgetprefix x a"), 1, "numkeys").unwrap_err(),
+            not_integer()
+        );
+        let o = parse_set_options(&args("msetblock 1 a 1 CHAIN PARENT p REPLACE"), 4)
+            .ok()
+            .unwrap();
+        assert!(o.chain && o.replace);
+        assert_eq!(o.parent.as_deref(), Some(&b"p"[..]));
+        assert!(parse_set_options(&args("msetblock 1 a 1 PARENT p"), 4).is_err());
+        assert!(parse_set_options(&args("msetblock 1 a 1 EX 1 PX 1"), 4).is_err());
+        assert!(parse_set_options(&args("msetblock 1 a 1 bogus"), 4).is_err());
+    }
+
+    #[test]
+    fn leading_respects_gaps_and_max_bytes() {
+        let v = |s: &str| Some(Bytes::from(s.to_string()));
+        let values = vec![v("aa"), v("bb"), None, v("cc")];
+        assert_eq!(leading(values.clone(), None).len(), 2);
+        assert_eq!(leading(values.clone(), Some(3)).len(), 1);
+        assert_eq!(leading(values, Some(0)).len(), 0);
+    }
+}
