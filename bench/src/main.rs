@@ -1,8 +1,15 @@
 //! kvtier-bench: measures kvtier and any RESP server (redis-server) with the
 //! same client, so their numbers compare.
 
+mod common;
+mod kv;
+mod pd;
 mod prefix;
+mod report;
 mod resp;
+mod skew;
+mod trace;
+mod workload;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +26,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// memtier-style GET/SET/MGET load.
+    Kv(kv::KvArgs),
+    /// Replay a Mooncake-format trace as a KV-cache connector would.
+    Trace(trace::TraceArgs),
+    /// Prefill → decode hand-off latency with blocking reads.
+    Pd(pd::PdArgs),
+    /// Zipf-skewed reads of hot blocks; load per shard.
+    Skew(skew::SkewArgs),
     /// The block dialect versus a Redis connector: chain lookup latency
     /// (PREFIXLEN vs sequential EXISTS) and prefix fetch throughput
     /// (MGETPREFIX vs MGET).
@@ -39,7 +54,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async {
+        let threads = cli.client_threads.max(1);
         match cli.command {
+            Command::Kv(a) => kv::run(a, threads).await.map(|_| ()),
+            Command::Trace(a) => trace::run(a, threads).await,
+            Command::Pd(a) => pd::run(a, threads).await,
+            Command::Skew(a) => skew::run(a, threads).await,
             Command::Prefix(a) => prefix::run(a).await,
         }
     });

@@ -1,0 +1,68 @@
+//! Options and checks every scenario shares.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use clap::Args;
+
+use crate::resp::{Client, Value};
+
+/// Where to send load and where to put the results.
+#[derive(Args, Debug, Clone)]
+pub struct Output {
+    /// Server to measure: `redis://host:port` or `host:port` (any RESP server).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub target: String,
+    /// Write every figure of the run as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw latency CDFs and throughput over time to this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+impl Output {
+    /// `host:port` of the target.
+    pub fn addr(&self) -> String {
+        let t = self.target.trim();
+        let t = t
+            .strip_prefix("redis://")
+            .or_else(|| t.strip_prefix("tcp://"))
+            .unwrap_or(t);
+        t.trim_end_matches('/').to_string()
+    }
+}
+
+/// Refuses a server without kvtier's block dialect, with a clear message.
+pub async fn require_dialect(addr: &str) -> std::io::Result<()> {
+    let mut c = Client::connect(addr).await?;
+    let reply = c
+        .call(&[
+            Bytes::from("COMMAND"),
+            Bytes::from("INFO"),
+            Bytes::from("PREFIXLEN"),
+            Bytes::from("MGETPREFIX"),
+            Bytes::from("MSETBLOCK"),
+        ])
+        .await?;
+    let known = match reply {
+        Value::Array(items) => items.len() == 3 && items.iter().all(|i| *i != Value::Nil),
+        _ => false,
+    };
+    if known {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "the server at {addr} does not implement kvtier's block dialect (PREFIXLEN, MGETPREFIX, MSETBLOCK); \
+             use --protocol redis-sequential or --protocol redis-pipelined to measure a plain Redis"
+        )))
+    }
+}
+
+/// A reply that is an error, as an I/O error.
+pub fn fail_on_error(v: &Value, what: &str) -> std::io::Result<()> {
+    if let Value::Error(e) = v {
+        return Err(std::io::Error::other(format!("{what}: {e}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! `kvtier-bench pd`: the disaggregated prefill → decode hand-off. Prefill
+//! workers store chains block by block; decode workers are told a chain's
+//! keys the moment its prefill starts and fetch it with `MGETPREFIX ...
+//! BLOCK ms` (or, against a plain Redis, by polling MGET). Reports the
+//! hand-off latency (write start → read complete), timeouts and bytes/s.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::common::{fail_on_error, require_dialect, Output};
+use crate::report::{self, Recorder};
+use crate::resp::{Client, Value};
+use crate::workload::{parse_size, ValuePool};
+
+/// How decode workers wait for the blocks.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// `MGETPREFIX n keys BLOCK ms` (kvtier).
+    Block,
+    /// `MGET` every `--poll-ms` until all blocks are there (any Redis).
+    Poll,
+}
+
+/// Options of `kvtier-bench pd`.
+#[derive(Args, Debug, Clone)]
+pub struct PdArgs {
+    #[command(flatten)]
+    pub out: Output,
+    /// Chains to hand off.
+    #[arg(long, default_value_t = 200)]
+    pub chains: usize,
+    /// Blocks per chain.
+    #[arg(long, default_value_t = 16)]
+    pub chain_blocks: usize,
+    /// Block size.
+    #[arg(long, default_value = "256KiB")]
+    pub block_size: String,
+    /// Blocks per write of a prefill worker (its layer/block granularity).
+    #[arg(long, default_value_t = 1)]
+    pub blocks_per_write: usize,
+    /// Prefill workers (connections writing).
+    #[arg(long, default_value_t = 4)]
+    pub prefill_workers: usize,
+    /// Decode workers (connections reading).
+    #[arg(long, default_value_t = 4)]
+    pub decode_workers: usize,
+    /// How decode workers wait.
+    #[arg(long, value_enum, default_value = "block")]
+    pub wait: Wait,
+    /// Longest wait for one chain, ms.
+    #[arg(long, default_value_t = 5000)]
+    pub block_ms: u64,
+    /// Polling interval with --wait poll, ms.
+    #[arg(long, default_value_t = 1)]
+    pub poll_ms: u64,
+}
+
+struct Handoff {
+    chain: usize,
+    keys: Vec<Bytes>,
+    started: Instant,
+}
+
+/// Runs the scenario.
+pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
+    let addr = a.out.addr();
+    if a.wait == Wait::Block {
+        require_dialect(&addr).await?;
+    }
+    let block = parse_size(&a.block_size).map_err(std::io::Error::other)?;
+    let pool = Arc::new(ValuePool::new(block));
+    let run_id =
+        std::process::id() as u64 * 1_000_003 + crate::workload::hash(addr.as_bytes()) % 1000;
+    let start = Instant::now();
+    let cpu_before = report::cpu_time();
+    let shared = Arc::new(Mutex::new(Recorder::new(start)));
+    let next_chain = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let bar = report::progress(a.chains as u64, a.chains as f64 / 50.0);
+    let mut decoders = Vec::new();
+    for _ in 0..a.decode_workers.max(1) {
+        let mut client = Client::connect(&addr).await?;
+        let (rx, pool, shared, a) = (
+            Arc::clone(&rx),
+            Arc::clone(&pool),
+            Arc::clone(&shared),
+            a.clone(),
+        );
+        decoders.push(tokio::spawn(async move {
+            let mut rec = Recorder::new(start);
+            loop {
+                let job = rx.lock().await.recv().await;
+                let Some(job) = job else { break };
+                decode(&mut client, &a, &pool, block, &job, &mut rec).await?;
+            }
+            if let Ok(mut all) = shared.lock() {
+                all.merge(rec);
+            }
+            Ok::<(), std::io::Error>(())
+        }));
+    }
+    let mut prefills = Vec::new();
+    for _ in 0..a.prefill_workers.max(1) {
+        let mut client = Client::connect(&addr).await?;
+        let (tx, pool, next_chain, a) = (
+            tx.clone(),
+            Arc::clone(&pool),
+            Arc::clone(&next_chain),
+            a.clone(),
+        );
+        prefills.push(tokio::spawn(async move {
+            loop {
+                let chain = next_chain.fetch_add(1, Relaxed);
+                if chain >= a.chains {
+                    break;
+                }
+                let keys: Vec<Bytes> = (0..a.chain_blocks)
+                    .map(|j| Bytes::from(format!("pd:{run_id}:{chain}:{j}")))
+                    .collect();
+                let started = Instant::now();
+                // The decode side learns the keys as the prefill starts.
+                let _ = tx.send(Handoff {
+                    chain,
+                    keys: keys.clone(),
+                    started,
+                });
+                for (g, group) in keys.chunks(a.blocks_per_write.max(1)).enumerate() {
+                    let mut cmd = vec![
+                        Bytes::from_static(b"MSETBLOCK"),
+                        Bytes::from(group.len().to_string()),
+                    ];
+                    if a.wait == Wait::Poll {
+                        cmd = vec![Bytes::from_static(b"MSET")];
+                    }
+                    for k in group {
+                        cmd.push(k.clone());
+                        cmd.push(pool.value(k, block));
+                    }
+                    if a.wait == Wait::Block {
+                        cmd.push(Bytes::from_static(b"CHAIN"));
+                        if g > 0 {
+                            let parent = &keys[g * a.blocks_per_write.max(1) - 1];
+                            cmd.extend([Bytes::from_static(b"PARENT"), parent.clone()]);
+                        }
+                    }
+                    fail_on_error(&client.call(&cmd).await?, "prefill write")?;
+                }
+            }
+            Ok::<(), std::io::Error>(())
+        }));
+    }
+    drop(tx);
+    for p in prefills {
+        p.await.map_err(std::io::Error::other)??;
+        bar.inc(0);
+    }
+    for d in decoders {
+        d.await.map_err(std::io::Error::other)??;
+    }
+    bar.finish_and_clear();
+    let wall = start.elapsed();
+    let cpu = report::client_cpu(cpu_before, wall, client_threads);
+    let rec = Arc::try_unwrap(shared)
+        .ok()
+        .and_then(|m| m.into_inner().ok())
+        .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
+    let secs = wall.as_secs_f64();
+    let bytes = rec.count("bytes_read");
+    println!(
+        "pd: {} chains of {} × {} bytes, {} prefill / {} decode workers, wait {:?}, against {addr}",
+        a.chains, a.chain_blocks, block, a.prefill_workers, a.decode_workers, a.wait
+    );
+    println!(
+        "handed off {}, timeouts {}, verification failures {}, {:.3} GB/s read",
+        rec.count("complete"),
+        rec.count("timeouts"),
+        rec.count("verify_failures"),
+        bytes as f64 / secs / 1e9
+    );
+    report::print_latency_table(&rec);
+    let latency: serde_json::Map<String, serde_json::Value> = rec
+        .latency
+        .iter()
+        .map(|(op, h)| (op.to_string(), report::percentiles(h)))
+        .collect();
+    let summary = json!({
+        "scenario": "pd",
+        "target": addr,
+        "wait": format!("{:?}", a.wait),
+        "chains": a.chains,
+        "chain_blocks": a.chain_blocks,
+        "block_bytes": block,
+        "complete": rec.count("complete"),
+        "timeouts": rec.count("timeouts"),
+        "verification_failures": rec.count("verify_failures"),
+        "bytes_read": bytes,
+        "seconds": secs,
+        "gb_per_sec": bytes as f64 / secs / 1e9,
+        "latency": latency,
+        "throughput_per_second": rec.timeline,
+        "client_cpu": cpu,
+    });
+    if let Some(path) = &a.out.json {
+        report::write_json(path, &summary)?;
+    }
+    if let Some(path) = &a.out.plot {
+        report::plot(path, "pd", &rec).map_err(std::io::Error::other)?;
+    }
+    if rec.count("verify_failures") > 0 {
+        return Err(std::io::Error::other("verification failures"));
+    }
+    Ok(())
+}
+
+async fn decode(
+    client: &mut Client,
+    a: &PdArgs,
+    pool: &ValuePool,
+    block: usize,
+    job: &Handoff,
+    rec: &mut Recorder,
+) -> std::io::Result<()> {
+    let n = job.keys.len();
+    let deadline = job.started + Duration::from_millis(a.block_ms);
+    let values = match a.wait {
+        Wait::Block => {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .max(1);
+            let mut cmd = vec![
+                Bytes::from_static(b"MGETPREFIX"),
+                Bytes::from(n.to_string()),
+            ];
+            cmd.extend(job.keys.iter().cloned());
+            cmd.extend([Bytes::from_static(b"BLOCK"), Bytes::from(left.to_string())]);
+            client.call(&cmd).await?.into_array().unwrap_or_default()
+        }
+        Wait::Poll => loop {
+            let mut cmd = vec![Bytes::from_static(b"MGET")];
+            cmd.extend(job.keys.iter().cloned());
+            let values = client.call(&cmd).await?.into_array().unwrap_or_default();
+            let present = values
+                .iter()
+                .take_while(|v| matches!(v, Value::Bulk(_)))
+                .count();
+            if present == n || Instant::now() >= deadline {
+                break values.into_iter().take(present).collect();
+            }
+            tokio::time::sleep(Duration::from_millis(a.poll_ms)).await;
+        },
+    };
+    let took = job.started.elapsed();
+    for (k, v) in job.keys.iter().zip(&values) {
+        if let Value::Bulk(got) = v {
+            rec.add("bytes_read", got.len() as u64);
+            if !pool.verify(k, block, got) {
+                rec.add("verify_failures", 1);
+            }
+        }
+    }
+    if values.len() == n {
+        rec.add("complete", 1);
+        rec.op("handoff", took);
+    } else {
+        rec.add("timeouts", 1);
+        let _ = job.chain;
+    }
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! Recording and reporting: latency histograms (HdrHistogram), a
+//! per-second timeline, the client's own CPU time, the table, `--json` and
+//! `--plot`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value as Json};
+
+/// Latency histogram in nanoseconds (1 ns .. 100 s, 3 significant digits).
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds")
+}
+
+/// What one worker measured; merged at the end.
+pub struct Recorder {
+    /// Latencies by operation name.
+    pub latency: BTreeMap<&'static str, Histogram<u64>>,
+    /// Counters by name (ops, hits, bytes, failures...).
+    pub counts: BTreeMap<&'static str, u64>,
+    /// Operations completed per second since the start.
+    pub timeline: Vec<u64>,
+    start: Instant,
+}
+
+impl Recorder {
+    /// An empty recorder whose timeline starts at `start`.
+    pub fn new(start: Instant) -> Recorder {
+        Recorder {
+            latency: BTreeMap::new(),
+            counts: BTreeMap::new(),
+            timeline: Vec::new(),
+            start,
+        }
+    }
+
+    /// Records one operation of kind `op` that took `took`.
+    pub fn op(&mut self, op: &'static str, took: Duration) {
+        let h = self.latency.entry(op).or_insert_with(histogram);
+        let _ = h.record(took.as_nanos().max(1) as u64);
+        let second = self.start.elapsed().as_secs() as usize;
+        if self.timeline.len() <= second {
+            self.timeline.resize(second + 1, 0);
+        }
+        self.timeline[second] += 1;
+    }
+
+    /// Adds `n` to counter `name`.
+    pub fn add(&mut self, name: &'static str, n: u64) {
+        *self.counts.entry(name).or_insert(0) += n;
+    }
+
+    /// Folds `other` into this one.
+    pub fn merge(&mut self, other: Recorder) {
+        for (op, h) in other.latency {
+            let mine = self.latency.entry(op).or_insert_with(histogram);
+            let _ = mine.add(&h);
+        }
+        for (k, v) in other.counts {
+            *self.counts.entry(k).or_insert(0) += v;
+        }
+        if self.timeline.len() < other.timeline.len() {
+            self.timeline.resize(other.timeline.len(), 0);
+        }
+        for (i, v) in other.timeline.into_iter().enumerate() {
+            self.timeline[i] += v;
+        }
+    }
+
+    /// Counter value (0 if never counted).
+    pub fn count(&self, name: &str) -> u64 {
+        self.counts.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// A recorder shared by the workers of one run.
+pub type Shared = Arc<Mutex<Recorder>>;
+
+/// Percentiles of a histogram in microseconds.
+pub fn percentiles(h: &Histogram<u64>) -> Json {
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    json!({
+        "count": h.len(),
+        "mean_us": h.mean() / 1000.0,
+        "p50_us": us(0.5),
+        "p90_us": us(0.9),
+        "p99_us": us(0.99),
+        "p999_us": us(0.999),
+        "max_us": h.max() as f64 / 1000.0,
+    })
+}
+
+/// This process's CPU time so far (user, system).
+pub fn cpu_time() -> (Duration, Duration) {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        let d = |tv: libc::timeval| {
+            Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64)
+        };
+        (d(usage.ru_utime), d(usage.ru_stime))
+    }
+}
+
+/// CPU the client used during a run, to tell when the client is the limit.
+pub fn client_cpu(before: (Duration, Duration), wall: Duration, threads: usize) -> Json {
+    let (user0, sys0) = before;
+    let (user1, sys1) = cpu_time();
+    let total = (user1 - user0) + (sys1 - sys0);
+    let busy = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+    json!({
+        "user_s": (user1 - user0).as_secs_f64(),
+        "sys_s": (sys1 - sys0).as_secs_f64(),
+        "cores_busy": busy,
+        "threads": threads,
+        "saturated": busy > threads as f64 * 0.9,
+    })
+}
+
+/// Prints the latency table of a run.
+pub fn print_latency_table(rec: &Recorder) {
+    println!("| op | count | p50 µs | p99 µs | p99.9 µs | max µs |");
+    println!("|---|---|---|---|---|---|");
+    for (op, h) in &rec.latency {
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        println!(
+            "| {op} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            h.len(),
+            us(0.5),
+            us(0.99),
+            us(0.999),
+            h.max() as f64 / 1000.0
+        );
+    }
+}
+
+/// Writes the JSON report.
+pub fn write_json(path: &Path, report: &Json) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}
+
+/// Draws the latency CDFs (top) and the throughput over time (bottom).
+pub fn plot(path: &Path, title: &str, rec: &Recorder) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (top, bottom) = root.split_vertically(420);
+    let max_us = rec
+        .latency
+        .values()
+        .map(|h| h.value_at_quantile(0.9999) as f64 / 1000.0)
+        .fold(1.0, f64::max);
+    let mut cdf = ChartBuilder::on(&top)
+        .caption(format!("{title}: latency CDF"), ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d((1.0f64..max_us * 1.1).log_scale(), 0.0f64..100.0)
+        .map_err(|e| e.to_string())?;
+    cdf.configure_mesh()
+        .x_desc("latency (µs)")
+        .y_desc("percentile")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (op, h)) in rec.latency.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points: Vec<(f64, f64)> = h
+            .iter_quantiles(4)
+            .map(|v| {
+                (
+                    (v.value_iterated_to() as f64 / 1000.0).max(1.0),
+                    v.quantile_iterated_to() * 100.0,
+                )
+            })
+            .collect();
+        cdf.draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(*op)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    cdf.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let max_ops = rec.timeline.iter().copied().max().unwrap_or(1).max(1) as f64;
+    let mut tput = ChartBuilder::on(&bottom)
+        .caption("throughput over time", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            0f64..(rec.timeline.len().max(1)) as f64,
+            0f64..max_ops * 1.1,
+        )
+        .map_err(|e| e.to_string())?;
+    tput.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("ops/s")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    tput.draw_series(LineSeries::new(
+        rec.timeline
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as f64 + 0.5, v as f64)),
+        BLUE.stroke_width(2),
+    ))
+    .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// A progress bar on stderr for runs expected to last more than a few
+/// seconds (hidden when stderr is not a terminal).
+pub fn progress(total: u64, seconds_expected: f64) -> indicatif::ProgressBar {
+    if seconds_expected < 3.0 {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
