@@ -510,8 +510,15 @@ fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
         }
-        let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
-        // All keys on one shard: check and set in one step, atomically.
+        // A key given twice is set once, to its last value (as in Redis);
+        // otherwise the second write would find the first and give up.
+        let mut seen = std::collections::HashSet::new();
+        let mut keys: Vec<usize> = (1..args.len())
+            .step_by(2)
+            .rev()
+            .filter(|&i| seen.insert(&args[i]))
+            .collect();
+        keys.reverse();
         let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
             store.peek(slot, key, now).is_some()
         })
