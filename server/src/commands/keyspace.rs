@@ -718,9 +718,6 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let name = op.args[0].to_ascii_lowercase();
     let name = String::from_utf8_lossy(&name).into_owned();
-    let Some(n) = parse_int(&op.args[2]) else {
-        return not_integer();
-    };
     let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
     for opt in &op.args[3..] {
         if is(opt, "nx") {
@@ -744,6 +741,10 @@ fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if gt && lt {
         return Reply::error("ERR GT and LT options at the same time are not compatible");
     }
+    // Like Redis, the options are checked before the time.
+    let Some(n) = parse_int(&op.args[2]) else {
+        return not_integer();
+    };
     let invalid = || Reply::error(format!("ERR invalid expire time in '{name}' command"));
     let seconds = name == "expire" || name == "expireat";
     let relative = name == "expire" || name == "pexpire";
