@@ -1088,8 +1088,10 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         if args.len() != 5 || !is(&args[3], "samples") {
             return syntax_error();
         }
-        if parse_int(&args[4]).is_none() {
-            return not_integer();
+        match parse_int(&args[4]) {
+            Some(n) if n < 0 => return syntax_error(),
+            Some(_) => {}
+            None => return not_integer(),
         }
     }
     match store.peek(op.slot, op.key(), now) {
