@@ -558,7 +558,9 @@ fn config_set(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             .collect();
         for (i, (name, value)) in pairs.iter().enumerate() {
             if pairs[..i].iter().any(|(n, _)| n == name) {
-                return Reply::error(format!("ERR Duplicate parameter - {name}"));
+                return Reply::error(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{name}') - duplicate parameter"
+                ));
             }
             match config.check(name, value) {
                 Ok(()) => {}
