@@ -1051,9 +1051,10 @@ fn shutdown(client: &mut Client, args: &[Bytes]) -> Reply {
 
 fn wait(_client: &mut Client, args: &[Bytes]) -> Reply {
     match (parse_int(&args[1]), parse_int(&args[2])) {
+        (None, _) => not_integer(),
+        (Some(_), None) => Reply::error("ERR timeout is not an integer or out of range"),
         (Some(_), Some(t)) if t < 0 => Reply::error("ERR timeout is negative"),
         (Some(_), Some(_)) => Reply::Int(0),
-        _ => not_integer(),
     }
 }
 
