@@ -1066,11 +1066,18 @@ fn role(_client: &mut Client, _args: &[Bytes]) -> Reply {
     ])
 }
 
+/// FUNCTION FLUSH and SCRIPT FLUSH: nothing is cached, so only the
+/// arguments are checked, with Redis's (differing) error texts.
 fn flush_scripts(_client: &mut Client, args: &[Bytes]) -> Reply {
+    let function = is(&args[0], "function");
     match args.len() {
         2 => Reply::ok(),
         3 if is(&args[2], "async") || is(&args[2], "sync") => Reply::ok(),
-        _ => syntax_error(),
+        3 if function => Reply::error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option"),
+        _ if function => Reply::error(
+            "ERR unknown subcommand or wrong number of arguments for 'flush'. Try FUNCTION HELP.",
+        ),
+        _ => Reply::error("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
     }
 }
 
