@@ -291,13 +291,22 @@ impl RequestParser {
             return None;
         }
         let mut ranges = Vec::with_capacity(items.len());
+        // What the array spans when every length is written canonically.
+        let mut canonical = 1 + decimal_len(items.len()) + 2;
         for item in &items {
             match item {
                 RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
-                    ranges.push((*start, *end))
+                    ranges.push((*start, *end));
+                    canonical += 1 + decimal_len(end - start) + 2 + (end - start) + 2;
                 }
                 _ => return None,
             }
+        }
+        // The decoder is laxer than Redis about lengths (`$+4`, `$04`, `*01`);
+        // anything but the canonical form goes down the streaming path, which
+        // rejects what Redis rejects.
+        if used != canonical {
+            return None;
         }
         let frame = buf.split_to(used).freeze();
         Some(
@@ -333,6 +342,11 @@ fn header_line<'a>(
         ))),
         None => Ok(None),
     }
+}
+
+/// Number of decimal digits of `n`.
+fn decimal_len(n: usize) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Parses a length the way Redis's `string2ll` does: optional `-`, digits,
@@ -466,6 +480,31 @@ mod tests {
             err(&long_header),
             "Protocol error: too big mbulk count string"
         );
+    }
+
+    #[test]
+    fn lengths_must_be_canonical_on_every_path() {
+        let err = |input: &[u8]| parse_all(input).unwrap_err().0;
+        assert_eq!(
+            err(b"*1\r\n$+4\r\nPING\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(
+            err(b"*1\r\n$04\r\nPING\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(
+            err(b"*01\r\n$4\r\nPING\r\n"),
+            "Protocol error: invalid multibulk length"
+        );
+        assert_eq!(
+            parse_all(b"*1\r\n$10\r\n0123456789\r\n").unwrap(),
+            strs(&[&["0123456789"]])
+        );
+        assert_eq!(decimal_len(0), 1);
+        assert_eq!(decimal_len(9), 1);
+        assert_eq!(decimal_len(10), 2);
+        assert_eq!(decimal_len(1000), 4);
     }
 
     #[test]
