@@ -23,8 +23,9 @@ use super::inline::split_inline_args;
 
 /// Arguments at least this large are read into a buffer of their exact size.
 pub const BIG_BULK: usize = 32 * 1024;
-/// Most elements one multibulk request may declare.
-pub const MAX_MULTIBULK: usize = 1024 * 1024;
+/// Most elements one multibulk request may declare: Redis 7 accepts up to
+/// `INT_MAX` (memory for the arguments grows as they arrive, not up front).
+pub const MAX_MULTIBULK: usize = i32::MAX as usize;
 /// Longest inline command, and longest `*N` / `$N` header line.
 pub const MAX_INLINE: usize = 64 * 1024;
 /// Unauthenticated clients may not send more elements than this...
@@ -461,9 +462,10 @@ mod tests {
         );
         assert_eq!(err(b"*abc\r\n"), "Protocol error: invalid multibulk length");
         assert_eq!(
-            err(b"*1048577\r\n"),
+            err(b"*2147483648\r\n"),
             "Protocol error: invalid multibulk length"
         );
+        assert_eq!(parse_all(b"*2147483647\r\n").unwrap(), strs(&[]));
         assert_eq!(
             err(b"*2\r\n$999999999999\r\n"),
             "Protocol error: invalid bulk length"
