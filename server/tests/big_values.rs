@@ -68,8 +68,7 @@ fn big_values_async_pipeline() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let mut con = connect_async(&server.url()).await;
         // Two 16 MiB values on different shards in one pipeline.
         let keys = one_key_per_shard("bigp");
         let values = [pattern(16 << 20, 7), pattern(16 << 20, 8)];

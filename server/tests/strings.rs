@@ -512,12 +512,7 @@ fn redis_crate_async_pipeline() {
         .unwrap();
     runtime.block_on(async {
         for url in [server.url(), server.url_resp3()] {
-            let client = redis::Client::open(url).unwrap();
-            let mut con =
-                tokio::time::timeout(READ_TIMEOUT, client.get_multiplexed_async_connection())
-                    .await
-                    .expect("connect in time")
-                    .unwrap();
+            let mut con = connect_async(&url).await;
             let keys: Vec<String> = (0..SHARDS)
                 .flat_map(|s| keys_on_shard("ap", s, 5))
                 .collect();

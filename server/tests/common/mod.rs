@@ -195,6 +195,21 @@ pub fn connect_redis(url: &str) -> redis::Connection {
     con
 }
 
+/// A multiplexed async `redis` crate connection to `url`. The crate's
+/// default response timeout (500 ms) is too short for big pipelines against
+/// a debug build on a busy 2-core machine, so it is raised to
+/// [`READ_TIMEOUT`].
+pub async fn connect_async(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).expect("redis url");
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(READ_TIMEOUT));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("async connect with the redis crate")
+}
+
 /// `CODE detail` of a server error from the `redis` crate, e.g.
 /// `ERR syntax error`.
 pub fn err_text(e: &redis::RedisError) -> String {
