@@ -312,6 +312,8 @@ fn client_subcommands() {
     assert_eq!(c.run("CLIENT LIST").text().lines().count(), 1);
     // Old form: by address.
     let mut third = server.raw();
+    // Registered once it has been served (the accept may lag the connect).
+    assert_eq!(third.run("PING"), status("PONG"));
     let addr = third.stream.local_addr().unwrap().to_string();
     assert_eq!(c.run(&format!("CLIENT KILL {addr}")), ok());
     third.assert_closed();
