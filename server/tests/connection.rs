@@ -409,6 +409,21 @@ fn command_introspection() {
         "every command documented"
     );
 
+    // Key-spec flags: access type in capitals, operation in lower case.
+    let spec = get[8].items()[0].items();
+    let flags = spec
+        .chunks(2)
+        .find(|p| p[0] == bulk("flags"))
+        .expect("key spec flags")[1]
+        .clone();
+    assert_eq!(flags, array(vec![status("RO"), status("access")]));
+    assert_eq!(
+        c.run("COMMAND GETKEYSANDFLAGS get a"),
+        array(vec![array(vec![
+            bulk("a"),
+            array(vec![status("RO"), status("access")])
+        ])])
+    );
     assert_eq!(c.run("COMMAND GETKEYS get a"), bulks(&["a"]));
     assert_eq!(c.run("COMMAND GETKEYS mset a 1 b 2"), bulks(&["a", "b"]));
     assert_eq!(c.run("COMMAND GETKEYS del a b c"), bulks(&["a", "b", "c"]));

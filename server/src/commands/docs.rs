@@ -347,16 +347,23 @@ pub fn acl_categories(spec: &CommandSpec) -> Vec<&'static str> {
     cats
 }
 
+/// The key-spec flags of a command's keys, as COMMAND INFO and COMMAND
+/// GETKEYSANDFLAGS report them. Redis spells the access type in capitals
+/// and the operation in lower case (`RO access`, `RW update`).
+pub fn key_spec_flags(spec: &CommandSpec) -> &'static [&'static str] {
+    if spec.has(flags::WRITE) {
+        &["RW", "update"]
+    } else {
+        &["RO", "access"]
+    }
+}
+
 fn key_specs_reply(spec: &CommandSpec) -> Reply {
     let KeySpec { first, last, step } = spec.keys;
     if first <= 0 {
         return Reply::Array(Vec::new());
     }
-    let access: &[&str] = if spec.has(flags::WRITE) {
-        &["RW", "UPDATE"]
-    } else {
-        &["RO", "ACCESS"]
-    };
+    let access = key_spec_flags(spec);
     let key_step = step.max(1) as i64;
     let last_key = if last < 0 {
         last as i64

@@ -480,11 +480,7 @@ fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
     if keys.is_empty() {
         return Reply::error("ERR The command has no key arguments");
     }
-    let flags: &[&str] = if spec.has(WRITE) {
-        &["RW", "UPDATE"]
-    } else {
-        &["RO", "ACCESS"]
-    };
+    let flags = super::docs::key_spec_flags(spec);
     Reply::Array(
         keys.into_iter()
             .map(|i| {
