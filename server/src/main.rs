@@ -44,6 +44,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // Signal handlers go in before the server can be reached, so a SIGTERM
+    // right after start-up is a graceful shutdown, not a kill.
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot install signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let server = match Server::start(&config) {
         Ok(s) => s,
         Err(e) => {
@@ -54,36 +63,52 @@ fn main() -> ExitCode {
     // The port line is printed on stdout so scripts using --port 0 can read it.
     println!("kvtier listening on {}", server.local_addr());
     let shared = std::sync::Arc::clone(server.shared());
-    std::thread::spawn(move || wait_for_signal(shared));
+    std::thread::spawn(move || signals.wait(shared));
     server.wait();
     info!("kvtier stopped");
     ExitCode::SUCCESS
 }
 
-/// Turns SIGINT or SIGTERM into a graceful shutdown.
-fn wait_for_signal(shared: std::sync::Arc<kvtier_server::server::Shared>) {
-    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        return;
-    };
-    runtime.block_on(async move {
+/// SIGINT and SIGTERM, turned into a graceful shutdown.
+struct Signals {
+    runtime: tokio::runtime::Runtime,
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            return;
-        };
-        let mut stop = shared.shutdown_signal();
-        tokio::select! {
-            _ = int.recv() => info!("SIGINT: shutting down"),
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = stop.changed() => return,
-        }
-        shared.request_shutdown();
-    });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _guard = runtime.enter();
+        let interrupt = signal(SignalKind::interrupt())?;
+        let terminate = signal(SignalKind::terminate())?;
+        drop(_guard);
+        Ok(Signals {
+            runtime,
+            interrupt,
+            terminate,
+        })
+    }
+
+    fn wait(self, shared: std::sync::Arc<kvtier_server::server::Shared>) {
+        let Signals {
+            runtime,
+            mut interrupt,
+            mut terminate,
+        } = self;
+        runtime.block_on(async move {
+            let mut stop = shared.shutdown_signal();
+            tokio::select! {
+                _ = interrupt.recv() => info!("SIGINT: shutting down"),
+                _ = terminate.recv() => info!("SIGTERM: shutting down"),
+                _ = stop.changed() => return,
+            }
+            shared.request_shutdown();
+        });
+    }
 }
 
 fn init_logging(level: &str) {

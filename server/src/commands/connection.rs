@@ -85,9 +85,11 @@ pub const COMMANDS: &[CommandSpec] = &[
 ];
 
 fn ping(_client: &mut Client, args: &[Bytes]) -> Reply {
-    match args.get(1) {
-        Some(msg) => Reply::Bulk(msg.clone()),
-        None => Reply::status("PONG"),
+    match args {
+        [_] => Reply::status("PONG"),
+        [_, msg] => Reply::Bulk(msg.clone()),
+        // The table's arity is -1 (as in Redis), which lets this through.
+        _ => super::arity_error("ping"),
     }
 }
 

@@ -347,6 +347,17 @@ pub fn acl_categories(spec: &CommandSpec) -> Vec<&'static str> {
     cats
 }
 
+/// The key-spec flags of a command's keys, as COMMAND INFO and COMMAND
+/// GETKEYSANDFLAGS report them. Redis spells the access type in capitals
+/// and the operation in lower case (`RO access`, `RW update`).
+pub fn key_spec_flags(spec: &CommandSpec) -> &'static [&'static str] {
+    if spec.has(flags::WRITE) {
+        &["RW", "update"]
+    } else {
+        &["RO", "access"]
+    }
+}
+
 fn key_specs_reply(spec: &CommandSpec) -> Reply {
     let KeySpec {
         first,
@@ -357,11 +368,7 @@ fn key_specs_reply(spec: &CommandSpec) -> Reply {
     if first <= 0 {
         return Reply::Array(Vec::new());
     }
-    let access: &[&str] = if spec.has(flags::WRITE) {
-        &["RW", "UPDATE"]
-    } else {
-        &["RO", "ACCESS"]
-    };
+    let access = key_spec_flags(spec);
     let map = |pairs: Vec<(&str, Reply)>| {
         Reply::Map(
             pairs

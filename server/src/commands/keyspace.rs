@@ -719,9 +719,6 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let name = op.args[0].to_ascii_lowercase();
     let name = String::from_utf8_lossy(&name).into_owned();
-    let Some(n) = parse_int(&op.args[2]) else {
-        return not_integer();
-    };
     let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
     for opt in &op.args[3..] {
         if is(opt, "nx") {
@@ -745,6 +742,10 @@ fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if gt && lt {
         return Reply::error("ERR GT and LT options at the same time are not compatible");
     }
+    // Like Redis, the options are checked before the time.
+    let Some(n) = parse_int(&op.args[2]) else {
+        return not_integer();
+    };
     let invalid = || Reply::error(format!("ERR invalid expire time in '{name}' command"));
     let seconds = name == "expire" || name == "expireat";
     let relative = name == "expire" || name == "pexpire";
@@ -802,10 +803,11 @@ fn ttl(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::Int(-1);
     }
     let left = at.saturating_sub(now) as i64;
+    // Seconds are rounded to the nearest, for TTL and EXPIRETIME alike.
     Reply::Int(match &name[..] {
         b"ttl" => (left + 500) / 1000,
         b"pttl" => left,
-        b"expiretime" => (at / 1000) as i64,
+        b"expiretime" => (at as i64 + 500) / 1000,
         _ => at as i64,
     })
 }

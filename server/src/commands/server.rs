@@ -476,11 +476,7 @@ fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
     if keys.is_empty() {
         return Reply::error("ERR The command has no key arguments");
     }
-    let flags: &[&str] = if spec.has(WRITE) {
-        &["RW", "UPDATE"]
-    } else {
-        &["RO", "ACCESS"]
-    };
+    let flags = super::docs::key_spec_flags(spec);
     Reply::Array(
         keys.into_iter()
             .map(|i| {
@@ -554,7 +550,9 @@ fn config_set(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             .collect();
         for (i, (name, value)) in pairs.iter().enumerate() {
             if pairs[..i].iter().any(|(n, _)| n == name) {
-                return Reply::error(format!("ERR Duplicate parameter - {name}"));
+                return Reply::error(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{name}') - duplicate parameter"
+                ));
             }
             match config.check(name, value) {
                 Ok(()) => {}
@@ -1052,9 +1050,10 @@ fn shutdown(client: &mut Client, args: &[Bytes]) -> Reply {
 
 fn wait(_client: &mut Client, args: &[Bytes]) -> Reply {
     match (parse_int(&args[1]), parse_int(&args[2])) {
+        (None, _) => not_integer(),
+        (Some(_), None) => Reply::error("ERR timeout is not an integer or out of range"),
         (Some(_), Some(t)) if t < 0 => Reply::error("ERR timeout is negative"),
         (Some(_), Some(_)) => Reply::Int(0),
-        _ => not_integer(),
     }
 }
 
@@ -1066,11 +1065,18 @@ fn role(_client: &mut Client, _args: &[Bytes]) -> Reply {
     ])
 }
 
+/// FUNCTION FLUSH and SCRIPT FLUSH: nothing is cached, so only the
+/// arguments are checked, with Redis's (differing) error texts.
 fn flush_scripts(_client: &mut Client, args: &[Bytes]) -> Reply {
+    let function = is(&args[0], "function");
     match args.len() {
         2 => Reply::ok(),
         3 if is(&args[2], "async") || is(&args[2], "sync") => Reply::ok(),
-        _ => syntax_error(),
+        3 if function => Reply::error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option"),
+        _ if function => Reply::error(
+            "ERR unknown subcommand or wrong number of arguments for 'flush'. Try FUNCTION HELP.",
+        ),
+        _ => Reply::error("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
     }
 }
 
@@ -1091,8 +1097,10 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         if args.len() != 5 || !is(&args[3], "samples") {
             return syntax_error();
         }
-        if parse_int(&args[4]).is_none() {
-            return not_integer();
+        match parse_int(&args[4]) {
+            Some(n) if n < 0 => return syntax_error(),
+            Some(_) => {}
+            None => return not_integer(),
         }
     }
     match store.peek(op.slot, op.key(), now) {

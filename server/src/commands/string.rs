@@ -287,41 +287,75 @@ fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
 }
 
-#[derive(PartialEq)]
-enum Condition {
-    Always,
-    IfAbsent,
-    IfPresent,
+/// The options of SET and GETEX, parsed as Redis's
+/// `parseExtendedStringArgumentsOrReply` does: an option may be repeated
+/// (the last expiry value wins), conflicting ones are a syntax error, and the
+/// expiry value is only checked once every option has been read.
+#[derive(Default)]
+struct StringOptions<'a> {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keep_ttl: bool,
+    persist: bool,
+    /// `EX`/`PX`/`EXAT`/`PXAT` and its (unchecked) value.
+    expire: Option<(&'a [u8], &'a [u8])>,
+}
+
+impl<'a> StringOptions<'a> {
+    /// Parses `args[first..]`; `for_set` allows SET's options, otherwise
+    /// GETEX's.
+    fn parse(args: &'a [Bytes], first: usize, for_set: bool) -> Result<Self, Reply> {
+        let mut o = StringOptions::default();
+        let mut i = first;
+        while i < args.len() {
+            let a = &args[i][..];
+            let next = args.get(i + 1);
+            // An expiry option may repeat itself but not follow another kind.
+            let same_unit = o
+                .expire
+                .is_none_or(|(unit, _)| unit.eq_ignore_ascii_case(a));
+            if for_set && is(a, "nx") && !o.xx {
+                o.nx = true;
+            } else if for_set && is(a, "xx") && !o.nx {
+                o.xx = true;
+            } else if for_set && is(a, "get") {
+                o.get = true;
+            } else if for_set && is(a, "keepttl") && o.expire.is_none() {
+                o.keep_ttl = true;
+            } else if !for_set && is(a, "persist") && o.expire.is_none() {
+                o.persist = true;
+            } else if is_expire_option(a) && !o.keep_ttl && !o.persist && same_unit {
+                let Some(value) = next else {
+                    return Err(syntax_error());
+                };
+                o.expire = Some((a, value));
+                i += 1;
+            } else {
+                return Err(syntax_error());
+            }
+            i += 1;
+        }
+        Ok(o)
+    }
+
+    /// The absolute expiry asked for, if any (checked now).
+    fn expire_at(&self, command: &str, now: u64) -> Result<Option<u64>, Reply> {
+        self.expire
+            .map(|(unit, value)| expire_at_from(unit, value, command, now))
+            .transpose()
+    }
 }
 
 fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let args = &op.args;
-    let mut condition = Condition::Always;
-    let mut want_old = false;
-    let mut keep_ttl = false;
-    let mut expire: Option<u64> = None;
-    let mut i = 3;
-    while i < args.len() {
-        let a = &args[i];
-        if is(a, "nx") && condition == Condition::Always {
-            condition = Condition::IfAbsent;
-        } else if is(a, "xx") && condition == Condition::Always {
-            condition = Condition::IfPresent;
-        } else if is(a, "get") && !want_old {
-            want_old = true;
-        } else if is(a, "keepttl") && expire.is_none() && !keep_ttl {
-            keep_ttl = true;
-        } else if is_expire_option(a) && expire.is_none() && !keep_ttl && i + 1 < args.len() {
-            match expire_at_from(a, &args[i + 1], "set", now) {
-                Ok(at) => expire = Some(at),
-                Err(e) => return e,
-            }
-            i += 1;
-        } else {
-            return syntax_error();
-        }
-        i += 1;
-    }
+    let (options, expire) = match StringOptions::parse(args, 3, true)
+        .and_then(|o| o.expire_at("set", now).map(|at| (o, at)))
+    {
+        Ok(parsed) => parsed,
+        Err(e) => return e,
+    };
+    let (want_old, keep_ttl) = (options.get, options.keep_ttl);
     let (slot, key) = (op.slot, op.key());
     let old = store
         .peek(slot, key, now)
@@ -330,11 +364,7 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         old.as_ref()
             .map_or(Reply::Nil, |(v, _)| Reply::Bulk(v.clone()))
     };
-    let blocked = match condition {
-        Condition::IfAbsent => old.is_some(),
-        Condition::IfPresent => old.is_none(),
-        Condition::Always => false,
-    };
+    let blocked = (options.nx && old.is_some()) || (options.xx && old.is_none());
     if blocked {
         return if want_old { old_value() } else { Reply::Nil };
     }
@@ -390,23 +420,12 @@ fn psetex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let args = &op.args;
     // None: leave the TTL; Some(0): persist; Some(t): expire at t.
-    let mut new_expiry: Option<u64> = None;
-    let mut i = 2;
-    while i < args.len() {
-        let a = &args[i];
-        if is(a, "persist") && new_expiry.is_none() {
-            new_expiry = Some(0);
-        } else if is_expire_option(a) && new_expiry.is_none() && i + 1 < args.len() {
-            match expire_at_from(a, &args[i + 1], "getex", now) {
-                Ok(at) => new_expiry = Some(at),
-                Err(e) => return e,
-            }
-            i += 1;
-        } else {
-            return syntax_error();
-        }
-        i += 1;
-    }
+    let new_expiry = match StringOptions::parse(args, 2, false)
+        .and_then(|o| Ok(o.expire_at("getex", now)?.or(o.persist.then_some(0))))
+    {
+        Ok(e) => e,
+        Err(e) => return e,
+    };
     let (slot, key) = (op.slot, op.key());
     let Some(value) = store
         .read(slot, key, now, op.touch)
@@ -487,8 +506,15 @@ fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
         }
-        let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
-        // All keys on one shard: check and set in one step, atomically.
+        // A key given twice is set once, to its last value (as in Redis);
+        // otherwise the second write would find the first and give up.
+        let mut seen = std::collections::HashSet::new();
+        let mut keys: Vec<usize> = (1..args.len())
+            .step_by(2)
+            .rev()
+            .filter(|&i| seen.insert(&args[i]))
+            .collect();
+        keys.reverse();
         let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
             store.peek(slot, key, now).is_some()
         })

@@ -232,11 +232,6 @@ impl Connection {
             batch.ready(unknown_command(&args), resp3);
             return;
         };
-        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
-            self.client.shard.stats.borrow_mut().reject(Some(id));
-            batch.ready(Reply::error("NOAUTH Authentication required."), resp3);
-            return;
-        }
         if !spec.subcommands.is_empty()
             && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
         {
@@ -256,6 +251,13 @@ impl Connection {
         if !spec.arity_ok(args.len()) {
             self.client.shard.stats.borrow_mut().reject(Some(id));
             batch.ready(arity_error(spec.name), resp3);
+            return;
+        }
+        // As in Redis, unknown commands and wrong arities are reported
+        // before a missing AUTH.
+        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
+            self.client.shard.stats.borrow_mut().reject(Some(id));
+            batch.ready(Reply::error("NOAUTH Authentication required."), resp3);
             return;
         }
         self.client.info.borrow_mut().last_cmd = spec.name;

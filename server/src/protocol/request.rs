@@ -23,8 +23,9 @@ use super::inline::split_inline_args;
 
 /// Arguments at least this large are read into a buffer of their exact size.
 pub const BIG_BULK: usize = 32 * 1024;
-/// Most elements one multibulk request may declare.
-pub const MAX_MULTIBULK: usize = 1024 * 1024;
+/// Most elements one multibulk request may declare: Redis 7 accepts up to
+/// `INT_MAX` (memory for the arguments grows as they arrive, not up front).
+pub const MAX_MULTIBULK: usize = i32::MAX as usize;
 /// Longest inline command, and longest `*N` / `$N` header line.
 pub const MAX_INLINE: usize = 64 * 1024;
 /// Unauthenticated clients may not send more elements than this...
@@ -290,8 +291,20 @@ impl RequestParser {
         if items.len() > max_count {
             return None;
         }
-        let fits = |item: &RangeFrame| matches!(item, RangeFrame::BulkString((start, end)) if end - start <= max_bulk);
-        if !items.iter().all(fits) {
+        // What the array spans when every length is written canonically.
+        let mut canonical = 1 + decimal_len(items.len()) + 2;
+        for item in &items {
+            match item {
+                RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
+                    canonical += 1 + decimal_len(end - start) + 2 + (end - start) + 2;
+                }
+                _ => return None,
+            }
+        }
+        // The decoder is laxer than Redis about lengths (`$+4`, `$04`, `*01`);
+        // anything but the canonical form goes down the streaming path, which
+        // rejects what Redis rejects.
+        if used != canonical {
             return None;
         }
         let frame = buf.split_to(used).freeze();
@@ -328,6 +341,11 @@ fn header_line<'a>(
         ))),
         None => Ok(None),
     }
+}
+
+/// Number of decimal digits of `n`.
+fn decimal_len(n: usize) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Parses a length the way Redis's `string2ll` does: optional `-`, digits,
@@ -442,9 +460,10 @@ mod tests {
         );
         assert_eq!(err(b"*abc\r\n"), "Protocol error: invalid multibulk length");
         assert_eq!(
-            err(b"*1048577\r\n"),
+            err(b"*2147483648\r\n"),
             "Protocol error: invalid multibulk length"
         );
+        assert_eq!(parse_all(b"*2147483647\r\n").unwrap(), strs(&[]));
         assert_eq!(
             err(b"*2\r\n$999999999999\r\n"),
             "Protocol error: invalid bulk length"
@@ -461,6 +480,31 @@ mod tests {
             err(&long_header),
             "Protocol error: too big mbulk count string"
         );
+    }
+
+    #[test]
+    fn lengths_must_be_canonical_on_every_path() {
+        let err = |input: &[u8]| parse_all(input).unwrap_err().0;
+        assert_eq!(
+            err(b"*1\r\n$+4\r\nPING\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(
+            err(b"*1\r\n$04\r\nPING\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(
+            err(b"*01\r\n$4\r\nPING\r\n"),
+            "Protocol error: invalid multibulk length"
+        );
+        assert_eq!(
+            parse_all(b"*1\r\n$10\r\n0123456789\r\n").unwrap(),
+            strs(&[&["0123456789"]])
+        );
+        assert_eq!(decimal_len(0), 1);
+        assert_eq!(decimal_len(9), 1);
+        assert_eq!(decimal_len(10), 2);
+        assert_eq!(decimal_len(1000), 4);
     }
 
     #[test]
