@@ -276,8 +276,71 @@ pub(crate) fn expire_at_from(
     }
 }
 
-fn is_expire_option(arg: &[u8]) -> bool {
-    ["ex", "px", "exat", "pxat"].iter().any(|o| is(arg, o))
+/// Which command [`ExtendedOptions::parse`] reads options for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OptionsOf {
+    Set,
+    GetEx,
+}
+
+/// The options of SET and GETEX, read as Redis's
+/// `parseExtendedStringArgumentsOrReply` reads them: a flag may be repeated,
+/// a repeated expiry option replaces the earlier value, options that exclude
+/// each other are a syntax error, and the expiry value is only checked once
+/// the whole line has parsed (so `EX abc FOO` is a syntax error).
+#[derive(Default)]
+struct ExtendedOptions<'a> {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keep_ttl: bool,
+    persist: bool,
+    /// The expiry option (`EX`, `PX`, `EXAT` or `PXAT`) and its value.
+    expire: Option<(&'a [u8], &'a [u8])>,
+}
+
+impl<'a> ExtendedOptions<'a> {
+    fn parse(args: &'a [Bytes], from: usize, of: OptionsOf) -> Result<Self, Reply> {
+        let mut o = ExtendedOptions::default();
+        let set = of == OptionsOf::Set;
+        let mut i = from;
+        while i < args.len() {
+            let a = &args[i][..];
+            let next = args.get(i + 1);
+            if set && is(a, "nx") && !o.xx {
+                o.nx = true;
+            } else if set && is(a, "xx") && !o.nx {
+                o.xx = true;
+            } else if set && is(a, "get") {
+                o.get = true;
+            } else if set && is(a, "keepttl") && !o.persist && o.expire.is_none() {
+                o.keep_ttl = true;
+            } else if !set && is(a, "persist") && !o.keep_ttl && o.expire.is_none() {
+                o.persist = true;
+            } else if ["ex", "px", "exat", "pxat"].iter().any(|u| is(a, u))
+                && !o.keep_ttl
+                && !o.persist
+                && o.expire
+                    .is_none_or(|(unit, _)| unit.eq_ignore_ascii_case(a))
+                && next.is_some()
+            {
+                o.expire = next.map(|v| (a, &v[..]));
+                i += 1;
+            } else {
+                return Err(syntax_error());
+            }
+            i += 1;
+        }
+        Ok(o)
+    }
+
+    /// The absolute expiry the options ask for, if any, checked as Redis's
+    /// `getExpireMillisecondsOrReply` checks it.
+    fn expire_at(&self, command: &str, now: u64) -> Result<Option<u64>, Reply> {
+        self.expire
+            .map(|(unit, value)| expire_at_from(unit, value, command, now))
+            .transpose()
+    }
 }
 
 /// OOM, or the error a write that exceeds the budget gets.
@@ -300,32 +363,22 @@ enum Condition {
 
 fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let args = &op.args;
-    let mut condition = Condition::Always;
-    let mut want_old = false;
-    let mut keep_ttl = false;
-    let mut expire: Option<u64> = None;
-    let mut i = 3;
-    while i < args.len() {
-        let a = &args[i];
-        if is(a, "nx") && condition == Condition::Always {
-            condition = Condition::IfAbsent;
-        } else if is(a, "xx") && condition == Condition::Always {
-            condition = Condition::IfPresent;
-        } else if is(a, "get") && !want_old {
-            want_old = true;
-        } else if is(a, "keepttl") && expire.is_none() && !keep_ttl {
-            keep_ttl = true;
-        } else if is_expire_option(a) && expire.is_none() && !keep_ttl && i + 1 < args.len() {
-            match expire_at_from(a, &args[i + 1], "set", now) {
-                Ok(at) => expire = Some(at),
-                Err(e) => return e,
-            }
-            i += 1;
-        } else {
-            return syntax_error();
-        }
-        i += 1;
-    }
+    let options = match ExtendedOptions::parse(args, 3, OptionsOf::Set) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let expire = match options.expire_at("set", now) {
+        Ok(at) => at,
+        Err(e) => return e,
+    };
+    let (want_old, keep_ttl) = (options.get, options.keep_ttl);
+    let condition = if options.nx {
+        Condition::IfAbsent
+    } else if options.xx {
+        Condition::IfPresent
+    } else {
+        Condition::Always
+    };
     let (slot, key) = (op.slot, op.key());
     let old = store
         .peek(slot, key, now)
@@ -392,31 +445,24 @@ fn psetex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 }
 
 fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
-    let args = &op.args;
-    // None: leave the TTL; Some(0): persist; Some(t): expire at t.
-    let mut new_expiry: Option<u64> = None;
-    let mut i = 2;
-    while i < args.len() {
-        let a = &args[i];
-        if is(a, "persist") && new_expiry.is_none() {
-            new_expiry = Some(0);
-        } else if is_expire_option(a) && new_expiry.is_none() && i + 1 < args.len() {
-            match expire_at_from(a, &args[i + 1], "getex", now) {
-                Ok(at) => new_expiry = Some(at),
-                Err(e) => return e,
-            }
-            i += 1;
-        } else {
-            return syntax_error();
-        }
-        i += 1;
-    }
+    let options = match ExtendedOptions::parse(&op.args, 2, OptionsOf::GetEx) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
     let (slot, key) = (op.slot, op.key());
     let Some(value) = store
         .read(slot, key, now, op.touch)
         .map(|e| e.value.clone())
     else {
         return Reply::Nil;
+    };
+    // Like Redis, the expiry is checked only once the key is known to exist.
+    // None: leave the TTL; Some(0): persist; Some(t): expire at t.
+    let new_expiry = match options.expire_at("getex", now) {
+        Ok(Some(at)) => Some(at),
+        Ok(None) if options.persist => Some(0),
+        Ok(None) => None,
+        Err(e) => return e,
     };
     match new_expiry {
         Some(at) if at != 0 && at <= now => {
@@ -771,6 +817,59 @@ mod tests {
             Err(Reply::error("ERR invalid expire time in 'set' command"))
         );
         assert!(expire_at_from(b"ex", b"9223372036854775807", "set", now).is_err());
+    }
+
+    fn options(line: &str, of: OptionsOf) -> Result<(bool, bool, bool, Option<String>), Reply> {
+        let args: Vec<Bytes> = line
+            .split(' ')
+            .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+            .collect();
+        ExtendedOptions::parse(&args, 0, of).map(|o| {
+            let expire = o.expire.map(|(u, v)| {
+                format!(
+                    "{} {}",
+                    String::from_utf8_lossy(u),
+                    String::from_utf8_lossy(v)
+                )
+            });
+            (o.nx, o.get, o.keep_ttl || o.persist, expire)
+        })
+    }
+
+    #[test]
+    fn set_options_like_redis() {
+        use OptionsOf::{GetEx, Set};
+        assert_eq!(options("NX NX GET GET", Set), Ok((true, true, false, None)));
+        assert_eq!(
+            options("EX 10 ex 20", Set),
+            Ok((false, false, false, Some("ex 20".into())))
+        );
+        assert_eq!(
+            options("KEEPTTL KEEPTTL", Set),
+            Ok((false, false, true, None))
+        );
+        // The value is only checked after parsing: a bad one is no syntax error.
+        assert_eq!(
+            options("EX abc", Set),
+            Ok((false, false, false, Some("EX abc".into())))
+        );
+        for bad in [
+            "NX XX",
+            "EX 1 PX 1",
+            "EX 1 KEEPTTL",
+            "KEEPTTL EX 1",
+            "EX",
+            "PERSIST",
+        ] {
+            assert_eq!(options(bad, Set), Err(syntax_error()), "{bad}");
+        }
+        assert_eq!(
+            options("PERSIST PERSIST", GetEx),
+            Ok((false, false, true, None))
+        );
+        for bad in ["NX", "GET", "KEEPTTL", "PERSIST EX 1", "EX 1 PERSIST"] {
+            assert_eq!(options(bad, GetEx), Err(syntax_error()), "{bad}");
+        }
     }
 
     #[test]
