@@ -801,10 +801,12 @@ fn ttl(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::Int(-1);
     }
     let left = at.saturating_sub(now) as i64;
+    // Seconds are rounded to the nearest, as Redis's ttlGenericCommand does
+    // for TTL and EXPIRETIME alike.
     Reply::Int(match &name[..] {
         b"ttl" => (left + 500) / 1000,
         b"pttl" => left,
-        b"expiretime" => (at / 1000) as i64,
+        b"expiretime" => (at as i64 + 500) / 1000,
         _ => at as i64,
     })
 }
