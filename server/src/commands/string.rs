@@ -585,8 +585,10 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let existing = store
         .peek(slot, key, now)
         .map(|e| (e.value.clone(), e.expire_at));
-    let (value, expire_at) = match existing {
-        None => (tail.clone(), 0),
+    // A new key holds the argument as SET would store it (Redis's
+    // tryObjectEncoding: `int` or `embstr` when it can); a grown one is `raw`.
+    let (value, expire_at, encoding) = match existing {
+        None => (tail.clone(), 0, Encoding::Auto),
         Some((old, at)) => {
             if let Err(e) = check_length(store, (old.len() + tail.len()) as u64) {
                 return e;
@@ -594,11 +596,11 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             let mut joined = BytesMut::with_capacity(old.len() + tail.len());
             joined.extend_from_slice(&old);
             joined.extend_from_slice(tail);
-            (joined.freeze(), at)
+            (joined.freeze(), at, Encoding::Raw)
         }
     };
     let len = value.len() as i64;
-    match stored(store.insert_with(slot, key, value, expire_at, Encoding::Raw, now)) {
+    match stored(store.insert_with(slot, key, value, expire_at, encoding, now)) {
         Ok(()) => Reply::Int(len),
         Err(e) => e,
     }
