@@ -85,6 +85,10 @@ pub const COMMANDS: &[CommandSpec] = &[
 ];
 
 fn ping(_client: &mut Client, args: &[Bytes]) -> Reply {
+    // Arity -1 in COMMAND, but Redis refuses more than one argument.
+    if args.len() > 2 {
+        return super::arity_error("ping");
+    }
     match args.get(1) {
         Some(msg) => Reply::Bulk(msg.clone()),
         None => Reply::status("PONG"),
