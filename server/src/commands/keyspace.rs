@@ -442,12 +442,8 @@ fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 
 fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let cursor = match std::str::from_utf8(&args[1])
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            Some(c) => c,
-            None => return Reply::error("ERR invalid cursor"),
+        let Some(cursor) = parse_cursor(&args[1]) else {
+            return Reply::error("ERR invalid cursor");
         };
         let mut count = 10usize;
         let mut pattern: Option<Bytes> = None;
@@ -508,6 +504,32 @@ fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             Reply::bulk(next_cursor.to_string()),
             Reply::Array(found),
         ])
+    })
+}
+
+/// A SCAN cursor, read as Redis reads it with `strtoul`: an optional sign
+/// (`-1` wraps around), decimal digits, nothing else; the empty string is 0.
+pub fn parse_cursor(arg: &[u8]) -> Option<u64> {
+    let (negative, digits) = match arg.first() {
+        Some(b'-') => (true, &arg[1..]),
+        Some(b'+') => (false, &arg[1..]),
+        _ => (false, arg),
+    };
+    if digits.is_empty() {
+        // strtoul reads nothing: fine for "", not for a lone sign.
+        return arg.is_empty().then_some(0);
+    }
+    let mut value: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add((d - b'0') as u64)?;
+    }
+    Some(if negative {
+        value.wrapping_neg()
+    } else {
+        value
     })
 }
 
@@ -718,9 +740,6 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let name = op.args[0].to_ascii_lowercase();
     let name = String::from_utf8_lossy(&name).into_owned();
-    let Some(n) = parse_int(&op.args[2]) else {
-        return not_integer();
-    };
     let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
     for opt in &op.args[3..] {
         if is(opt, "nx") {
@@ -734,7 +753,7 @@ fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         } else {
             return Reply::error(format!(
                 "ERR Unsupported option {}",
-                String::from_utf8_lossy(opt)
+                super::sanitize(opt, usize::MAX)
             ));
         }
     }
@@ -744,6 +763,10 @@ fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if gt && lt {
         return Reply::error("ERR GT and LT options at the same time are not compatible");
     }
+    // Options first, then the number, as in Redis's expireGenericCommand.
+    let Some(n) = parse_int(&op.args[2]) else {
+        return not_integer();
+    };
     let invalid = || Reply::error(format!("ERR invalid expire time in '{name}' command"));
     let seconds = name == "expire" || name == "expireat";
     let relative = name == "expire" || name == "pexpire";
@@ -965,6 +988,32 @@ pub fn lcs_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cursors_like_strtoul() {
+        assert_eq!(parse_cursor(b"0"), Some(0));
+        assert_eq!(parse_cursor(b""), Some(0));
+        assert_eq!(parse_cursor(b"+12"), Some(12));
+        assert_eq!(parse_cursor(b"007"), Some(7));
+        assert_eq!(parse_cursor(b"-1"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b"18446744073709551616"[..],
+            b"-",
+            b"+",
+            b" 1",
+            b"1 ",
+            b"1.5",
+            b"x",
+        ] {
+            assert_eq!(
+                parse_cursor(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     #[test]
     fn lcs_matches_redis_example() {
