@@ -378,9 +378,10 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
 }
 
 /// Lossy text of at most `max` bytes with newlines made spaces (errors must
-/// stay on one line).
+/// stay on one line). Like Redis's `%s`, it stops at a NUL byte.
 pub fn sanitize(bytes: &[u8], max: usize) -> String {
-    let cut = &bytes[..bytes.len().min(max)];
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let cut = &bytes[..end.min(max)];
     String::from_utf8_lossy(cut)
         .chars()
         .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
@@ -438,6 +439,11 @@ mod tests {
         assert_eq!(
             unknown_command(&args),
             Reply::error("ERR unknown command 'foo', with args beginning with: 'a' 'b' ")
+        );
+        let args: Vec<Bytes> = ["f\0oo", "a\0b"].iter().map(|s| Bytes::from(*s)).collect();
+        assert_eq!(
+            unknown_command(&args),
+            Reply::error("ERR unknown command 'f', with args beginning with: 'a' ")
         );
     }
 }
