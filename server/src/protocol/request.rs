@@ -23,8 +23,8 @@ use super::inline::split_inline_args;
 
 /// Arguments at least this large are read into a buffer of their exact size.
 pub const BIG_BULK: usize = 32 * 1024;
-/// Most elements one multibulk request may declare.
-pub const MAX_MULTIBULK: usize = 1024 * 1024;
+/// Most elements one multibulk request may declare (Redis: INT_MAX).
+pub const MAX_MULTIBULK: usize = i32::MAX as usize;
 /// Longest inline command, and longest `*N` / `$N` header line.
 pub const MAX_INLINE: usize = 64 * 1024;
 /// Unauthenticated clients may not send more elements than this...
@@ -290,11 +290,19 @@ impl RequestParser {
         if items.len() > max_count {
             return None;
         }
+        // Redis reads `*N` and `$N` with string2ll, which refuses `+1` and
+        // `01`; redis-protocol is laxer, so such requests take the streaming
+        // path, which answers with Redis's errors.
+        let mut pos = canonical_header(buf, 0, b'*', items.len())?;
         let mut ranges = Vec::with_capacity(items.len());
         for item in &items {
             match item {
                 RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
-                    ranges.push((*start, *end))
+                    if canonical_header(buf, pos, b'$', end - start) != Some(*start) {
+                        return None;
+                    }
+                    ranges.push((*start, *end));
+                    pos = end + 2;
                 }
                 _ => return None,
             }
@@ -315,6 +323,28 @@ impl RequestParser {
                 .collect(),
         )
     }
+}
+
+/// Whether `buf[at..]` starts with the header `kind` `n` CRLF written the
+/// one way string2ll accepts; returns the position after it.
+fn canonical_header(buf: &[u8], at: usize, kind: u8, n: usize) -> Option<usize> {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut rest = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let digits = &digits[i..];
+    let end = at + 1 + digits.len();
+    (buf.get(at) == Some(&kind)
+        && buf.get(at + 1..end) == Some(digits)
+        && buf.get(end..end + 2) == Some(b"\r\n"))
+    .then_some(end + 2)
 }
 
 /// The header line (`*N` or `$N`) at the front of `buf`, up to its `\r`, and
@@ -407,6 +437,27 @@ mod tests {
     }
 
     #[test]
+    fn lengths_are_read_like_string2ll() {
+        // The fast path (whole request in the buffer) and the streaming path
+        // (byte by byte) refuse the same headers.
+        for (input, error) in [
+            (&b"*+1\r\n$4\r\nPING\r\n"[..], "invalid multibulk length"),
+            (b"*01\r\n$4\r\nPING\r\n", "invalid multibulk length"),
+            (b"*1\r\n$04\r\nPING\r\n", "invalid bulk length"),
+            (b"*1\r\n$+4\r\nPING\r\n", "invalid bulk length"),
+        ] {
+            let want = format!("Protocol error: {error}");
+            assert_eq!(parse_all(input).unwrap_err().0, want);
+            assert_eq!(parse_bytewise(input).unwrap_err().0, want);
+        }
+        // Redis accepts up to INT_MAX elements.
+        let mut parser = RequestParser::new(1 << 20);
+        let mut buf = BytesMut::from(&b"*3000000\r\n"[..]);
+        assert_eq!(parser.parse(&mut buf), Ok(None));
+        assert!(parser.in_progress());
+    }
+
+    #[test]
     fn empty_multibulk_is_ignored() {
         assert_eq!(
             parse_all(b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n").unwrap(),
@@ -447,7 +498,7 @@ mod tests {
         );
         assert_eq!(err(b"*abc\r\n"), "Protocol error: invalid multibulk length");
         assert_eq!(
-            err(b"*1048577\r\n"),
+            err(b"*2147483648\r\n"),
             "Protocol error: invalid multibulk length"
         );
         assert_eq!(
