@@ -368,7 +368,7 @@ const PARAMS: &[Param] = &[
         parse: |s| {
             s.parse::<EvictionPolicy>()
                 .map(|p| Value::Number(policy_index(p) as u64))
-                .map_err(|_| "argument(s) must be one of the following: noeviction, allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru, volatile-lfu, volatile-random, volatile-ttl".into())
+                .map_err(|_| "argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction".into())
         },
         apply: |c, v| {
             if let Value::Number(n) = v {
