@@ -714,10 +714,10 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             if is(&args[i], "replace") {
                 replace = true;
             } else if is(&args[i], "db") && i + 1 < args.len() {
-                match parse_int(&args[i + 1]) {
-                    Some(0) => {}
-                    Some(_) => return Reply::error("ERR DB index is out of range"),
-                    None => return not_integer(),
+                match super::parse_db_index(&args[i + 1]) {
+                    Ok(0) => {}
+                    Ok(_) => return Reply::error("ERR DB index is out of range"),
+                    Err(e) => return e,
                 }
                 i += 1;
             } else {

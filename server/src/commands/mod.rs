@@ -393,6 +393,20 @@ pub fn parse_int(arg: &[u8]) -> Option<i64> {
     crate::protocol::parse_i64_strict(arg)
 }
 
+/// A database index, read as Redis's `getIntFromObjectOrReply` reads it:
+/// an integer that fits a C `int`.
+pub fn parse_db_index(arg: &[u8]) -> Result<i64, Reply> {
+    let n = parse_int(arg).ok_or_else(not_integer)?;
+    if n < i32::MIN as i64 || n > i32::MAX as i64 {
+        return Err(Reply::error(format!(
+            "ERR value is out of range, value must between {} and {}",
+            i32::MIN,
+            i32::MAX
+        )));
+    }
+    Ok(n)
+}
+
 /// Lower-case ASCII equality for option names.
 pub fn is(arg: &[u8], word: &str) -> bool {
     arg.eq_ignore_ascii_case(word.as_bytes())
