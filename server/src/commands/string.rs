@@ -537,7 +537,15 @@ fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
         }
-        let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
+        // A key named twice is set once, to its last value (as MSET leaves
+        // it), and does not count as already present.
+        let mut keys: Vec<usize> = Vec::new();
+        for i in (1..args.len()).step_by(2).rev() {
+            if !keys.iter().any(|&k| args[k] == args[i]) {
+                keys.push(i);
+            }
+        }
+        keys.reverse();
         // All keys on one shard: check and set in one step, atomically.
         let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
             store.peek(slot, key, now).is_some()
