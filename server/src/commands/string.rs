@@ -11,7 +11,7 @@ use super::{
     arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler,
     KeyOp, LocalBoxFuture, KEY1, KEY_VALUE_PAIRS,
 };
-use crate::protocol::reply::format_double;
+use crate::long_double::LongDouble;
 use crate::protocol::Reply;
 use crate::store::{Encoding, OutOfMemory, Store};
 
@@ -737,22 +737,22 @@ pub(crate) fn parse_float(arg: &[u8]) -> Option<f64> {
 }
 
 fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    // Redis adds as C `long double` and prints with `%.17Lf`; see
+    // [`LongDouble`] for why an f64 would answer different digits.
+    let invalid = || Reply::error("ERR value is not a valid float");
     let (slot, key) = (op.slot, op.key());
-    let Some(delta) = parse_float(&op.args[2]) else {
-        return Reply::error("ERR value is not a valid float");
-    };
     let (current, expire_at) = match store.peek(slot, key, now) {
-        None => (0.0, 0),
-        Some(e) => match parse_float(&e.value) {
-            Some(v) => (v, e.expire_at),
-            None => return Reply::error("ERR value is not a valid float"),
-        },
+        None => (LongDouble::parse(b"0").ok(), 0),
+        Some(e) => (LongDouble::parse(&e.value).ok(), e.expire_at),
+    };
+    let (Some(current), Ok(delta)) = (current, LongDouble::parse(&op.args[2])) else {
+        return invalid();
     };
     let next = current + delta;
-    if next.is_nan() || next.is_infinite() {
+    if next.is_infinite() {
         return Reply::error("ERR increment would produce NaN or Infinity");
     }
-    let text = Bytes::from(format_double(next));
+    let text = Bytes::from(next.to_human_string());
     match stored(store.insert_with(slot, key, text.clone(), expire_at, Encoding::NoInt, now)) {
         Ok(()) => Reply::Bulk(text),
         Err(e) => e,
