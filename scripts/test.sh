@@ -44,7 +44,12 @@ step() {
     echo "==================== $name ===================="
     local t0 rc=0
     t0=$(date +%s)
-    timeout --kill-after=30 "$limit" "$@" || rc=$?
+    if declare -F "$1" >/dev/null; then
+        # A function of this script: run it in a child bash (exported below).
+        timeout --kill-after=30 "$limit" bash -c '"$@"' _ "$@" || rc=$?
+    else
+        timeout --kill-after=30 "$limit" "$@" || rc=$?
+    fi
     local took=$(($(date +%s) - t0))
     if [[ $rc -eq 0 ]]; then
         RESULTS+=("PASS  $name (${took}s)")
@@ -64,9 +69,8 @@ as_root() {
     fi
 }
 
-apt_updated=0
 apt_install() {
-    if [[ $apt_updated -eq 0 ]]; then
+    if [[ ${apt_updated:-0} -eq 0 ]]; then
         as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
         apt_updated=1
     fi
@@ -101,6 +105,8 @@ install_deps() {
     "$VENV/bin/python" -c 'import redis, hiredis, pytest; print("redis-py", redis.__version__, "hiredis", hiredis.__version__, "pytest", pytest.__version__)'
 }
 
+export VENV
+export -f as_root apt_install install_deps
 step "install dependencies" 900 install_deps
 if [[ $FAILED -ne 0 ]]; then
     exit 1
