@@ -8,11 +8,13 @@
 //! * [`commands`]: the command table, by family.
 //! * [`net`]: serving a connection.
 //! * [`server`]: start-up, shutdown and background work.
+//! * [`long_double`]: INCRBYFLOAT's x87 extended-precision arithmetic.
 
 pub mod clients;
 pub mod commands;
 pub mod config;
 pub mod glob;
+pub mod long_double;
 pub mod net;
 pub mod protocol;
 pub mod server;

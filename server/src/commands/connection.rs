@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use super::flags::*;
-use super::{is, not_integer, parse_int, Client, CommandSpec, Handler, NO_KEYS};
+use super::{is, parse_int, Client, CommandSpec, Handler, NO_KEYS};
 use crate::protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
@@ -231,9 +231,10 @@ fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
 }
 
 fn select(_client: &mut Client, args: &[Bytes]) -> Reply {
-    match parse_int(&args[1]) {
-        Some(0) => Reply::ok(),
-        Some(_) => Reply::error("ERR DB index is out of range"),
-        None => not_integer(),
+    // Only db 0 exists.
+    match super::parse_db_index(&args[1]) {
+        Ok(0) => Reply::ok(),
+        Ok(_) => Reply::error("ERR DB index is out of range"),
+        Err(e) => e,
     }
 }

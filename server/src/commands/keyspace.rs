@@ -434,12 +434,8 @@ fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 
 fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let cursor = match std::str::from_utf8(&args[1])
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            Some(c) => c,
-            None => return Reply::error("ERR invalid cursor"),
+        let Some(cursor) = parse_cursor(&args[1]) else {
+            return Reply::error("ERR invalid cursor");
         };
         let mut count = 10usize;
         let mut pattern: Option<Bytes> = None;
@@ -500,6 +496,32 @@ fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             Reply::bulk(next_cursor.to_string()),
             Reply::Array(found),
         ])
+    })
+}
+
+/// A SCAN cursor, read as Redis reads it with `strtoul`: an optional sign
+/// (`-1` wraps around), decimal digits, nothing else; the empty string is 0.
+pub fn parse_cursor(arg: &[u8]) -> Option<u64> {
+    let (negative, digits) = match arg.first() {
+        Some(b'-') => (true, &arg[1..]),
+        Some(b'+') => (false, &arg[1..]),
+        _ => (false, arg),
+    };
+    if digits.is_empty() {
+        // strtoul reads nothing: fine for "", not for a lone sign.
+        return arg.is_empty().then_some(0);
+    }
+    let mut value: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add((d - b'0') as u64)?;
+    }
+    Some(if negative {
+        value.wrapping_neg()
+    } else {
+        value
     })
 }
 
@@ -693,10 +715,10 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             if is(&args[i], "replace") {
                 replace = true;
             } else if is(&args[i], "db") && i + 1 < args.len() {
-                match parse_int(&args[i + 1]) {
-                    Some(0) => {}
-                    Some(_) => return Reply::error("ERR DB index is out of range"),
-                    None => return not_integer(),
+                match super::parse_db_index(&args[i + 1]) {
+                    Ok(0) => {}
+                    Ok(_) => return Reply::error("ERR DB index is out of range"),
+                    Err(e) => return e,
                 }
                 i += 1;
             } else {
@@ -732,7 +754,7 @@ fn expire(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         } else {
             return Reply::error(format!(
                 "ERR Unsupported option {}",
-                String::from_utf8_lossy(opt)
+                super::sanitize(opt, usize::MAX)
             ));
         }
     }
@@ -870,7 +892,7 @@ pub fn help_reply(command: &str, lines: &[&str]) -> Reply {
     ))];
     out.extend(lines.iter().map(|l| Reply::status_owned(l.to_string())));
     out.push(Reply::status("HELP"));
-    out.push(Reply::status("    Print this help."));
+    out.push(Reply::status("    Prints this help."));
     Reply::Array(out)
 }
 
@@ -966,6 +988,32 @@ pub fn lcs_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cursors_like_strtoul() {
+        assert_eq!(parse_cursor(b"0"), Some(0));
+        assert_eq!(parse_cursor(b""), Some(0));
+        assert_eq!(parse_cursor(b"+12"), Some(12));
+        assert_eq!(parse_cursor(b"007"), Some(7));
+        assert_eq!(parse_cursor(b"-1"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b"18446744073709551616"[..],
+            b"-",
+            b"+",
+            b" 1",
+            b"1 ",
+            b"1.5",
+            b"x",
+        ] {
+            assert_eq!(
+                parse_cursor(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     #[test]
     fn lcs_matches_redis_example() {

@@ -418,9 +418,10 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
 }
 
 /// Lossy text of at most `max` bytes with newlines made spaces (errors must
-/// stay on one line).
+/// stay on one line). Like Redis's `%s`, it stops at a NUL byte.
 pub fn sanitize(bytes: &[u8], max: usize) -> String {
-    let cut = &bytes[..bytes.len().min(max)];
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let cut = &bytes[..end.min(max)];
     String::from_utf8_lossy(cut)
         .chars()
         .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
@@ -430,6 +431,20 @@ pub fn sanitize(bytes: &[u8], max: usize) -> String {
 /// Parses an integer argument exactly as Redis does.
 pub fn parse_int(arg: &[u8]) -> Option<i64> {
     crate::protocol::parse_i64_strict(arg)
+}
+
+/// A database index, read as Redis's `getIntFromObjectOrReply` reads it:
+/// an integer that fits a C `int`.
+pub fn parse_db_index(arg: &[u8]) -> Result<i64, Reply> {
+    let n = parse_int(arg).ok_or_else(not_integer)?;
+    if n < i32::MIN as i64 || n > i32::MAX as i64 {
+        return Err(Reply::error(format!(
+            "ERR value is out of range, value must between {} and {}",
+            i32::MIN,
+            i32::MAX
+        )));
+    }
+    Ok(n)
 }
 
 /// Lower-case ASCII equality for option names.
@@ -485,6 +500,11 @@ mod tests {
         assert_eq!(
             unknown_command(&args),
             Reply::error("ERR unknown command 'foo', with args beginning with: 'a' 'b' ")
+        );
+        let args: Vec<Bytes> = ["f\0oo", "a\0b"].iter().map(|s| Bytes::from(*s)).collect();
+        assert_eq!(
+            unknown_command(&args),
+            Reply::error("ERR unknown command 'f', with args beginning with: 'a' ")
         );
     }
 }

@@ -1209,7 +1209,8 @@ fn memory_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
             "STATS",
             "    Return information about the memory usage of the server.",
             "USAGE <key> [SAMPLES <count>]",
-            "    Return memory in bytes used by <key> and its value.",
+            "    Return memory in bytes used by <key> and its value. Nested values are",
+            "    sampled up to <count> times (default: 5, 0 means sample all).",
         ],
     )
 }

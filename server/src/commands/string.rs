@@ -11,7 +11,7 @@ use super::{
     arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler,
     KeyOp, LocalBoxFuture, KEY1, KEY_VALUE_PAIRS,
 };
-use crate::protocol::reply::format_double;
+use crate::long_double::LongDouble;
 use crate::protocol::Reply;
 use crate::store::{Encoding, OutOfMemory, Store};
 
@@ -272,8 +272,71 @@ pub(crate) fn expire_at_from(
     }
 }
 
-fn is_expire_option(arg: &[u8]) -> bool {
-    ["ex", "px", "exat", "pxat"].iter().any(|o| is(arg, o))
+/// Which command [`ExtendedOptions::parse`] reads options for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OptionsOf {
+    Set,
+    GetEx,
+}
+
+/// The options of SET and GETEX, read as Redis's
+/// `parseExtendedStringArgumentsOrReply` reads them: a flag may be repeated,
+/// a repeated expiry option replaces the earlier value, options that exclude
+/// each other are a syntax error, and the expiry value is only checked once
+/// the whole line has parsed (so `EX abc FOO` is a syntax error).
+#[derive(Default)]
+struct ExtendedOptions<'a> {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keep_ttl: bool,
+    persist: bool,
+    /// The expiry option (`EX`, `PX`, `EXAT` or `PXAT`) and its value.
+    expire: Option<(&'a [u8], &'a [u8])>,
+}
+
+impl<'a> ExtendedOptions<'a> {
+    fn parse(args: &'a [Bytes], from: usize, of: OptionsOf) -> Result<Self, Reply> {
+        let mut o = ExtendedOptions::default();
+        let set = of == OptionsOf::Set;
+        let mut i = from;
+        while i < args.len() {
+            let a = &args[i][..];
+            let next = args.get(i + 1);
+            if set && is(a, "nx") && !o.xx {
+                o.nx = true;
+            } else if set && is(a, "xx") && !o.nx {
+                o.xx = true;
+            } else if set && is(a, "get") {
+                o.get = true;
+            } else if set && is(a, "keepttl") && !o.persist && o.expire.is_none() {
+                o.keep_ttl = true;
+            } else if !set && is(a, "persist") && !o.keep_ttl && o.expire.is_none() {
+                o.persist = true;
+            } else if ["ex", "px", "exat", "pxat"].iter().any(|u| is(a, u))
+                && !o.keep_ttl
+                && !o.persist
+                && o.expire
+                    .is_none_or(|(unit, _)| unit.eq_ignore_ascii_case(a))
+                && next.is_some()
+            {
+                o.expire = next.map(|v| (a, &v[..]));
+                i += 1;
+            } else {
+                return Err(syntax_error());
+            }
+            i += 1;
+        }
+        Ok(o)
+    }
+
+    /// The absolute expiry the options ask for, if any, checked as Redis's
+    /// `getExpireMillisecondsOrReply` checks it.
+    fn expire_at(&self, command: &str, now: u64) -> Result<Option<u64>, Reply> {
+        self.expire
+            .map(|(unit, value)| expire_at_from(unit, value, command, now))
+            .transpose()
+    }
 }
 
 /// OOM, or the error a write that exceeds the budget gets.
@@ -287,75 +350,31 @@ fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
 }
 
-/// The options of SET and GETEX, parsed as Redis's
-/// `parseExtendedStringArgumentsOrReply` does: an option may be repeated
-/// (the last expiry value wins), conflicting ones are a syntax error, and the
-/// expiry value is only checked once every option has been read.
-#[derive(Default)]
-struct StringOptions<'a> {
-    nx: bool,
-    xx: bool,
-    get: bool,
-    keep_ttl: bool,
-    persist: bool,
-    /// `EX`/`PX`/`EXAT`/`PXAT` and its (unchecked) value.
-    expire: Option<(&'a [u8], &'a [u8])>,
-}
-
-impl<'a> StringOptions<'a> {
-    /// Parses `args[first..]`; `for_set` allows SET's options, otherwise
-    /// GETEX's.
-    fn parse(args: &'a [Bytes], first: usize, for_set: bool) -> Result<Self, Reply> {
-        let mut o = StringOptions::default();
-        let mut i = first;
-        while i < args.len() {
-            let a = &args[i][..];
-            let next = args.get(i + 1);
-            // An expiry option may repeat itself but not follow another kind.
-            let same_unit = o
-                .expire
-                .is_none_or(|(unit, _)| unit.eq_ignore_ascii_case(a));
-            if for_set && is(a, "nx") && !o.xx {
-                o.nx = true;
-            } else if for_set && is(a, "xx") && !o.nx {
-                o.xx = true;
-            } else if for_set && is(a, "get") {
-                o.get = true;
-            } else if for_set && is(a, "keepttl") && o.expire.is_none() {
-                o.keep_ttl = true;
-            } else if !for_set && is(a, "persist") && o.expire.is_none() {
-                o.persist = true;
-            } else if is_expire_option(a) && !o.keep_ttl && !o.persist && same_unit {
-                let Some(value) = next else {
-                    return Err(syntax_error());
-                };
-                o.expire = Some((a, value));
-                i += 1;
-            } else {
-                return Err(syntax_error());
-            }
-            i += 1;
-        }
-        Ok(o)
-    }
-
-    /// The absolute expiry asked for, if any (checked now).
-    fn expire_at(&self, command: &str, now: u64) -> Result<Option<u64>, Reply> {
-        self.expire
-            .map(|(unit, value)| expire_at_from(unit, value, command, now))
-            .transpose()
-    }
+#[derive(PartialEq)]
+enum Condition {
+    Always,
+    IfAbsent,
+    IfPresent,
 }
 
 fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let args = &op.args;
-    let (options, expire) = match StringOptions::parse(args, 3, true)
-        .and_then(|o| o.expire_at("set", now).map(|at| (o, at)))
-    {
-        Ok(parsed) => parsed,
+    let options = match ExtendedOptions::parse(args, 3, OptionsOf::Set) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let expire = match options.expire_at("set", now) {
+        Ok(at) => at,
         Err(e) => return e,
     };
     let (want_old, keep_ttl) = (options.get, options.keep_ttl);
+    let condition = if options.nx {
+        Condition::IfAbsent
+    } else if options.xx {
+        Condition::IfPresent
+    } else {
+        Condition::Always
+    };
     let (slot, key) = (op.slot, op.key());
     let old = store
         .peek(slot, key, now)
@@ -364,7 +383,11 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         old.as_ref()
             .map_or(Reply::Nil, |(v, _)| Reply::Bulk(v.clone()))
     };
-    let blocked = (options.nx && old.is_some()) || (options.xx && old.is_none());
+    let blocked = match condition {
+        Condition::IfAbsent => old.is_some(),
+        Condition::IfPresent => old.is_none(),
+        Condition::Always => false,
+    };
     if blocked {
         return if want_old { old_value() } else { Reply::Nil };
     }
@@ -418,12 +441,8 @@ fn psetex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 }
 
 fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
-    let args = &op.args;
-    // None: leave the TTL; Some(0): persist; Some(t): expire at t.
-    let new_expiry = match StringOptions::parse(args, 2, false)
-        .and_then(|o| Ok(o.expire_at("getex", now)?.or(o.persist.then_some(0))))
-    {
-        Ok(e) => e,
+    let options = match ExtendedOptions::parse(&op.args, 2, OptionsOf::GetEx) {
+        Ok(o) => o,
         Err(e) => return e,
     };
     let (slot, key) = (op.slot, op.key());
@@ -432,6 +451,14 @@ fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         .map(|e| e.value.clone())
     else {
         return Reply::Nil;
+    };
+    // Like Redis, the expiry is checked only once the key is known to exist.
+    // None: leave the TTL; Some(0): persist; Some(t): expire at t.
+    let new_expiry = match options.expire_at("getex", now) {
+        Ok(Some(at)) => Some(at),
+        Ok(None) if options.persist => Some(0),
+        Ok(None) => None,
+        Err(e) => return e,
     };
     match new_expiry {
         Some(at) if at != 0 && at <= now => {
@@ -506,15 +533,16 @@ fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
         }
-        // A key given twice is set once, to its last value (as in Redis);
-        // otherwise the second write would find the first and give up.
-        let mut seen = std::collections::HashSet::new();
-        let mut keys: Vec<usize> = (1..args.len())
-            .step_by(2)
-            .rev()
-            .filter(|&i| seen.insert(&args[i]))
-            .collect();
+        // A key named twice is set once, to its last value (as MSET leaves
+        // it), and does not count as already present.
+        let mut keys: Vec<usize> = Vec::new();
+        for i in (1..args.len()).step_by(2).rev() {
+            if !keys.iter().any(|&k| args[k] == args[i]) {
+                keys.push(i);
+            }
+        }
         keys.reverse();
+        // All keys on one shard: check and set in one step, atomically.
         let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
             store.peek(slot, key, now).is_some()
         })
@@ -561,8 +589,10 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let existing = store
         .peek(slot, key, now)
         .map(|e| (e.value.clone(), e.expire_at));
-    let (value, expire_at) = match existing {
-        None => (tail.clone(), 0),
+    // A new key holds the argument as SET would store it (Redis's
+    // tryObjectEncoding: `int` or `embstr` when it can); a grown one is `raw`.
+    let (value, expire_at, encoding) = match existing {
+        None => (tail.clone(), 0, Encoding::Auto),
         Some((old, at)) => {
             if let Err(e) = check_length(store, (old.len() + tail.len()) as u64) {
                 return e;
@@ -570,11 +600,11 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             let mut joined = BytesMut::with_capacity(old.len() + tail.len());
             joined.extend_from_slice(&old);
             joined.extend_from_slice(tail);
-            (joined.freeze(), at)
+            (joined.freeze(), at, Encoding::Raw)
         }
     };
     let len = value.len() as i64;
-    match stored(store.insert_with(slot, key, value, expire_at, Encoding::Raw, now)) {
+    match stored(store.insert_with(slot, key, value, expire_at, encoding, now)) {
         Ok(()) => Reply::Int(len),
         Err(e) => e,
     }
@@ -703,22 +733,22 @@ pub(crate) fn parse_float(arg: &[u8]) -> Option<f64> {
 }
 
 fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    // Redis adds as C `long double` and prints with `%.17Lf`; see
+    // [`LongDouble`] for why an f64 would answer different digits.
+    let invalid = || Reply::error("ERR value is not a valid float");
     let (slot, key) = (op.slot, op.key());
-    let Some(delta) = parse_float(&op.args[2]) else {
-        return Reply::error("ERR value is not a valid float");
-    };
     let (current, expire_at) = match store.peek(slot, key, now) {
-        None => (0.0, 0),
-        Some(e) => match parse_float(&e.value) {
-            Some(v) => (v, e.expire_at),
-            None => return Reply::error("ERR value is not a valid float"),
-        },
+        None => (LongDouble::parse(b"0").ok(), 0),
+        Some(e) => (LongDouble::parse(&e.value).ok(), e.expire_at),
+    };
+    let (Some(current), Ok(delta)) = (current, LongDouble::parse(&op.args[2])) else {
+        return invalid();
     };
     let next = current + delta;
-    if next.is_nan() || next.is_infinite() {
+    if next.is_infinite() {
         return Reply::error("ERR increment would produce NaN or Infinity");
     }
-    let text = Bytes::from(format_double(next));
+    let text = Bytes::from(next.to_human_string());
     match stored(store.insert_with(slot, key, text.clone(), expire_at, Encoding::NoInt, now)) {
         Ok(()) => Reply::Bulk(text),
         Err(e) => e,
@@ -793,6 +823,59 @@ mod tests {
             Err(Reply::error("ERR invalid expire time in 'set' command"))
         );
         assert!(expire_at_from(b"ex", b"9223372036854775807", "set", now).is_err());
+    }
+
+    fn options(line: &str, of: OptionsOf) -> Result<(bool, bool, bool, Option<String>), Reply> {
+        let args: Vec<Bytes> = line
+            .split(' ')
+            .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+            .collect();
+        ExtendedOptions::parse(&args, 0, of).map(|o| {
+            let expire = o.expire.map(|(u, v)| {
+                format!(
+                    "{} {}",
+                    String::from_utf8_lossy(u),
+                    String::from_utf8_lossy(v)
+                )
+            });
+            (o.nx, o.get, o.keep_ttl || o.persist, expire)
+        })
+    }
+
+    #[test]
+    fn set_options_like_redis() {
+        use OptionsOf::{GetEx, Set};
+        assert_eq!(options("NX NX GET GET", Set), Ok((true, true, false, None)));
+        assert_eq!(
+            options("EX 10 ex 20", Set),
+            Ok((false, false, false, Some("ex 20".into())))
+        );
+        assert_eq!(
+            options("KEEPTTL KEEPTTL", Set),
+            Ok((false, false, true, None))
+        );
+        // The value is only checked after parsing: a bad one is no syntax error.
+        assert_eq!(
+            options("EX abc", Set),
+            Ok((false, false, false, Some("EX abc".into())))
+        );
+        for bad in [
+            "NX XX",
+            "EX 1 PX 1",
+            "EX 1 KEEPTTL",
+            "KEEPTTL EX 1",
+            "EX",
+            "PERSIST",
+        ] {
+            assert_eq!(options(bad, Set), Err(syntax_error()), "{bad}");
+        }
+        assert_eq!(
+            options("PERSIST PERSIST", GetEx),
+            Ok((false, false, true, None))
+        );
+        for bad in ["NX", "GET", "KEEPTTL", "PERSIST EX 1", "EX 1 PERSIST"] {
+            assert_eq!(options(bad, GetEx), Err(syntax_error()), "{bad}");
+        }
     }
 
     #[test]

@@ -420,6 +420,27 @@ mod tests {
     }
 
     #[test]
+    fn lengths_are_read_like_string2ll() {
+        // The fast path (whole request in the buffer) and the streaming path
+        // (byte by byte) refuse the same headers.
+        for (input, error) in [
+            (&b"*+1\r\n$4\r\nPING\r\n"[..], "invalid multibulk length"),
+            (b"*01\r\n$4\r\nPING\r\n", "invalid multibulk length"),
+            (b"*1\r\n$04\r\nPING\r\n", "invalid bulk length"),
+            (b"*1\r\n$+4\r\nPING\r\n", "invalid bulk length"),
+        ] {
+            let want = format!("Protocol error: {error}");
+            assert_eq!(parse_all(input).unwrap_err().0, want);
+            assert_eq!(parse_bytewise(input).unwrap_err().0, want);
+        }
+        // Redis accepts up to INT_MAX elements.
+        let mut parser = RequestParser::new(1 << 20);
+        let mut buf = BytesMut::from(&b"*3000000\r\n"[..]);
+        assert_eq!(parser.parse(&mut buf), Ok(None));
+        assert!(parser.in_progress());
+    }
+
+    #[test]
     fn empty_multibulk_is_ignored() {
         assert_eq!(
             parse_all(b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n").unwrap(),
