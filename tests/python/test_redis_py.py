@@ -221,8 +221,6 @@ def test_pipelines(r: redis.Redis) -> None:
     assert r.dbsize() == 10_001
 
 
-@pytest.mark.xfail(reason="kvtier does not implement MULTI/EXEC, which redis-py's default "
-                   "pipeline(transaction=True) sends", strict=True, raises=redis.ResponseError)
 def test_transaction_pipeline(r: redis.Redis) -> None:
     pipe = r.pipeline()
     pipe.set("a", 1).incr("a")

@@ -221,6 +221,8 @@ fn quit(client: &mut Client, _args: &[Bytes]) -> Reply {
 fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
     client.resp3 = false;
     client.no_touch = false;
+    client.multi = None;
+    client.watching.clear();
     client.authenticated = !client.shard.shared.config.auth_required();
     let mut info = client.info.borrow_mut();
     info.name.clear();

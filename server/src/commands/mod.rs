@@ -17,6 +17,7 @@ pub mod docs;
 pub mod keyspace;
 pub mod server;
 pub mod string;
+pub mod transaction;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -269,6 +270,7 @@ impl CommandTable {
             connection::COMMANDS,
             client::COMMANDS,
             server::COMMANDS,
+            transaction::COMMANDS,
         ] {
             commands.extend(family.iter());
         }
@@ -357,6 +359,10 @@ pub struct Client {
     pub no_touch: bool,
     /// Close once the pending replies are written (QUIT, protocol errors).
     pub close_after_reply: bool,
+    /// Commands queued since MULTI.
+    pub multi: Option<transaction::Transaction>,
+    /// Keys under WATCH.
+    pub watching: transaction::Watching,
 }
 
 impl Client {

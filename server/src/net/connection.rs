@@ -26,6 +26,7 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::clients::ClientInfo;
+use crate::commands::transaction::Watching;
 use crate::commands::{
     arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
     Handler, KeyFn, KeyOp,
@@ -66,6 +67,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             authenticated,
             no_touch: false,
             close_after_reply: false,
+            multi: None,
+            watching: Watching::new(Rc::clone(&shard), id),
         },
         clock: Instant::now(),
         now_ms: now_ms(),
@@ -227,38 +230,26 @@ impl Connection {
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
         let args = request.args;
         let resp3 = self.client.resp3;
-        let table = table();
-        let Some((mut id, mut spec)) = table.lookup(&args[0]) else {
-            batch.ready(unknown_command(&args), resp3);
-            return;
-        };
-        if !spec.subcommands.is_empty()
-            && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
-        {
-            match args.get(1).and_then(|sub| table.lookup_sub(id, sub)) {
-                Some(found) => (id, spec) = found,
-                None if args.len() < 2 => {
-                    batch.ready(arity_error(spec.name), resp3);
-                    return;
+        let (id, spec) = match self.resolve(&args) {
+            Ok(found) => found,
+            Err(refusal) => {
+                // Inside MULTI a refused command dooms the transaction.
+                if let Some(tx) = &mut self.client.multi {
+                    tx.failed = true;
                 }
-                None => {
-                    self.client.shard.stats.borrow_mut().reject(Some(id));
-                    batch.ready(unknown_subcommand(spec.name, &args[1]), resp3);
-                    return;
-                }
+                batch.ready(refusal, resp3);
+                return;
             }
-        }
-        if !spec.arity_ok(args.len()) {
-            self.client.shard.stats.borrow_mut().reject(Some(id));
-            batch.ready(arity_error(spec.name), resp3);
-            return;
-        }
-        // As in Redis, unknown commands and wrong arities are reported
-        // before a missing AUTH.
-        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
-            self.client.shard.stats.borrow_mut().reject(Some(id));
-            batch.ready(Reply::error("NOAUTH Authentication required."), resp3);
-            return;
+        };
+        if let Some(tx) = &mut self.client.multi {
+            if !matches!(
+                spec.name,
+                "exec" | "discard" | "multi" | "watch" | "quit" | "reset"
+            ) {
+                tx.queued.push((id, spec, args));
+                batch.ready(Reply::status("QUEUED"), resp3);
+                return;
+            }
         }
         self.client.info.borrow_mut().last_cmd = spec.name;
         match spec.handler {
@@ -293,6 +284,41 @@ impl Connection {
                 batch.ready(unknown_subcommand(spec.name, &args[0]), resp3);
             }
         }
+    }
+
+    /// Finds the command (or subcommand) and checks arity and AUTH, with
+    /// Redis's errors in Redis's order.
+    fn resolve(&self, args: &[Bytes]) -> Result<(usize, &'static CommandSpec), Reply> {
+        let table = table();
+        let Some((mut id, mut spec)) = table.lookup(&args[0]) else {
+            return Err(unknown_command(args));
+        };
+        let reject = |id| {
+            self.client.shard.stats.borrow_mut().reject(Some(id));
+        };
+        if !spec.subcommands.is_empty()
+            && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
+        {
+            match args.get(1).and_then(|sub| table.lookup_sub(id, sub)) {
+                Some(found) => (id, spec) = found,
+                None if args.len() < 2 => return Err(arity_error(spec.name)),
+                None => {
+                    reject(id);
+                    return Err(unknown_subcommand(spec.name, &args[1]));
+                }
+            }
+        }
+        if !spec.arity_ok(args.len()) {
+            reject(id);
+            return Err(arity_error(spec.name));
+        }
+        // As in Redis, unknown commands and wrong arities are reported
+        // before a missing AUTH.
+        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
+            reject(id);
+            return Err(Reply::error("NOAUTH Authentication required."));
+        }
+        Ok((id, spec))
     }
 
     /// Runs a command that may wait a long time, while still noticing the

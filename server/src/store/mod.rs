@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -156,10 +157,24 @@ struct Meta {
     expire_sum: u128,
     keys: usize,
     used: usize,
+    /// WATCHed keys: the flags of the clients watching each (set on any
+    /// change of the key, EXEC then fails).
+    watched: HashMap<Bytes, Vec<(u64, Arc<AtomicBool>)>>,
 }
 
 impl Meta {
+    fn modified(&self, key: &[u8]) {
+        if !self.watched.is_empty() {
+            if let Some(flags) = self.watched.get(key) {
+                for (_, dirty) in flags {
+                    dirty.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+
     fn added(&mut self, key: &Bytes, entry: &Entry) {
+        self.modified(key);
         if entry.expire_at != 0 {
             self.expires.insert((entry.expire_at, key.clone()));
             self.expire_sum += entry.expire_at as u128;
@@ -169,6 +184,7 @@ impl Meta {
     }
 
     fn removed(&mut self, key: &Bytes, entry: &Entry) {
+        self.modified(key);
         if entry.expire_at != 0 && self.expires.remove(&(entry.expire_at, key.clone())) {
             self.expire_sum -= entry.expire_at as u128;
         }
@@ -539,7 +555,37 @@ impl Store {
         for map in &mut self.maps {
             *map = HashMap::new();
         }
-        self.meta = Meta::default();
+        // FLUSHALL/FLUSHDB change every watched key (as in Redis).
+        let watched = std::mem::take(&mut self.meta.watched);
+        for (_, dirty) in watched.values().flatten() {
+            dirty.store(true, Ordering::Release);
+        }
+        self.meta = Meta {
+            watched,
+            ..Meta::default()
+        };
+    }
+
+    /// WATCH: sets `dirty` whenever `key` changes, until unwatched.
+    pub fn watch_changes(&mut self, key: &[u8], client: u64, dirty: Arc<AtomicBool>) {
+        match self.meta.watched.get_mut(key) {
+            Some(flags) => flags.push((client, dirty)),
+            None => {
+                self.meta
+                    .watched
+                    .insert(Bytes::copy_from_slice(key), vec![(client, dirty)]);
+            }
+        }
+    }
+
+    /// UNWATCH of one key for one client.
+    pub fn unwatch_changes(&mut self, key: &[u8], client: u64) {
+        if let Some(flags) = self.meta.watched.get_mut(key) {
+            flags.retain(|(id, _)| *id != client);
+            if flags.is_empty() {
+                self.meta.watched.remove(key);
+            }
+        }
     }
 
     /// Active expiry: removes up to `limit` keys whose time has come.

@@ -1,0 +1,316 @@
+//! Transactions: MULTI, EXEC, DISCARD, WATCH, UNWATCH.
+//!
+//! Between MULTI and EXEC the connection queues commands (replying `QUEUED`;
+//! see `net::connection`). EXEC runs them in order and replies with the array
+//! of their replies. When every queued command is a single-key command of one
+//! shard, EXEC runs them — and checks WATCH — in one job on that shard, so no
+//! other client's command can come in between, as in Redis. A transaction
+//! whose keys span shards runs command by command: each command is atomic,
+//! the whole is not (documented in docs/commands.md).
+//!
+//! WATCH registers the client's "dirty" flag on each key's shard; any change
+//! to the key (write, delete, expiry, flush) sets it, and EXEC then replies
+//! with a null array without running anything.
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::flags::*;
+use super::{Client, CommandSpec, Handler, KeyOp, LocalBoxFuture, ALL_KEYS, NO_KEYS};
+use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
+use crate::shard::Shard;
+use crate::store::now_ms;
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 1,
+    flags: NOSCRIPT | LOADING | STALE | FAST,
+    keys: NO_KEYS,
+    group: "transactions",
+    since: "1.2.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "",
+    handler: Handler::Parent,
+    subcommands: &[],
+};
+
+/// The transactions family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "multi",
+        summary: "Starts a transaction.",
+        handler: Handler::Sync(multi),
+        ..BASE
+    },
+    CommandSpec {
+        name: "exec",
+        flags: NOSCRIPT | LOADING | STALE,
+        summary: "Executes all commands in a transaction.",
+        complexity: "Depends on commands in the transaction",
+        handler: Handler::Async(exec),
+        ..BASE
+    },
+    CommandSpec {
+        name: "discard",
+        since: "2.0.0",
+        summary: "Discards a transaction.",
+        complexity: "O(N), when N is the number of queued commands",
+        handler: Handler::Sync(discard),
+        ..BASE
+    },
+    CommandSpec {
+        name: "watch",
+        arity: -2,
+        keys: ALL_KEYS,
+        since: "2.2.0",
+        summary: "Monitors changes to keys to determine the execution of a transaction.",
+        complexity: "O(1) for every key.",
+        syntax: "key...",
+        handler: Handler::Async(watch),
+        ..BASE
+    },
+    CommandSpec {
+        name: "unwatch",
+        since: "2.2.0",
+        summary: "Forgets about watched keys of a transaction.",
+        handler: Handler::Sync(unwatch),
+        ..BASE
+    },
+];
+
+/// A transaction being queued (between MULTI and EXEC).
+#[derive(Default)]
+pub struct Transaction {
+    /// The queued commands: statistics id, spec, arguments.
+    pub queued: Vec<(usize, &'static CommandSpec, Vec<Bytes>)>,
+    /// A command was refused while queueing: EXEC will abort.
+    pub failed: bool,
+}
+
+/// The keys a client WATCHes and the flag their shards set on any change.
+pub struct Watching {
+    shard: Rc<Shard>,
+    client: u64,
+    /// Set when a watched key changed.
+    pub dirty: Arc<AtomicBool>,
+    keys: Vec<Bytes>,
+}
+
+impl Watching {
+    /// Nothing watched yet.
+    pub fn new(shard: Rc<Shard>, client: u64) -> Watching {
+        Watching {
+            shard,
+            client,
+            dirty: Arc::new(AtomicBool::new(false)),
+            keys: Vec::new(),
+        }
+    }
+
+    /// Forgets every watched key (posting the removals to their shards).
+    pub fn clear(&mut self) {
+        let client = self.client;
+        for key in self.keys.drain(..) {
+            let slot = key_slot(&key);
+            let owner = self.shard.owner_of(slot);
+            let _ = self.shard.post(
+                owner,
+                Box::new(move |s: &Shard| s.store.borrow_mut().unwatch_changes(&key, client)),
+            );
+        }
+        self.dirty = Arc::new(AtomicBool::new(false));
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+fn multi(client: &mut Client, _args: &[Bytes]) -> Reply {
+    if client.multi.is_some() {
+        return Reply::error("ERR MULTI calls can not be nested");
+    }
+    client.multi = Some(Transaction::default());
+    Reply::ok()
+}
+
+fn discard(client: &mut Client, _args: &[Bytes]) -> Reply {
+    if client.multi.take().is_none() {
+        return Reply::error("ERR DISCARD without MULTI");
+    }
+    client.watching.clear();
+    Reply::ok()
+}
+
+fn unwatch(client: &mut Client, _args: &[Bytes]) -> Reply {
+    client.watching.clear();
+    Reply::ok()
+}
+
+fn watch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if client.multi.is_some() {
+            return Reply::error("ERR WATCH inside MULTI is not allowed");
+        }
+        let id = client.id();
+        for key in &args[1..] {
+            let slot = key_slot(key);
+            let owner = client.shard.owner_of(slot);
+            let (key, dirty) = (key.clone(), Arc::clone(&client.watching.dirty));
+            let registered = client
+                .shard
+                .call(owner, {
+                    let key = key.clone();
+                    move |s| s.store.borrow_mut().watch_changes(&key, id, dirty)
+                })
+                .await;
+            if registered.is_err() {
+                return Reply::error("ERR server is shutting down");
+            }
+            client.watching.keys.push(key);
+        }
+        Reply::ok()
+    })
+}
+
+fn exec(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let Some(tx) = client.multi.take() else {
+            return Reply::error("ERR EXEC without MULTI");
+        };
+        let dirty = Arc::clone(&client.watching.dirty);
+        let reply = if tx.failed {
+            Reply::error("EXECABORT Transaction discarded because of previous errors.")
+        } else if let Some(owner) = single_shard(client, &tx) {
+            run_on_one_shard(client, owner, tx, Arc::clone(&dirty)).await
+        } else if dirty.load(Ordering::Acquire) {
+            Reply::NilArray
+        } else {
+            let mut replies = Vec::with_capacity(tx.queued.len());
+            for (id, spec, args) in tx.queued {
+                replies.push(run_one(client, id, spec, args).await);
+            }
+            Reply::Array(replies)
+        };
+        client.watching.clear();
+        reply
+    })
+}
+
+/// The shard every queued command runs on, when all are single-key commands
+/// of one shard.
+fn single_shard(client: &Client, tx: &Transaction) -> Option<usize> {
+    let mut owner = None;
+    for (_, spec, args) in &tx.queued {
+        if !matches!(spec.handler, Handler::Key(_)) {
+            return None;
+        }
+        let shard = client
+            .shard
+            .owner_of(key_slot(&args[spec.keys.first as usize]));
+        if owner.is_some_and(|o| o != shard) {
+            return None;
+        }
+        owner = Some(shard);
+    }
+    owner
+}
+
+/// Runs the whole transaction in one job on `owner`: atomic, WATCH checked
+/// in the same step.
+async fn run_on_one_shard(
+    client: &Client,
+    owner: usize,
+    tx: Transaction,
+    dirty: Arc<AtomicBool>,
+) -> Reply {
+    let touch = !client.no_touch;
+    let ops: Vec<_> = tx
+        .queued
+        .into_iter()
+        .filter_map(|(id, spec, args)| match spec.handler {
+            Handler::Key(f) => {
+                let key_index = spec.keys.first as usize;
+                let slot = key_slot(&args[key_index]);
+                Some((
+                    id,
+                    f,
+                    KeyOp {
+                        args,
+                        key_index,
+                        slot,
+                        touch,
+                    },
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    let done = client
+        .shard
+        .call(owner, move |s| {
+            if dirty.load(Ordering::Acquire) {
+                return Reply::NilArray;
+            }
+            let mut store = s.store.borrow_mut();
+            let mut stats = s.stats.borrow_mut();
+            let now = now_ms();
+            let replies = ops
+                .into_iter()
+                .map(|(id, f, op)| {
+                    let started = Instant::now();
+                    let reply = f(&mut store, &op, now);
+                    stats.record(id, started.elapsed(), reply.is_error());
+                    reply
+                })
+                .collect();
+            Reply::Array(replies)
+        })
+        .await;
+    done.unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
+}
+
+/// Runs one queued command outside the connection's batching.
+async fn run_one(
+    client: &mut Client,
+    id: usize,
+    spec: &'static CommandSpec,
+    args: Vec<Bytes>,
+) -> Reply {
+    let started = Instant::now();
+    let reply = match spec.handler {
+        Handler::Key(f) => {
+            let key_index = spec.keys.first as usize;
+            let slot = key_slot(&args[key_index]);
+            let op = KeyOp {
+                args,
+                key_index,
+                slot,
+                touch: !client.no_touch,
+            };
+            let owner = client.shard.owner_of(slot);
+            client
+                .shard
+                .call(owner, move |s| f(&mut s.store.borrow_mut(), &op, now_ms()))
+                .await
+                .unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
+        }
+        Handler::Sync(f) => f(client, &args),
+        Handler::Async(f) => f(client, args).await,
+        Handler::Parent => super::unknown_subcommand(spec.name, &args[0]),
+    };
+    client
+        .shard
+        .stats
+        .borrow_mut()
+        .record(id, started.elapsed(), reply.is_error());
+    reply
+}
