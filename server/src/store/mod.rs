@@ -10,6 +10,7 @@
 //! active expiry pops exactly the keys that are due instead of sampling.
 
 pub mod eviction;
+pub mod slab;
 
 use std::collections::BTreeSet;
 use std::ops::Range;

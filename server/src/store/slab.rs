@@ -1,0 +1,650 @@
+//! The DRAM tier's memory: a per-shard slab arena of large pages carved into
+//! size classes fitted to the values actually stored.
+//!
+//! ```text
+//!  page (8 MiB, one mmap, one size class at a time)
+//!  ┌──────────┬──────────┬──────────┬──────────┐
+//!  │ slot 0   │ slot 1   │ slot 2   │ slot 3   │   class 2 MiB: 4 slots, no waste
+//!  └──────────┴──────────┴──────────┴──────────┘
+//!  slot state (AtomicU32, one per slot):
+//!  ┌───────┬──────────────────────────────────┐
+//!  │ bit31 │ bits 0..30                       │
+//!  │STORED │ leases: replies/waiters reading  │
+//!  └───────┴──────────────────────────────────┘
+//! ```
+//!
+//! * A value of `len` bytes goes to a class whose slot size is `len` rounded
+//!   up to 512 bytes, or to an existing class at most 1/32 larger (so
+//!   64 KiB, 256 KiB and 2 MiB blocks get exact classes and a page of them
+//!   wastes nothing). Values above a quarter page get a dedicated span.
+//! * Reads never copy: [`SlotRef::bytes`] takes a *lease* on the slot
+//!   (`STORED` + one lease) and wraps it in `Bytes::from_owner`. The index
+//!   holds the `STORED` bit. A slot returns to its class's free list only when
+//!   the index dropped it **and** the last lease ended, whichever happens last
+//!   (the last one reports it on the arena's release queue, from any thread).
+//! * Pages are mapped lazily up to the budget the store allows. When a class
+//!   needs a slot and no page can be mapped, an empty page of another class
+//!   is re-carved for it (rebalancing); the store evicts to empty pages.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Bit of a slot state: the index holds the slot.
+const STORED: u32 = 1 << 31;
+/// Slot sizes are multiples of this (and values are placed at multiples).
+pub const SLOT_ALIGN: usize = 512;
+/// Default page size.
+pub const DEFAULT_PAGE_SIZE: usize = 8 << 20;
+/// Most size classes per arena.
+const MAX_CLASSES: usize = 128;
+
+/// An anonymous memory mapping.
+struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Region is plain memory; who may read or write which bytes is
+// decided by the slot states, which are atomics.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn map(len: usize, hugepages: bool, prealloc: bool) -> io::Result<Region> {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // touched. The result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let region = Region {
+            ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            len,
+        };
+        if hugepages {
+            // SAFETY: advice on the mapping we own; failure only means no THP.
+            unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+        }
+        if prealloc {
+            // SAFETY: the mapping is ours and `len` long; touching one byte
+            // per OS page faults it in. mlock failing (limits) is tolerated.
+            unsafe {
+                let base = region.ptr.as_ptr();
+                for off in (0..len).step_by(4096) {
+                    base.add(off).write_volatile(0);
+                }
+                libc::mlock(ptr, len);
+            }
+        }
+        Ok(region)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `map`; no lease can
+        // outlive it because leases hold the page's Arc.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The part of a page that readers share: its memory and slot states.
+pub struct PageMem {
+    region: Region,
+    states: Box<[AtomicU32]>,
+    id: u32,
+    released: Arc<Mutex<Vec<(u32, u32)>>>,
+    /// For dedicated spans: the arena's span byte counter, decremented when
+    /// the span is finally unmapped.
+    span_bytes: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for PageMem {
+    fn drop(&mut self) {
+        if let Some(counter) = &self.span_bytes {
+            counter.fetch_sub(self.region.len, Ordering::AcqRel);
+        }
+    }
+}
+
+impl PageMem {
+    fn report_free(&self, slot: u32) {
+        if self.span_bytes.is_none() {
+            if let Ok(mut q) = self.released.lock() {
+                q.push((self.id, slot));
+            }
+        }
+    }
+}
+
+/// A reader's hold on a slot: keeps its bytes alive and unreusable.
+struct Lease {
+    page: Arc<PageMem>,
+    slot: u32,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Lease {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: offset + len lies inside the page's mapping (checked when
+        // the slot was handed out); the lease keeps the slot from being
+        // reused, so nobody writes these bytes while the slice lives.
+        unsafe {
+            std::slice::from_raw_parts(self.page.region.ptr.as_ptr().add(self.offset), self.len)
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let prev = self.page.states[self.slot as usize].fetch_sub(1, Ordering::AcqRel);
+        if prev == 1 {
+            // Last lease of a slot the index already dropped.
+            self.page.report_free(self.slot);
+        }
+    }
+}
+
+/// The index's handle on a stored value (exactly one per slot in use).
+pub struct SlotRef {
+    page: Arc<PageMem>,
+    slot: u32,
+    offset: usize,
+    len: usize,
+}
+
+impl SlotRef {
+    /// The value, zero-copy: a `Bytes` that leases the slot until dropped.
+    pub fn bytes(&self) -> Bytes {
+        self.page.states[self.slot as usize].fetch_add(1, Ordering::AcqRel);
+        Bytes::from_owner(Lease {
+            page: Arc::clone(&self.page),
+            slot: self.slot,
+            offset: self.offset,
+            len: self.len,
+        })
+    }
+
+    /// Value length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the value is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether a reply or waiter currently holds the value.
+    pub fn is_held(&self) -> bool {
+        self.page.states[self.slot as usize].load(Ordering::Acquire) & !STORED != 0
+    }
+
+    /// The page and slot (for the arena's per-page key lists).
+    pub fn location(&self) -> (u32, u32) {
+        (self.page.id, self.slot)
+    }
+
+    /// Whether the value lives in a dedicated span.
+    pub fn in_span(&self) -> bool {
+        self.page.span_bytes.is_some()
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        let prev = self.page.states[self.slot as usize].fetch_and(!STORED, Ordering::AcqRel);
+        if prev == STORED {
+            // No reader: the slot is free now.
+            self.page.report_free(self.slot);
+        }
+    }
+}
+
+impl std::fmt::Debug for SlotRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SlotRef(page {}, slot {}, {} bytes)",
+            self.page.id, self.slot, self.len
+        )
+    }
+}
+
+struct Page {
+    mem: Arc<PageMem>,
+    class: Option<usize>,
+    free: Vec<u32>,
+    slots: u32,
+}
+
+/// One size class.
+#[derive(Clone, Debug, Default)]
+pub struct ClassStats {
+    /// Slot size in bytes.
+    pub slot_size: usize,
+    /// Pages carved into this class.
+    pub pages: usize,
+    /// Slots holding values (or still leased after deletion).
+    pub used: usize,
+    /// Free slots in this class's pages.
+    pub free: usize,
+}
+
+/// Figures for INFO slabs and MEMORY STATS.
+#[derive(Clone, Debug, Default)]
+pub struct ArenaStats {
+    /// Bytes mapped for pages.
+    pub page_bytes: usize,
+    /// Bytes mapped for dedicated spans.
+    pub span_bytes: usize,
+    /// Pages mapped.
+    pub pages: usize,
+    /// Pages re-carved for another class.
+    pub rebalanced_pages: u64,
+    /// Per class.
+    pub classes: Vec<ClassStats>,
+}
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRoom {
+    /// The class needs a page and the store's budget has none to give:
+    /// evict (preferably in `class`) and retry.
+    Full {
+        /// The class that needs a slot.
+        class: usize,
+    },
+    /// The system refused memory.
+    Mmap,
+}
+
+/// A per-shard slab arena.
+pub struct SlabArena {
+    page_size: usize,
+    hugepages: bool,
+    prealloc: bool,
+    pages: Vec<Page>,
+    classes: Vec<ClassStats>,
+    /// Pages with free slots, per class.
+    partial: Vec<Vec<u32>>,
+    released: Arc<Mutex<Vec<(u32, u32)>>>,
+    span_bytes: Arc<AtomicUsize>,
+    rebalanced: u64,
+}
+
+impl SlabArena {
+    /// An empty arena with pages of `page_size` bytes.
+    pub fn new(page_size: usize, hugepages: bool, prealloc: bool) -> SlabArena {
+        SlabArena {
+            page_size: page_size.max(SLOT_ALIGN * 4),
+            hugepages,
+            prealloc,
+            pages: Vec::new(),
+            classes: Vec::new(),
+            partial: Vec::new(),
+            released: Arc::new(Mutex::new(Vec::new())),
+            span_bytes: Arc::new(AtomicUsize::new(0)),
+            rebalanced: 0,
+        }
+    }
+
+    /// Page size.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Bytes mapped (pages plus spans still alive).
+    pub fn mapped_bytes(&self) -> usize {
+        self.pages.len() * self.page_size + self.span_bytes.load(Ordering::Acquire)
+    }
+
+    /// What a value of `len` bytes will cost in mapped memory if it needs
+    /// new memory: a page, or its own span.
+    pub fn growth_for(&self, len: usize) -> usize {
+        if self.is_span(len) {
+            span_len(len)
+        } else {
+            self.page_size
+        }
+    }
+
+    fn is_span(&self, len: usize) -> bool {
+        align(len.max(1)) > self.page_size / 4
+    }
+
+    /// The class a value of `len` bytes goes to (creating it if needed).
+    fn class_for(&mut self, len: usize) -> usize {
+        let want = align(len.max(1));
+        let best = self
+            .classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.slot_size >= want && c.slot_size <= want + want / 32)
+            .min_by_key(|(_, c)| c.slot_size)
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            return i;
+        }
+        if self.classes.len() >= MAX_CLASSES {
+            // Too many distinct sizes: the smallest class that fits.
+            if let Some((i, _)) = self
+                .classes
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.slot_size >= want)
+                .min_by_key(|(_, c)| c.slot_size)
+            {
+                return i;
+            }
+        }
+        self.classes.push(ClassStats {
+            slot_size: want,
+            ..ClassStats::default()
+        });
+        self.partial.push(Vec::new());
+        self.classes.len() - 1
+    }
+
+    /// Returns slots freed by dropped index handles and ended leases to
+    /// their classes; empty pages become available to every class.
+    pub fn reclaim(&mut self) {
+        let released = match self.released.lock() {
+            Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
+            _ => return,
+        };
+        for (page_id, slot) in released {
+            let page = &mut self.pages[page_id as usize];
+            let Some(class) = page.class else { continue };
+            if page.free.is_empty() {
+                self.partial[class].push(page_id);
+            }
+            page.free.push(slot);
+            self.classes[class].used -= 1;
+            self.classes[class].free += 1;
+        }
+    }
+
+    /// Takes a slot for a value of `value.len()` bytes, copies the value in,
+    /// and returns the index's handle. `may_map` says whether the store's
+    /// budget allows mapping `growth_for(len)` more bytes.
+    pub fn store(&mut self, value: &[u8], may_map: bool) -> Result<SlotRef, NoRoom> {
+        self.reclaim();
+        let len = value.len();
+        if self.is_span(len) {
+            if !may_map {
+                return Err(NoRoom::Full { class: usize::MAX });
+            }
+            return self.store_span(value);
+        }
+        let class = self.class_for(len);
+        let page_id = match self.partial[class].last().copied() {
+            Some(p) => p,
+            None => self.page_for(class, may_map)?,
+        };
+        let slot_size = self.classes[class].slot_size;
+        let page = &mut self.pages[page_id as usize];
+        let slot = page.free.pop().ok_or(NoRoom::Full { class })?;
+        if page.free.is_empty() {
+            self.partial[class].retain(|&p| p != page_id);
+        }
+        self.classes[class].used += 1;
+        self.classes[class].free -= 1;
+        let offset = slot as usize * slot_size;
+        let mem = Arc::clone(&page.mem);
+        let prev = mem.states[slot as usize].swap(STORED, Ordering::AcqRel);
+        debug_assert_eq!(prev, 0, "a free slot has no holder");
+        // SAFETY: the slot was free (state 0: no index handle, no lease), so
+        // nobody reads or writes these bytes; offset + len is inside the page
+        // because slot < page_size / slot_size and len <= slot_size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(value.as_ptr(), mem.region.ptr.as_ptr().add(offset), len);
+        }
+        Ok(SlotRef {
+            page: mem,
+            slot,
+            offset,
+            len,
+        })
+    }
+
+    fn store_span(&mut self, value: &[u8]) -> Result<SlotRef, NoRoom> {
+        let len = span_len(value.len());
+        let region = Region::map(len, self.hugepages, false).map_err(|_| NoRoom::Mmap)?;
+        // SAFETY: the span was just mapped, is `len >= value.len()` bytes
+        // long and nobody else can see it yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(value.as_ptr(), region.ptr.as_ptr(), value.len());
+        }
+        self.span_bytes.fetch_add(len, Ordering::AcqRel);
+        let mem = Arc::new(PageMem {
+            region,
+            states: vec![AtomicU32::new(STORED)].into_boxed_slice(),
+            id: u32::MAX,
+            released: Arc::clone(&self.released),
+            span_bytes: Some(Arc::clone(&self.span_bytes)),
+        });
+        Ok(SlotRef {
+            page: mem,
+            slot: 0,
+            offset: 0,
+            len: value.len(),
+        })
+    }
+
+    /// A page with a free slot for `class`: a new page if allowed, else an
+    /// empty page of another class re-carved (rebalancing).
+    fn page_for(&mut self, class: usize, may_map: bool) -> Result<u32, NoRoom> {
+        let slot_size = self.classes[class].slot_size;
+        let slots = (self.page_size / slot_size) as u32;
+        // An empty page of another class (nothing stored, nothing leased,
+        // so the arena holds the only reference to its memory).
+        let reusable = self.pages.iter().position(|p| {
+            p.class
+                .is_none_or(|c| c != class && p.free.len() as u32 == p.slots)
+                && Arc::strong_count(&p.mem) == 1
+        });
+        let page_id = match (reusable, may_map) {
+            (Some(id), _) => {
+                let id = id as u32;
+                if let Some(old) = self.pages[id as usize].class {
+                    let page = &self.pages[id as usize];
+                    self.classes[old].pages -= 1;
+                    self.classes[old].free -= page.free.len();
+                    self.partial[old].retain(|&p| p != id);
+                    self.rebalanced += 1;
+                }
+                id
+            }
+            (None, true) => {
+                let region = Region::map(self.page_size, self.hugepages, self.prealloc)
+                    .map_err(|_| NoRoom::Mmap)?;
+                let id = self.pages.len() as u32;
+                self.pages.push(Page {
+                    mem: Arc::new(PageMem {
+                        region,
+                        states: Box::new([]),
+                        id,
+                        released: Arc::clone(&self.released),
+                        span_bytes: None,
+                    }),
+                    class: None,
+                    free: Vec::new(),
+                    slots: 0,
+                });
+                id
+            }
+            (None, false) => return Err(NoRoom::Full { class }),
+        };
+        let page = &mut self.pages[page_id as usize];
+        // One state per slot of the new carving.
+        let mem = Arc::get_mut(&mut page.mem).ok_or(NoRoom::Full { class })?;
+        mem.states = (0..slots).map(|_| AtomicU32::new(0)).collect();
+        page.class = Some(class);
+        page.slots = slots;
+        page.free = (0..slots).rev().collect();
+        self.classes[class].pages += 1;
+        self.classes[class].free += slots as usize;
+        self.partial[class].push(page_id);
+        Ok(page_id)
+    }
+
+    /// The class a value of `len` bytes would use, if it exists (no span).
+    pub fn class_of_len(&self, len: usize) -> Option<usize> {
+        let want = align(len.max(1));
+        self.classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.slot_size >= want && c.slot_size <= want + want / 32)
+            .min_by_key(|(_, c)| c.slot_size)
+            .map(|(i, _)| i)
+    }
+
+    /// The class of page `page` (None for spans and unassigned pages).
+    pub fn class_of_page(&self, page: u32) -> Option<usize> {
+        self.pages.get(page as usize).and_then(|p| p.class)
+    }
+
+    /// Live slots of a page (for choosing a page to empty).
+    pub fn page_used(&self, page: u32) -> usize {
+        self.pages
+            .get(page as usize)
+            .map_or(0, |p| (p.slots as usize).saturating_sub(p.free.len()))
+    }
+
+    /// Figures for reporting.
+    pub fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            page_bytes: self.pages.len() * self.page_size,
+            span_bytes: self.span_bytes.load(Ordering::Acquire),
+            pages: self.pages.len(),
+            rebalanced_pages: self.rebalanced,
+            classes: self.classes.clone(),
+        }
+    }
+}
+
+fn align(len: usize) -> usize {
+    len.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+}
+
+fn span_len(len: usize) -> usize {
+    len.div_ceil(4096) * 4096
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn power_of_two_blocks_fill_pages_exactly() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let refs: Vec<SlotRef> = (0..16)
+            .map(|i| a.store(&value(64 * 1024, i), true).unwrap())
+            .collect();
+        let s = a.stats();
+        assert_eq!(s.pages, 1, "16 × 64 KiB fill one 1 MiB page");
+        assert_eq!(s.classes[0].slot_size, 64 * 1024);
+        assert_eq!(s.classes[0].used, 16);
+        for (i, r) in refs.iter().enumerate() {
+            assert_eq!(&r.bytes()[..], &value(64 * 1024, i as u8)[..]);
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_only_after_index_and_leases_let_go() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let r = a.store(&value(256 * 1024, 1), true).unwrap();
+        let held = r.bytes();
+        assert!(r.is_held());
+        drop(r); // the index lets go; a reply still holds the value
+        let _others: Vec<SlotRef> = (0..3)
+            .map(|i| a.store(&value(256 * 1024, 10 + i), true).unwrap())
+            .collect();
+        // The page (4 slots) is full: the held slot is not reusable yet.
+        assert_eq!(
+            a.store(&value(256 * 1024, 20), false).unwrap_err(),
+            NoRoom::Full { class: 0 }
+        );
+        assert_eq!(&held[..], &value(256 * 1024, 1)[..], "held bytes unchanged");
+        drop(held);
+        let again = a.store(&value(256 * 1024, 21), false).unwrap();
+        assert_eq!(&again.bytes()[..], &value(256 * 1024, 21)[..]);
+    }
+
+    #[test]
+    fn empty_pages_move_to_the_class_that_needs_them() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let small: Vec<SlotRef> = (0..16)
+            .map(|i| a.store(&value(64 * 1024, i), true).unwrap())
+            .collect();
+        assert_eq!(
+            a.store(&value(256 * 1024, 0), false).unwrap_err(),
+            NoRoom::Full { class: 1 }
+        );
+        drop(small);
+        let big = a.store(&value(256 * 1024, 7), false).unwrap();
+        assert_eq!(&big.bytes()[..], &value(256 * 1024, 7)[..]);
+        let s = a.stats();
+        assert_eq!((s.pages, s.rebalanced_pages), (1, 1));
+        assert_eq!(s.classes[1].pages, 1);
+        assert_eq!(s.classes[0].pages, 0);
+    }
+
+    #[test]
+    fn big_values_get_spans_unmapped_after_the_last_reader() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let r = a.store(&value(700 * 1024, 3), true).unwrap();
+        assert!(r.in_span());
+        assert_eq!(a.stats().span_bytes, 700 * 1024);
+        let held = r.bytes();
+        drop(r);
+        assert_eq!(a.stats().span_bytes, 700 * 1024, "still leased");
+        drop(held);
+        assert_eq!(a.stats().span_bytes, 0);
+    }
+
+    #[test]
+    fn leases_dropped_on_other_threads_come_back() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let r = a.store(&value(128 * 1024, 1), true).unwrap();
+        let held = r.bytes();
+        drop(r);
+        std::thread::spawn(move || drop(held)).join().unwrap();
+        a.reclaim();
+        assert_eq!(a.stats().classes[0].used, 0);
+    }
+
+    #[test]
+    fn odd_sizes_share_near_classes() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let _x = a.store(&value(10_000, 1), true).unwrap();
+        let _y = a.store(&value(10_100, 1), true).unwrap();
+        assert_eq!(a.stats().classes.len(), 1, "10100 fits the 10240 class");
+        let _z = a.store(&value(20_000, 1), true).unwrap();
+        assert_eq!(a.stats().classes.len(), 2);
+    }
+}
