@@ -438,6 +438,15 @@ async fn blocking_read(
         wake: Arc::new(Notify::new()),
     };
     let present = |values: &[Option<Bytes>]| values.iter().take_while(|v| v.is_some()).count();
+    // The guard exists before any shard is asked to register: if the client
+    // goes away while the registering read is in flight, this future is
+    // dropped mid-read, and the guard's unwatch jobs, queued behind the
+    // register jobs in each shard's mailbox, still remove them.
+    let _guard = WatchGuard {
+        shard: Rc::clone(shard),
+        keys: keys[..min].to_vec(),
+        id: waiter.id,
+    };
     // Reading and registering happen in one step on each shard, so a write
     // landing in between cannot be missed.
     let register = Watch::Register {
@@ -446,18 +455,8 @@ async fn blocking_read(
     };
     let mut values = read_values(shard, keys, register).await?;
     if present(&values) >= min {
-        drop(WatchGuard {
-            shard: Rc::clone(shard),
-            keys: keys[..min].to_vec(),
-            id: waiter.id,
-        });
         return Some(values);
     }
-    let _guard = WatchGuard {
-        shard: Rc::clone(shard),
-        keys: keys[..min].to_vec(),
-        id: waiter.id,
-    };
     shard.stats.borrow_mut().blocked_clients += 1;
     let _unblocked = BlockedCount(Rc::clone(shard));
     loop {
