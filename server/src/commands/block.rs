@@ -531,14 +531,34 @@ fn mexists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return syntax_error();
         }
         let keys: Vec<usize> = (2..2 + n).collect();
-        let found = fan_out(client, &args, &keys, |store, slot, key, _, now| {
-            Reply::Int(store.read(slot, key, now, false).is_some() as i64)
+        let Ok(mut present) = fan_out(client, &args, &keys, |store, slot, key, _, now| {
+            store.read(slot, key, now, false).is_some()
         })
-        .await;
-        match found {
-            Ok(flags) => Reply::Array(flags),
-            Err(_) => gone(),
+        .await
+        else {
+            return gone();
+        };
+        // The shards are read in parallel, so block i-1 may have been read a
+        // moment before a chain writer stored it and block i a moment after:
+        // a gap the writer never let exist. Absent keys that come before a
+        // present one are read again once every first read is done; by then
+        // any predecessor of a block seen present has been published.
+        let last_present = present.iter().rposition(|&p| p).unwrap_or(0);
+        let recheck: Vec<usize> = (0..last_present)
+            .filter(|&i| !present[i])
+            .map(|i| 2 + i)
+            .collect();
+        if !recheck.is_empty() {
+            let again = fan_out(client, &args, &recheck, |store, slot, key, _, now| {
+                store.peek(slot, key, now).is_some()
+            })
+            .await;
+            let Ok(again) = again else { return gone() };
+            for (i, p) in recheck.into_iter().zip(again) {
+                present[i - 2] = p;
+            }
         }
+        Reply::Array(present.into_iter().map(|p| Reply::Int(p as i64)).collect())
     })
 }
 
