@@ -308,8 +308,9 @@ fn leading(values: Vec<Option<Bytes>>, max_bytes: Option<u64>) -> Vec<Bytes> {
     out
 }
 
-/// Counts the returned blocks as accessed, on their shards, without waiting.
-fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes]) {
+/// Counts the returned blocks as keyspace hits and, unless `touch` is false
+/// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
+fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
     let mut per_shard: Vec<Vec<Bytes>> = (0..shard.count()).map(|_| Vec::new()).collect();
     for key in keys {
         per_shard[shard.owner_of(key_slot(key))].push(key.clone());
@@ -322,7 +323,7 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes]) {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
             for key in work {
-                store.read(key_slot(&key), &key, now, true);
+                store.read(key_slot(&key), &key, now, touch);
             }
         };
         if target == shard.id {
@@ -419,7 +420,7 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return gone();
         };
         let found = leading(values, max_bytes);
-        touch_returned(&shard, &keys[..found.len()]);
+        touch_returned(&shard, &keys[..found.len()], !client.no_touch);
         Reply::Array(found.into_iter().map(Reply::Bulk).collect())
     })
 }
