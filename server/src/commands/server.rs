@@ -1104,9 +1104,8 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
     }
     match store.peek(op.slot, op.key(), now) {
-        Some(e) => {
-            Reply::Int(Store::charge(op.key().len(), e.value.len(), e.expire_at != 0) as i64)
-        }
+        // What the key is charged against maxmemory, parent link included.
+        Some(e) => Reply::Int(e.charge(op.key().len()) as i64),
         None => Reply::Nil,
     }
 }
