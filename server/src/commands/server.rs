@@ -472,7 +472,9 @@ fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
     if !spec.arity_ok(call.len()) {
         return Reply::error("ERR Invalid number of arguments specified for command");
     }
-    let keys = spec.key_indexes(call);
+    let Some(keys) = spec.key_indexes(call) else {
+        return Reply::error("ERR Invalid arguments specified for command");
+    };
     if keys.is_empty() {
         return Reply::error("ERR The command has no key arguments");
     }
