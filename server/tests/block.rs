@@ -1484,6 +1484,11 @@ fn block_returns_once_the_prefix_is_written() {
 fn block_timeout_returns_the_partial_prefix() {
     let server = Server::start(&[]);
     let mut c = server.raw();
+    assert_eq!(
+        c.run("CONFIG GET max-block-ms"),
+        bulks(&["max-block-ms", "60000"]),
+        "the default cap"
+    );
     let keys = chain("partial", 3);
     assert_eq!(call(&mut c, &msetblock(&keys[..1], &[])), ints(&[1]));
     let started = Instant::now();
