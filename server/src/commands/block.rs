@@ -308,8 +308,9 @@ fn leading(values: Vec<Option<Bytes>>, max_bytes: Option<u64>) -> Vec<Bytes> {
     out
 }
 
-/// Counts the returned blocks as accessed, on their shards, without waiting.
-fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes]) {
+/// Counts the returned blocks as keyspace hits and, unless `touch` is false
+/// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
+fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
     let mut per_shard: Vec<Vec<Bytes>> = (0..shard.count()).map(|_| Vec::new()).collect();
     for key in keys {
         per_shard[shard.owner_of(key_slot(key))].push(key.clone());
@@ -322,7 +323,7 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes]) {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
             for key in work {
-                store.read(key_slot(&key), &key, now, true);
+                store.read(key_slot(&key), &key, now, touch);
             }
         };
         if target == shard.id {
@@ -419,7 +420,7 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return gone();
         };
         let found = leading(values, max_bytes);
-        touch_returned(&shard, &keys[..found.len()]);
+        touch_returned(&shard, &keys[..found.len()], !client.no_touch);
         Reply::Array(found.into_iter().map(Reply::Bulk).collect())
     })
 }
@@ -438,6 +439,15 @@ async fn blocking_read(
         wake: Arc::new(Notify::new()),
     };
     let present = |values: &[Option<Bytes>]| values.iter().take_while(|v| v.is_some()).count();
+    // The guard exists before any shard is asked to register: if the client
+    // goes away while the registering read is in flight, this future is
+    // dropped mid-read, and the guard's unwatch jobs, queued behind the
+    // register jobs in each shard's mailbox, still remove them.
+    let _guard = WatchGuard {
+        shard: Rc::clone(shard),
+        keys: keys[..min].to_vec(),
+        id: waiter.id,
+    };
     // Reading and registering happen in one step on each shard, so a write
     // landing in between cannot be missed.
     let register = Watch::Register {
@@ -446,18 +456,8 @@ async fn blocking_read(
     };
     let mut values = read_values(shard, keys, register).await?;
     if present(&values) >= min {
-        drop(WatchGuard {
-            shard: Rc::clone(shard),
-            keys: keys[..min].to_vec(),
-            id: waiter.id,
-        });
         return Some(values);
     }
-    let _guard = WatchGuard {
-        shard: Rc::clone(shard),
-        keys: keys[..min].to_vec(),
-        id: waiter.id,
-    };
     shard.stats.borrow_mut().blocked_clients += 1;
     let _unblocked = BlockedCount(Rc::clone(shard));
     loop {
@@ -532,14 +532,34 @@ fn mexists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return syntax_error();
         }
         let keys: Vec<usize> = (2..2 + n).collect();
-        let found = fan_out(client, &args, &keys, |store, slot, key, _, now| {
-            Reply::Int(store.read(slot, key, now, false).is_some() as i64)
+        let Ok(mut present) = fan_out(client, &args, &keys, |store, slot, key, _, now| {
+            store.read(slot, key, now, false).is_some()
         })
-        .await;
-        match found {
-            Ok(flags) => Reply::Array(flags),
-            Err(_) => gone(),
+        .await
+        else {
+            return gone();
+        };
+        // The shards are read in parallel, so block i-1 may have been read a
+        // moment before a chain writer stored it and block i a moment after:
+        // a gap the writer never let exist. Absent keys that come before a
+        // present one are read again once every first read is done; by then
+        // any predecessor of a block seen present has been published.
+        let last_present = present.iter().rposition(|&p| p).unwrap_or(0);
+        let recheck: Vec<usize> = (0..last_present)
+            .filter(|&i| !present[i])
+            .map(|i| 2 + i)
+            .collect();
+        if !recheck.is_empty() {
+            let again = fan_out(client, &args, &recheck, |store, slot, key, _, now| {
+                store.peek(slot, key, now).is_some()
+            })
+            .await;
+            let Ok(again) = again else { return gone() };
+            for (i, p) in recheck.into_iter().zip(again) {
+                present[i - 2] = p;
+            }
         }
+        Reply::Array(present.into_iter().map(|p| Reply::Int(p as i64)).collect())
     })
 }
 

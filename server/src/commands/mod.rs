@@ -215,7 +215,10 @@ impl CommandSpec {
     }
 
     /// The keys of a call (`args` includes the name), by the key spec.
-    pub fn key_indexes(&self, args: &[Bytes]) -> Vec<usize> {
+    /// `None` when a key count (`numkeys`) is not a positive integer or
+    /// announces more keys than there are arguments (Redis's COMMAND
+    /// GETKEYS then answers "Invalid arguments specified for command").
+    pub fn key_indexes(&self, args: &[Bytes]) -> Option<Vec<usize>> {
         let argc = args.len();
         let KeySpec {
             first,
@@ -223,29 +226,35 @@ impl CommandSpec {
             step,
             count_at,
         } = self.keys;
-        if first <= 0 || step <= 0 || first as usize >= argc {
-            return Vec::new();
-        }
         if count_at > 0 {
             let count = args
                 .get(count_at as usize)
                 .and_then(|a| parse_int(a))
-                .unwrap_or(0)
-                .max(0) as usize;
-            return (0..count)
-                .map(|i| first as usize + i * step as usize)
-                .take_while(|&i| i < argc)
-                .collect();
+                .filter(|&n| n > 0)? as usize;
+            let (first, step) = (first as usize, step.max(1) as usize);
+            let last_key = count
+                .checked_sub(1)?
+                .checked_mul(step)?
+                .checked_add(first)?;
+            if last_key >= argc {
+                return None;
+            }
+            return Some((0..count).map(|i| first + i * step).collect());
+        }
+        if first <= 0 || step <= 0 || first as usize >= argc {
+            return Some(Vec::new());
         }
         let last = if last < 0 {
             argc as i32 + last
         } else {
             last.min(argc as i32 - 1)
         };
-        (first..=last)
-            .step_by(step as usize)
-            .map(|i| i as usize)
-            .collect()
+        Some(
+            (first..=last)
+                .step_by(step as usize)
+                .map(|i| i as usize)
+                .collect(),
+        )
     }
 }
 
@@ -494,10 +503,16 @@ mod tests {
                 .unwrap()
                 .key_indexes(&args(cmd))
         };
-        assert_eq!(keys("mset a 1 b 2"), vec![1, 3]);
-        assert_eq!(keys("del a b c"), vec![1, 2, 3]);
-        assert_eq!(keys("get a"), vec![1]);
-        assert_eq!(keys("ping"), Vec::<usize>::new());
+        assert_eq!(keys("mset a 1 b 2"), Some(vec![1, 3]));
+        assert_eq!(keys("del a b c"), Some(vec![1, 2, 3]));
+        assert_eq!(keys("get a"), Some(vec![1]));
+        assert_eq!(keys("ping"), Some(Vec::new()));
+        assert_eq!(keys("mgetprefix 2 a b maxbytes 9"), Some(vec![2, 3]));
+        assert_eq!(keys("msetblock 2 a 1 b 2 chain"), Some(vec![2, 4]));
+        assert_eq!(keys("mgetprefix 3 a b"), None);
+        assert_eq!(keys("msetblock 3 a 1 b 2"), None);
+        assert_eq!(keys("prefixlen 0 a"), None);
+        assert_eq!(keys("mexists x a"), None);
     }
 
     #[test]

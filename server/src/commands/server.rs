@@ -472,7 +472,9 @@ fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
     if !spec.arity_ok(call.len()) {
         return Reply::error("ERR Invalid number of arguments specified for command");
     }
-    let keys = spec.key_indexes(call);
+    let Some(keys) = spec.key_indexes(call) else {
+        return Reply::error("ERR Invalid arguments specified for command");
+    };
     if keys.is_empty() {
         return Reply::error("ERR The command has no key arguments");
     }
@@ -1104,9 +1106,8 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
     }
     match store.peek(op.slot, op.key(), now) {
-        Some(e) => {
-            Reply::Int(Store::charge(op.key().len(), e.value.len(), e.expire_at != 0) as i64)
-        }
+        // What the key is charged against maxmemory, parent link included.
+        Some(e) => Reply::Int(e.charge(op.key().len()) as i64),
         None => Reply::Nil,
     }
 }
