@@ -364,12 +364,14 @@ async fn worker(
                 (Op::Get, v) => {
                     rec.op("get", took);
                     check_value(&plan, &mut rec, keys[first], &v);
+                    client.recycle(v);
                 }
                 (Op::Mget, Value::Array(values)) if values.len() == count => {
                     rec.op("mget", took);
                     for (k, v) in keys[first..first + count].iter().zip(&values) {
                         check_value(&plan, &mut rec, *k, v);
                     }
+                    client.recycle(Value::Array(values));
                 }
                 _ => rec.add("errors", 1),
             }
