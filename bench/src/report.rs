@@ -21,7 +21,8 @@ pub struct Recorder {
     pub latency: BTreeMap<&'static str, Histogram<u64>>,
     /// Counters by name (ops, hits, bytes, failures...).
     pub counts: BTreeMap<&'static str, u64>,
-    /// Operations completed per second since the start.
+    /// Units of work (kv operations, trace requests, hand-offs) completed
+    /// in each second since the start; the last entry covers a part second.
     pub timeline: Vec<u64>,
     start: Instant,
 }
@@ -37,15 +38,23 @@ impl Recorder {
         }
     }
 
-    /// Records one operation of kind `op` that took `took`.
+    /// Records one completed unit of work (a request, a hand-off) of kind
+    /// `op` that took `took`: its latency, and one completion in the
+    /// throughput timeline.
     pub fn op(&mut self, op: &'static str, took: Duration) {
-        let h = self.latency.entry(op).or_insert_with(histogram);
-        let _ = h.record(took.as_nanos().max(1) as u64);
+        self.latency(op, took);
         let second = self.start.elapsed().as_secs() as usize;
         if self.timeline.len() <= second {
             self.timeline.resize(second + 1, 0);
         }
         self.timeline[second] += 1;
+    }
+
+    /// Records the latency of a step of a unit of work (a lookup inside a
+    /// request) without counting it in the throughput timeline.
+    pub fn latency(&mut self, op: &'static str, took: Duration) {
+        let h = self.latency.entry(op).or_insert_with(histogram);
+        let _ = h.record(took.as_nanos().max(1) as u64);
     }
 
     /// Adds `n` to counter `name`.

@@ -387,7 +387,7 @@ async fn serve(
             h.unwrap_or(n)
         }
     };
-    rec.op("lookup", t.elapsed());
+    rec.latency("lookup", t.elapsed());
 
     // Fetch the hit prefix, verifying every block.
     let mut hits = 0;
@@ -419,7 +419,7 @@ async fn serve(
                 client.call(&cmd).await?.into_array().unwrap_or_default()
             }
         };
-        rec.op("fetch", t.elapsed());
+        rec.latency("fetch", t.elapsed());
         for (k, v) in keys.iter().zip(&values) {
             let Value::Bulk(got) = v else { break };
             hits += 1;
@@ -500,7 +500,7 @@ async fn serve(
                 suffix.len()
             }
         };
-        rec.op("store", t.elapsed());
+        rec.latency("store", t.elapsed());
         rec.add("blocks_stored", stored as u64);
         rec.add("bytes_written", (suffix.len() * replay.block_bytes) as u64);
     }
