@@ -62,9 +62,10 @@ pub struct PdArgs {
 }
 
 struct Handoff {
-    chain: usize,
     keys: Vec<Bytes>,
     started: Instant,
+    /// A decode worker's slot, held until the chain has been read.
+    _decoder: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Runs the scenario.
@@ -83,15 +84,21 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let next_chain = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    // A prefill starts a chain only when a decode worker is free to wait
+    // for it, as a decode instance is assigned before its prefill runs:
+    // the hand-off latency then never includes time a chain spent queued
+    // behind other chains on the client.
+    let idle_decoders = Arc::new(tokio::sync::Semaphore::new(a.decode_workers.max(1)));
     let bar = report::progress(a.chains as u64, a.chains as f64 / 50.0);
     let mut decoders = Vec::new();
     for _ in 0..a.decode_workers.max(1) {
         let mut client = Client::connect(&addr).await?;
-        let (rx, pool, shared, a) = (
+        let (rx, pool, shared, a, bar) = (
             Arc::clone(&rx),
             Arc::clone(&pool),
             Arc::clone(&shared),
             a.clone(),
+            bar.clone(),
         );
         decoders.push(tokio::spawn(async move {
             let mut rec = Recorder::new(start);
@@ -99,6 +106,8 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
                 let job = rx.lock().await.recv().await;
                 let Some(job) = job else { break };
                 decode(&mut client, &a, &pool, block, &job, &mut rec).await?;
+                drop(job);
+                bar.inc(1);
             }
             if let Ok(mut all) = shared.lock() {
                 all.merge(rec);
@@ -109,11 +118,12 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let mut prefills = Vec::new();
     for _ in 0..a.prefill_workers.max(1) {
         let mut client = Client::connect(&addr).await?;
-        let (tx, pool, next_chain, a) = (
+        let (tx, pool, next_chain, a, idle_decoders) = (
             tx.clone(),
             Arc::clone(&pool),
             Arc::clone(&next_chain),
             a.clone(),
+            Arc::clone(&idle_decoders),
         );
         prefills.push(tokio::spawn(async move {
             loop {
@@ -124,12 +134,16 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
                 let keys: Vec<Bytes> = (0..a.chain_blocks)
                     .map(|j| Bytes::from(format!("pd:{run_id}:{chain}:{j}")))
                     .collect();
+                let decoder = Arc::clone(&idle_decoders)
+                    .acquire_owned()
+                    .await
+                    .map_err(std::io::Error::other)?;
                 let started = Instant::now();
                 // The decode side learns the keys as the prefill starts.
                 let _ = tx.send(Handoff {
-                    chain,
                     keys: keys.clone(),
                     started,
+                    _decoder: decoder,
                 });
                 for (g, group) in keys.chunks(a.blocks_per_write.max(1)).enumerate() {
                     let mut cmd = vec![
@@ -159,7 +173,6 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     drop(tx);
     for p in prefills {
         p.await.map_err(std::io::Error::other)??;
-        bar.inc(0);
     }
     for d in decoders {
         d.await.map_err(std::io::Error::other)??;
@@ -197,6 +210,10 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         "chains": a.chains,
         "chain_blocks": a.chain_blocks,
         "block_bytes": block,
+        "blocks_per_write": a.blocks_per_write.max(1),
+        "prefill_workers": a.prefill_workers.max(1),
+        "decode_workers": a.decode_workers.max(1),
+        "handoffs_per_sec": rec.count("complete") as f64 / secs,
         "complete": rec.count("complete"),
         "timeouts": rec.count("timeouts"),
         "verification_failures": rec.count("verify_failures"),
@@ -241,12 +258,16 @@ async fn decode(
             ];
             cmd.extend(job.keys.iter().cloned());
             cmd.extend([Bytes::from_static(b"BLOCK"), Bytes::from(left.to_string())]);
-            client.call(&cmd).await?.into_array().unwrap_or_default()
+            let v = client.call(&cmd).await?;
+            fail_on_error(&v, "MGETPREFIX")?;
+            v.into_array().unwrap_or_default()
         }
         Wait::Poll => loop {
             let mut cmd = vec![Bytes::from_static(b"MGET")];
             cmd.extend(job.keys.iter().cloned());
-            let values = client.call(&cmd).await?.into_array().unwrap_or_default();
+            let v = client.call(&cmd).await?;
+            fail_on_error(&v, "MGET")?;
+            let values = v.into_array().unwrap_or_default();
             let present = values
                 .iter()
                 .take_while(|v| matches!(v, Value::Bulk(_)))
@@ -254,6 +275,7 @@ async fn decode(
             if present == n || Instant::now() >= deadline {
                 break values.into_iter().take(present).collect();
             }
+            client.recycle(Value::Array(values));
             tokio::time::sleep(Duration::from_millis(a.poll_ms)).await;
         },
     };
@@ -266,12 +288,13 @@ async fn decode(
             }
         }
     }
-    if values.len() == n {
+    let complete = values.len() == n;
+    client.recycle(Value::Array(values));
+    if complete {
         rec.add("complete", 1);
         rec.op("handoff", took);
     } else {
         rec.add("timeouts", 1);
-        let _ = job.chain;
     }
     Ok(())
 }
