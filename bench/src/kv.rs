@@ -109,30 +109,48 @@ fn parse_ratio(s: &str) -> Result<[u64; 3], String> {
     Ok(w)
 }
 
+impl Plan {
+    /// The plan of a run from its options.
+    fn new(a: &KvArgs) -> std::io::Result<Plan> {
+        let sizes = SizeRange::parse(&a.value_size).map_err(std::io::Error::other)?;
+        let weights = parse_ratio(&a.ratio).map_err(std::io::Error::other)?;
+        let chooser = match (a.zipf, a.gaussian) {
+            (Some(s), _) => KeyChooser::Zipf(Zipf::new(a.keys, s)),
+            (None, Some(f)) => KeyChooser::Gaussian {
+                keys: a.keys,
+                sigma: a.keys as f64 * f,
+            },
+            _ => KeyChooser::Uniform { keys: a.keys },
+        };
+        Ok(Plan {
+            keys: (0..a.keys)
+                .map(|i| Bytes::from(format!("{}{i}", a.key_prefix)))
+                .collect(),
+            chooser,
+            sizes,
+            pool: ValuePool::new(sizes.max),
+            weights,
+            mget_keys: a.mget_keys.max(1),
+            pipeline: a.pipeline.max(1),
+        })
+    }
+}
+
+/// SETs every key of `a`'s key space once (what `--prefill` does), so a
+/// caller can load the key space outside its own measurement.
+pub async fn prefill_keys(a: &KvArgs) -> std::io::Result<()> {
+    let plan = Arc::new(Plan::new(a)?);
+    let mut clients = Vec::new();
+    for _ in 0..a.connections.clamp(1, 16) {
+        clients.push(Client::connect(&a.out.addr()).await?);
+    }
+    prefill(&plan, &mut clients).await
+}
+
 /// Runs the scenario; returns the JSON summary (also written to --json).
 pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json::Value> {
     let addr = a.out.addr();
-    let sizes = SizeRange::parse(&a.value_size).map_err(std::io::Error::other)?;
-    let weights = parse_ratio(&a.ratio).map_err(std::io::Error::other)?;
-    let chooser = match (a.zipf, a.gaussian) {
-        (Some(s), _) => KeyChooser::Zipf(Zipf::new(a.keys, s)),
-        (None, Some(f)) => KeyChooser::Gaussian {
-            keys: a.keys,
-            sigma: a.keys as f64 * f,
-        },
-        _ => KeyChooser::Uniform { keys: a.keys },
-    };
-    let plan = Arc::new(Plan {
-        keys: (0..a.keys)
-            .map(|i| Bytes::from(format!("{}{i}", a.key_prefix)))
-            .collect(),
-        chooser,
-        sizes,
-        pool: ValuePool::new(sizes.max),
-        weights,
-        mget_keys: a.mget_keys.max(1),
-        pipeline: a.pipeline.max(1),
-    });
+    let plan = Arc::new(Plan::new(&a)?);
     let mut clients = Vec::with_capacity(a.connections);
     for _ in 0..a.connections.max(1) {
         clients.push(Client::connect(&addr).await?);
