@@ -233,16 +233,7 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
         rec.count("verify_failures")
     );
     report::print_latency_table(&rec);
-    println!(
-        "client CPU: {:.2} cores busy of {} threads{}",
-        cpu["cores_busy"].as_f64().unwrap_or(0.0),
-        client_threads,
-        if cpu["saturated"].as_bool() == Some(true) {
-            " (client saturated: numbers are a lower bound)"
-        } else {
-            ""
-        }
-    );
+    report::print_client_cpu(&cpu);
     let latency: serde_json::Map<String, serde_json::Value> = rec
         .latency
         .iter()

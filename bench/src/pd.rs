@@ -198,6 +198,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         bytes as f64 / secs / 1e9
     );
     report::print_latency_table(&rec);
+    report::print_client_cpu(&cpu);
     let latency: serde_json::Map<String, serde_json::Value> = rec
         .latency
         .iter()

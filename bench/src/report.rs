@@ -118,18 +118,39 @@ pub fn cpu_time() -> (Duration, Duration) {
 }
 
 /// CPU the client used during a run, to tell when the client is the limit.
+/// The client can use at most `threads` cores, and no more than the
+/// machine has; past 90% of that it is saturated and the run measured the
+/// client, not the server.
 pub fn client_cpu(before: (Duration, Duration), wall: Duration, threads: usize) -> Json {
     let (user0, sys0) = before;
     let (user1, sys1) = cpu_time();
     let total = (user1 - user0) + (sys1 - sys0);
     let busy = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+    let machine = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let usable = threads.min(machine).max(1);
     json!({
         "user_s": (user1 - user0).as_secs_f64(),
         "sys_s": (sys1 - sys0).as_secs_f64(),
         "cores_busy": busy,
         "threads": threads,
-        "saturated": busy > threads as f64 * 0.9,
+        "machine_cores": machine,
+        "saturated": busy > usable as f64 * 0.9,
     })
+}
+
+/// Prints the client's CPU line of a run (from [`client_cpu`]).
+pub fn print_client_cpu(cpu: &Json) {
+    println!(
+        "client CPU: {:.2} cores busy of {} threads on {} cores{}",
+        cpu["cores_busy"].as_f64().unwrap_or(0.0),
+        cpu["threads"],
+        cpu["machine_cores"],
+        if cpu["saturated"].as_bool() == Some(true) {
+            " (client saturated: numbers are a lower bound)"
+        } else {
+            ""
+        }
+    );
 }
 
 /// Prints the latency table of a run.

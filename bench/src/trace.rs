@@ -285,6 +285,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         a.prefill_tokens_per_s
     );
     report::print_latency_table(&rec);
+    report::print_client_cpu(&cpu);
     let latency: serde_json::Map<String, serde_json::Value> = rec
         .latency
         .iter()
