@@ -66,3 +66,11 @@ pub fn fail_on_error(v: &Value, what: &str) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The command-line spelling of an option value (`redis-sequential`, not
+/// `RedisSequential`), for reports.
+pub fn flag_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}

@@ -246,6 +246,7 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
         "key_distribution": plan.chooser.describe(),
         "value_size": a.value_size,
         "ratio": a.ratio,
+        "mget_keys": plan.mget_keys,
         "connections": a.connections,
         "pipeline": plan.pipeline,
         "seconds": secs,

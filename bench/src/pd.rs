@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::common::{fail_on_error, require_dialect, Output};
+use crate::common::{fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -187,8 +187,13 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let secs = wall.as_secs_f64();
     let bytes = rec.count("bytes_read");
     println!(
-        "pd: {} chains of {} × {} bytes, {} prefill / {} decode workers, wait {:?}, against {addr}",
-        a.chains, a.chain_blocks, block, a.prefill_workers, a.decode_workers, a.wait
+        "pd: {} chains of {} × {} bytes, {} prefill / {} decode workers, wait {}, against {addr}",
+        a.chains,
+        a.chain_blocks,
+        block,
+        a.prefill_workers,
+        a.decode_workers,
+        flag_name(&a.wait)
     );
     println!(
         "handed off {}, timeouts {}, verification failures {}, {:.3} GB/s read",
@@ -207,7 +212,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let summary = json!({
         "scenario": "pd",
         "target": addr,
-        "wait": format!("{:?}", a.wait),
+        "wait": flag_name(&a.wait),
         "chains": a.chains,
         "chain_blocks": a.chain_blocks,
         "block_bytes": block,

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use crate::common::{fail_on_error, require_dialect, Output};
+use crate::common::{fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -261,11 +261,11 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     let moved = c("bytes_read") + c("bytes_written");
     let saved = c("hit_tokens") as f64 / a.prefill_tokens_per_s;
     println!(
-        "trace: {} requests, {} blocks of {} bytes, protocol {:?}, concurrency {}, against {addr}",
+        "trace: {} requests, {} blocks of {} bytes, protocol {}, concurrency {}, against {addr}",
         c("requests"),
         c("blocks"),
         block_bytes,
-        a.protocol,
+        flag_name(&a.protocol),
         a.concurrency
     );
     println!(
@@ -295,7 +295,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "scenario": "trace",
         "target": addr,
         "trace": a.file.display().to_string(),
-        "protocol": format!("{:?}", a.protocol),
+        "protocol": flag_name(&a.protocol),
         "concurrency": a.concurrency,
         "speed": a.speed,
         "block_tokens": a.block_tokens,
