@@ -178,12 +178,14 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         d.await.map_err(std::io::Error::other)??;
     }
     bar.finish_and_clear();
-    let wall = start.elapsed();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())
         .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
+    // The run ended when its last worker did, not when this task (polling
+    // the progress bar every 200 ms) noticed.
+    let wall = rec.wall();
+    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let secs = wall.as_secs_f64();
     let bytes = rec.count("bytes_read");
     println!(

@@ -24,6 +24,9 @@ pub struct Recorder {
     /// Units of work (kv operations, trace requests, hand-offs) completed
     /// in each second since the start; the last entry covers a part second.
     pub timeline: Vec<u64>,
+    /// When the last worker merged its recorder into this one: the end of
+    /// the measured run (the caller may notice it only later).
+    pub finished: Option<Instant>,
     start: Instant,
 }
 
@@ -34,6 +37,7 @@ impl Recorder {
             latency: BTreeMap::new(),
             counts: BTreeMap::new(),
             timeline: Vec::new(),
+            finished: None,
             start,
         }
     }
@@ -62,8 +66,10 @@ impl Recorder {
         *self.counts.entry(name).or_insert(0) += n;
     }
 
-    /// Folds `other` into this one.
+    /// Folds `other` into this one (a worker does it the moment it is done).
     pub fn merge(&mut self, other: Recorder) {
+        let now = Instant::now();
+        self.finished = Some(self.finished.map_or(now, |f| f.max(now)));
         for (op, h) in other.latency {
             let mine = self.latency.entry(op).or_insert_with(histogram);
             let _ = mine.add(&h);
@@ -77,6 +83,13 @@ impl Recorder {
         for (i, v) in other.timeline.into_iter().enumerate() {
             self.timeline[i] += v;
         }
+    }
+
+    /// Wall time of the run: from `start` to the last worker's merge.
+    pub fn wall(&self) -> Duration {
+        self.finished
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.start)
     }
 
     /// Counter value (0 if never counted).
