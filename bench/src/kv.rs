@@ -148,6 +148,8 @@ pub async fn prefill_keys(a: &KvArgs) -> std::io::Result<()> {
 }
 
 /// Runs the scenario; returns the JSON summary (also written to --json).
+/// Verification failures are in the summary, not an error: the caller
+/// decides (`common::check_verified`).
 pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json::Value> {
     let addr = a.out.addr();
     let plan = Arc::new(Plan::new(&a)?);
@@ -272,11 +274,6 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
     }
     if let Some(path) = &a.out.plot {
         report::plot(path, "kv", &rec).map_err(std::io::Error::other)?;
-    }
-    if rec.count("verify_failures") > 0 {
-        return Err(std::io::Error::other(
-            "verification failures: wrong bytes were returned",
-        ));
     }
     Ok(summary)
 }

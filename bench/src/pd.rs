@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::common::{fail_on_error, flag_name, require_dialect, Output};
+use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -238,10 +238,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     if let Some(path) = &a.out.plot {
         report::plot(path, "pd", &rec).map_err(std::io::Error::other)?;
     }
-    if rec.count("verify_failures") > 0 {
-        return Err(std::io::Error::other("verification failures"));
-    }
-    Ok(())
+    check_verified(&summary)
 }
 
 async fn decode(

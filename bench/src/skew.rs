@@ -165,7 +165,7 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
         });
         report::write_json(path, &report)?;
     }
-    Ok(())
+    crate::common::check_verified(&summary)
 }
 
 #[cfg(test)]

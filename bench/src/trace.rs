@@ -13,7 +13,7 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use crate::common::{fail_on_error, flag_name, require_dialect, Output};
+use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -333,13 +333,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     if let Some(path) = &a.out.plot {
         report::plot(path, "trace", &rec).map_err(std::io::Error::other)?;
     }
-    if c("verify_failures") > 0 {
-        return Err(std::io::Error::other(format!(
-            "{} verification failures: the server returned wrong bytes for a block",
-            c("verify_failures")
-        )));
-    }
-    Ok(())
+    check_verified(&summary)
 }
 
 async fn worker(
