@@ -66,3 +66,22 @@ pub fn fail_on_error(v: &Value, what: &str) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The command-line spelling of an option value (`redis-sequential`, not
+/// `RedisSequential`), for reports.
+pub fn flag_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// Fails a finished run whose report counts values that came back wrong
+/// (after its --json and --plot were written), so a script cannot miss it.
+pub fn check_verified(report: &serde_json::Value) -> std::io::Result<()> {
+    match report["verification_failures"].as_u64() {
+        Some(n) if n > 0 => Err(std::io::Error::other(format!(
+            "{n} verification failures: the server returned wrong bytes for a value"
+        ))),
+        _ => Ok(()),
+    }
+}

@@ -56,7 +56,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         let threads = cli.client_threads.max(1);
         match cli.command {
-            Command::Kv(a) => kv::run(a, threads).await.map(|_| ()),
+            Command::Kv(a) => common::check_verified(&kv::run(a, threads).await?),
             Command::Trace(a) => trace::run(a, threads).await,
             Command::Pd(a) => pd::run(a, threads).await,
             Command::Skew(a) => skew::run(a, threads).await,

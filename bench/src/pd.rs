@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::common::{fail_on_error, require_dialect, Output};
+use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -62,9 +62,10 @@ pub struct PdArgs {
 }
 
 struct Handoff {
-    chain: usize,
     keys: Vec<Bytes>,
     started: Instant,
+    /// A decode worker's slot, held until the chain has been read.
+    _decoder: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Runs the scenario.
@@ -83,15 +84,21 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let next_chain = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    // A prefill starts a chain only when a decode worker is free to wait
+    // for it, as a decode instance is assigned before its prefill runs:
+    // the hand-off latency then never includes time a chain spent queued
+    // behind other chains on the client.
+    let idle_decoders = Arc::new(tokio::sync::Semaphore::new(a.decode_workers.max(1)));
     let bar = report::progress(a.chains as u64, a.chains as f64 / 50.0);
     let mut decoders = Vec::new();
     for _ in 0..a.decode_workers.max(1) {
         let mut client = Client::connect(&addr).await?;
-        let (rx, pool, shared, a) = (
+        let (rx, pool, shared, a, bar) = (
             Arc::clone(&rx),
             Arc::clone(&pool),
             Arc::clone(&shared),
             a.clone(),
+            bar.clone(),
         );
         decoders.push(tokio::spawn(async move {
             let mut rec = Recorder::new(start);
@@ -99,6 +106,8 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
                 let job = rx.lock().await.recv().await;
                 let Some(job) = job else { break };
                 decode(&mut client, &a, &pool, block, &job, &mut rec).await?;
+                drop(job);
+                bar.inc(1);
             }
             if let Ok(mut all) = shared.lock() {
                 all.merge(rec);
@@ -109,11 +118,12 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let mut prefills = Vec::new();
     for _ in 0..a.prefill_workers.max(1) {
         let mut client = Client::connect(&addr).await?;
-        let (tx, pool, next_chain, a) = (
+        let (tx, pool, next_chain, a, idle_decoders) = (
             tx.clone(),
             Arc::clone(&pool),
             Arc::clone(&next_chain),
             a.clone(),
+            Arc::clone(&idle_decoders),
         );
         prefills.push(tokio::spawn(async move {
             loop {
@@ -124,12 +134,16 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
                 let keys: Vec<Bytes> = (0..a.chain_blocks)
                     .map(|j| Bytes::from(format!("pd:{run_id}:{chain}:{j}")))
                     .collect();
+                let decoder = Arc::clone(&idle_decoders)
+                    .acquire_owned()
+                    .await
+                    .map_err(std::io::Error::other)?;
                 let started = Instant::now();
                 // The decode side learns the keys as the prefill starts.
                 let _ = tx.send(Handoff {
-                    chain,
                     keys: keys.clone(),
                     started,
+                    _decoder: decoder,
                 });
                 for (g, group) in keys.chunks(a.blocks_per_write.max(1)).enumerate() {
                     let mut cmd = vec![
@@ -159,23 +173,29 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     drop(tx);
     for p in prefills {
         p.await.map_err(std::io::Error::other)??;
-        bar.inc(0);
     }
     for d in decoders {
         d.await.map_err(std::io::Error::other)??;
     }
     bar.finish_and_clear();
-    let wall = start.elapsed();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())
         .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
+    // The run ended when its last worker did, not when this task (polling
+    // the progress bar every 200 ms) noticed.
+    let wall = rec.wall();
+    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let secs = wall.as_secs_f64();
     let bytes = rec.count("bytes_read");
     println!(
-        "pd: {} chains of {} × {} bytes, {} prefill / {} decode workers, wait {:?}, against {addr}",
-        a.chains, a.chain_blocks, block, a.prefill_workers, a.decode_workers, a.wait
+        "pd: {} chains of {} × {} bytes, {} prefill / {} decode workers, wait {}, against {addr}",
+        a.chains,
+        a.chain_blocks,
+        block,
+        a.prefill_workers,
+        a.decode_workers,
+        flag_name(&a.wait)
     );
     println!(
         "handed off {}, timeouts {}, verification failures {}, {:.3} GB/s read",
@@ -185,6 +205,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         bytes as f64 / secs / 1e9
     );
     report::print_latency_table(&rec);
+    report::print_client_cpu(&cpu);
     let latency: serde_json::Map<String, serde_json::Value> = rec
         .latency
         .iter()
@@ -193,10 +214,14 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     let summary = json!({
         "scenario": "pd",
         "target": addr,
-        "wait": format!("{:?}", a.wait),
+        "wait": flag_name(&a.wait),
         "chains": a.chains,
         "chain_blocks": a.chain_blocks,
         "block_bytes": block,
+        "blocks_per_write": a.blocks_per_write.max(1),
+        "prefill_workers": a.prefill_workers.max(1),
+        "decode_workers": a.decode_workers.max(1),
+        "handoffs_per_sec": rec.count("complete") as f64 / secs,
         "complete": rec.count("complete"),
         "timeouts": rec.count("timeouts"),
         "verification_failures": rec.count("verify_failures"),
@@ -213,10 +238,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     if let Some(path) = &a.out.plot {
         report::plot(path, "pd", &rec).map_err(std::io::Error::other)?;
     }
-    if rec.count("verify_failures") > 0 {
-        return Err(std::io::Error::other("verification failures"));
-    }
-    Ok(())
+    check_verified(&summary)
 }
 
 async fn decode(
@@ -241,12 +263,16 @@ async fn decode(
             ];
             cmd.extend(job.keys.iter().cloned());
             cmd.extend([Bytes::from_static(b"BLOCK"), Bytes::from(left.to_string())]);
-            client.call(&cmd).await?.into_array().unwrap_or_default()
+            let v = client.call(&cmd).await?;
+            fail_on_error(&v, "MGETPREFIX")?;
+            v.into_array().unwrap_or_default()
         }
         Wait::Poll => loop {
             let mut cmd = vec![Bytes::from_static(b"MGET")];
             cmd.extend(job.keys.iter().cloned());
-            let values = client.call(&cmd).await?.into_array().unwrap_or_default();
+            let v = client.call(&cmd).await?;
+            fail_on_error(&v, "MGET")?;
+            let values = v.into_array().unwrap_or_default();
             let present = values
                 .iter()
                 .take_while(|v| matches!(v, Value::Bulk(_)))
@@ -254,6 +280,7 @@ async fn decode(
             if present == n || Instant::now() >= deadline {
                 break values.into_iter().take(present).collect();
             }
+            client.recycle(Value::Array(values));
             tokio::time::sleep(Duration::from_millis(a.poll_ms)).await;
         },
     };
@@ -266,12 +293,13 @@ async fn decode(
             }
         }
     }
-    if values.len() == n {
+    let complete = values.len() == n;
+    client.recycle(Value::Array(values));
+    if complete {
         rec.add("complete", 1);
         rec.op("handoff", took);
     } else {
         rec.add("timeouts", 1);
-        let _ = job.chain;
     }
     Ok(())
 }

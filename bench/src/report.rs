@@ -21,8 +21,12 @@ pub struct Recorder {
     pub latency: BTreeMap<&'static str, Histogram<u64>>,
     /// Counters by name (ops, hits, bytes, failures...).
     pub counts: BTreeMap<&'static str, u64>,
-    /// Operations completed per second since the start.
+    /// Units of work (kv operations, trace requests, hand-offs) completed
+    /// in each second since the start; the last entry covers a part second.
     pub timeline: Vec<u64>,
+    /// When the last worker merged its recorder into this one: the end of
+    /// the measured run (the caller may notice it only later).
+    pub finished: Option<Instant>,
     start: Instant,
 }
 
@@ -33,14 +37,16 @@ impl Recorder {
             latency: BTreeMap::new(),
             counts: BTreeMap::new(),
             timeline: Vec::new(),
+            finished: None,
             start,
         }
     }
 
-    /// Records one operation of kind `op` that took `took`.
+    /// Records one completed unit of work (a request, a hand-off) of kind
+    /// `op` that took `took`: its latency, and one completion in the
+    /// throughput timeline.
     pub fn op(&mut self, op: &'static str, took: Duration) {
-        let h = self.latency.entry(op).or_insert_with(histogram);
-        let _ = h.record(took.as_nanos().max(1) as u64);
+        self.latency(op, took);
         let second = self.start.elapsed().as_secs() as usize;
         if self.timeline.len() <= second {
             self.timeline.resize(second + 1, 0);
@@ -48,13 +54,22 @@ impl Recorder {
         self.timeline[second] += 1;
     }
 
+    /// Records the latency of a step of a unit of work (a lookup inside a
+    /// request) without counting it in the throughput timeline.
+    pub fn latency(&mut self, op: &'static str, took: Duration) {
+        let h = self.latency.entry(op).or_insert_with(histogram);
+        let _ = h.record(took.as_nanos().max(1) as u64);
+    }
+
     /// Adds `n` to counter `name`.
     pub fn add(&mut self, name: &'static str, n: u64) {
         *self.counts.entry(name).or_insert(0) += n;
     }
 
-    /// Folds `other` into this one.
+    /// Folds `other` into this one (a worker does it the moment it is done).
     pub fn merge(&mut self, other: Recorder) {
+        let now = Instant::now();
+        self.finished = Some(self.finished.map_or(now, |f| f.max(now)));
         for (op, h) in other.latency {
             let mine = self.latency.entry(op).or_insert_with(histogram);
             let _ = mine.add(&h);
@@ -68,6 +83,13 @@ impl Recorder {
         for (i, v) in other.timeline.into_iter().enumerate() {
             self.timeline[i] += v;
         }
+    }
+
+    /// Wall time of the run: from `start` to the last worker's merge.
+    pub fn wall(&self) -> Duration {
+        self.finished
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.start)
     }
 
     /// Counter value (0 if never counted).
@@ -109,18 +131,39 @@ pub fn cpu_time() -> (Duration, Duration) {
 }
 
 /// CPU the client used during a run, to tell when the client is the limit.
+/// The client can use at most `threads` cores, and no more than the
+/// machine has; past 90% of that it is saturated and the run measured the
+/// client, not the server.
 pub fn client_cpu(before: (Duration, Duration), wall: Duration, threads: usize) -> Json {
     let (user0, sys0) = before;
     let (user1, sys1) = cpu_time();
     let total = (user1 - user0) + (sys1 - sys0);
     let busy = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+    let machine = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let usable = threads.min(machine).max(1);
     json!({
         "user_s": (user1 - user0).as_secs_f64(),
         "sys_s": (sys1 - sys0).as_secs_f64(),
         "cores_busy": busy,
         "threads": threads,
-        "saturated": busy > threads as f64 * 0.9,
+        "machine_cores": machine,
+        "saturated": busy > usable as f64 * 0.9,
     })
+}
+
+/// Prints the client's CPU line of a run (from [`client_cpu`]).
+pub fn print_client_cpu(cpu: &Json) {
+    println!(
+        "client CPU: {:.2} cores busy of {} threads on {} cores{}",
+        cpu["cores_busy"].as_f64().unwrap_or(0.0),
+        cpu["threads"],
+        cpu["machine_cores"],
+        if cpu["saturated"].as_bool() == Some(true) {
+            " (client saturated: numbers are a lower bound)"
+        } else {
+            ""
+        }
+    );
 }
 
 /// Prints the latency table of a run.

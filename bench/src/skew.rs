@@ -36,39 +36,72 @@ pub struct SkewArgs {
     pub duration: f64,
 }
 
-/// Commands executed per shard so far, from `INFO shards` (kvtier), or the
-/// server's total as one shard (any other server).
-async fn shard_commands(addr: &str) -> std::io::Result<Vec<u64>> {
+/// Per-shard counters from `INFO all`.
+struct ShardLoad {
+    /// Reads of the keys each shard owns (keyspace hits + misses).
+    reads: Vec<u64>,
+    /// Commands issued by connections each shard's thread serves.
+    commands: Vec<u64>,
+}
+
+/// Reads a `name=value` field of an `INFO shards` line.
+fn field(line: &str, name: &str) -> Option<u64> {
+    line.split([',', ':'])
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The load per shard so far, from `INFO shards` (kvtier); any other server
+/// counts as one shard with its `INFO stats` totals.
+async fn shard_load(addr: &str) -> std::io::Result<ShardLoad> {
     let mut c = Client::connect(addr).await?;
     let text = match c.call(&[Bytes::from("INFO"), Bytes::from("all")]).await? {
         Value::Bulk(b) => String::from_utf8_lossy(&b).into_owned(),
         _ => String::new(),
     };
-    let field = |line: &str, name: &str| -> Option<u64> {
-        line.split([',', ':'])
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let shards: Vec<u64> = text
+    let shard_lines: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with("shard"))
-        .filter_map(|l| field(l, "commands"))
+        .filter(|l| l.starts_with("shard") && l.contains("keys="))
         .collect();
-    if !shards.is_empty() {
-        return Ok(shards);
+    if !shard_lines.is_empty() {
+        return Ok(ShardLoad {
+            reads: shard_lines
+                .iter()
+                .map(|l| {
+                    field(l, "keyspace_hits").unwrap_or(0)
+                        + field(l, "keyspace_misses").unwrap_or(0)
+                })
+                .collect(),
+            commands: shard_lines
+                .iter()
+                .map(|l| field(l, "commands").unwrap_or(0))
+                .collect(),
+        });
     }
-    let total = text
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    Ok(vec![total])
+    let stat = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Ok(ShardLoad {
+        reads: vec![stat("keyspace_hits") + stat("keyspace_misses")],
+        commands: vec![stat("total_commands_processed")],
+    })
+}
+
+/// `after - before`, element by element.
+fn delta(after: &[u64], before: &[u64]) -> Vec<u64> {
+    after
+        .iter()
+        .zip(before.iter().chain(std::iter::repeat(&0)))
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect()
 }
 
 /// Runs the scenario.
 pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
     let addr = a.out.addr();
-    let before = shard_commands(&addr).await?;
     let kv_args = KvArgs {
         out: Output {
             target: a.out.target.clone(),
@@ -85,28 +118,33 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
         pipeline: a.pipeline,
         duration: Some(a.duration),
         requests: None,
-        prefill: true,
+        prefill: false,
         key_prefix: "skew:".into(),
     };
+    // Load the blocks first, outside the counters the shares come from.
+    kv::prefill_keys(&kv_args).await?;
+    let before = shard_load(&addr).await?;
     let summary = kv::run(kv_args, client_threads).await?;
-    let after = shard_commands(&addr).await?;
-    let deltas: Vec<u64> = after
-        .iter()
-        .zip(before.iter().chain(std::iter::repeat(&0)))
-        .map(|(a, b)| a.saturating_sub(*b))
-        .collect();
-    let total: u64 = deltas.iter().sum::<u64>().max(1);
-    println!("load per shard (commands executed during the run):");
-    println!("| shard | commands | share |");
-    println!("|---|---|---|");
-    for (i, d) in deltas.iter().enumerate() {
-        println!("| {i} | {d} | {:.1}% |", *d as f64 * 100.0 / total as f64);
+    let after = shard_load(&addr).await?;
+    let reads = delta(&after.reads, &before.reads);
+    let commands = delta(&after.commands, &before.commands);
+    let total: u64 = reads.iter().sum::<u64>().max(1);
+    let shares: Vec<f64> = reads.iter().map(|&r| r as f64 / total as f64).collect();
+    println!("load per shard (reads of the keys each shard owns, during the run):");
+    println!("| shard | reads | share | commands its connections issued |");
+    println!("|---|---|---|---|");
+    for (i, (r, share)) in reads.iter().zip(&shares).enumerate() {
+        println!(
+            "| {i} | {r} | {:.1}% | {} |",
+            share * 100.0,
+            commands.get(i).copied().unwrap_or(0)
+        );
     }
-    let max_share = *deltas.iter().max().unwrap_or(&0) as f64 / total as f64;
+    let max_share = shares.iter().copied().fold(0.0, f64::max);
     println!(
-        "hottest shard carries {:.1}% (even split: {:.1}%)",
+        "hottest shard carries {:.1}% of the reads (even split: {:.1}%)",
         max_share * 100.0,
-        100.0 / deltas.len() as f64
+        100.0 / reads.len() as f64
     );
     if let Some(path) = &a.out.json {
         let report = json!({
@@ -115,11 +153,34 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
             "zipf": a.zipf,
             "keys": a.keys,
             "block_size": a.block_size,
+            "connections": a.connections,
+            "duration": a.duration,
+            "ops_per_sec": summary["ops_per_sec"],
             "kv": summary,
-            "shard_commands": deltas,
+            "shards": reads.len(),
+            "shard_reads": reads,
+            "shard_read_shares": shares,
+            "shard_commands": commands,
             "hottest_shard_share": max_share,
         });
         report::write_json(path, &report)?;
     }
-    Ok(())
+    crate::common::check_verified(&summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_line_fields() {
+        let line = "shard2:keys=5,used_memory=9,commands=70,ops_per_sec=0,clients=1,\
+                    net_input_bytes=1,net_output_bytes=2,keyspace_hits=40,keyspace_misses=3";
+        assert_eq!(field(line, "keys"), Some(5));
+        assert_eq!(field(line, "commands"), Some(70));
+        assert_eq!(field(line, "keyspace_hits"), Some(40));
+        assert_eq!(field(line, "keyspace_misses"), Some(3));
+        assert_eq!(field(line, "hits"), None);
+        assert_eq!(delta(&[5, 9, 4], &[1, 9]), vec![4, 0, 4]);
+    }
 }

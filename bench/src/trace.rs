@@ -13,7 +13,7 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use crate::common::{fail_on_error, require_dialect, Output};
+use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::{Client, Value};
 use crate::workload::{parse_size, ValuePool};
@@ -161,19 +161,49 @@ pub fn ideal_hit_rate(requests: &[TraceRequest]) -> f64 {
 
 struct Replay {
     requests: Vec<TraceRequest>,
+    /// Each request's block keys, built once (equal ids share one key).
+    keys: Vec<Vec<Bytes>>,
+    /// Decimal `0..=longest chain`, for the `numkeys` arguments.
+    numbers: Vec<Bytes>,
     protocol: Protocol,
     block_bytes: usize,
     block_tokens: usize,
     pool: ValuePool,
-    prefix: String,
-    ttl: Option<u64>,
+    ttl: Option<Bytes>,
     speed: Option<f64>,
     next: AtomicUsize,
 }
 
 impl Replay {
-    fn key(&self, id: u64) -> Bytes {
-        Bytes::from(format!("{}{id}", self.prefix))
+    fn new(a: &TraceArgs, requests: Vec<TraceRequest>, block_bytes: usize) -> Replay {
+        let mut interned: std::collections::HashMap<u64, Bytes> = Default::default();
+        let keys = requests
+            .iter()
+            .map(|r| {
+                r.hash_ids
+                    .iter()
+                    .map(|&id| {
+                        interned
+                            .entry(id)
+                            .or_insert_with(|| Bytes::from(format!("{}{id}", a.key_prefix)))
+                            .clone()
+                    })
+                    .collect()
+            })
+            .collect();
+        let longest = requests.iter().map(|r| r.hash_ids.len()).max().unwrap_or(0);
+        Replay {
+            pool: ValuePool::new(block_bytes),
+            keys,
+            numbers: (0..=longest).map(|n| Bytes::from(n.to_string())).collect(),
+            requests,
+            protocol: a.protocol,
+            block_bytes,
+            block_tokens: a.block_tokens,
+            ttl: a.ttl.map(|s| Bytes::from(s.to_string())),
+            speed: if a.as_fast_as_possible { None } else { a.speed },
+            next: AtomicUsize::new(0),
+        }
     }
 }
 
@@ -196,17 +226,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         }
     };
     let ideal = ideal_hit_rate(&requests);
-    let replay = Arc::new(Replay {
-        pool: ValuePool::new(block_bytes),
-        requests,
-        protocol: a.protocol,
-        block_bytes,
-        block_tokens: a.block_tokens,
-        prefix: a.key_prefix.clone(),
-        ttl: a.ttl,
-        speed: if a.as_fast_as_possible { None } else { a.speed },
-        next: AtomicUsize::new(0),
-    });
+    let replay = Arc::new(Replay::new(&a, requests, block_bytes));
     let start = Instant::now();
     let cpu_before = report::cpu_time();
     let shared = Arc::new(Mutex::new(Recorder::new(start)));
@@ -228,12 +248,14 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         t.await.map_err(std::io::Error::other)??;
     }
     bar.finish_and_clear();
-    let wall = start.elapsed();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())
         .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
+    // The run ended when its last worker did, not when this task (polling
+    // the progress bar every 200 ms) noticed.
+    let wall = rec.wall();
+    let cpu = report::client_cpu(cpu_before, wall, client_threads);
     let secs = wall.as_secs_f64();
     let c = |name| rec.count(name);
     let hit_rate = c("hit_blocks") as f64 / c("blocks").max(1) as f64;
@@ -241,11 +263,11 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     let moved = c("bytes_read") + c("bytes_written");
     let saved = c("hit_tokens") as f64 / a.prefill_tokens_per_s;
     println!(
-        "trace: {} requests, {} blocks of {} bytes, protocol {:?}, concurrency {}, against {addr}",
+        "trace: {} requests, {} blocks of {} bytes, protocol {}, concurrency {}, against {addr}",
         c("requests"),
         c("blocks"),
         block_bytes,
-        a.protocol,
+        flag_name(&a.protocol),
         a.concurrency
     );
     println!(
@@ -265,6 +287,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         a.prefill_tokens_per_s
     );
     report::print_latency_table(&rec);
+    report::print_client_cpu(&cpu);
     let latency: serde_json::Map<String, serde_json::Value> = rec
         .latency
         .iter()
@@ -274,7 +297,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "scenario": "trace",
         "target": addr,
         "trace": a.file.display().to_string(),
-        "protocol": format!("{:?}", a.protocol),
+        "protocol": flag_name(&a.protocol),
         "concurrency": a.concurrency,
         "speed": a.speed,
         "block_tokens": a.block_tokens,
@@ -287,6 +310,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "tokens": c("tokens"),
         "hit_tokens": c("hit_tokens"),
         "token_hit_rate": token_rate,
+        "blocks_written": c("blocks_written"),
         "blocks_stored": c("blocks_stored"),
         "bytes_read": c("bytes_read"),
         "bytes_written": c("bytes_written"),
@@ -309,7 +333,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     if let Some(path) = &a.out.plot {
         report::plot(path, "trace", &rec).map_err(std::io::Error::other)?;
     }
-    Ok(())
+    check_verified(&summary)
 }
 
 async fn worker(
@@ -319,17 +343,24 @@ async fn worker(
     start: Instant,
 ) -> std::io::Result<()> {
     let mut rec = Recorder::new(start);
+    let mut cmd = Vec::new();
     loop {
         let i = replay.next.fetch_add(1, Relaxed);
         let Some(req) = replay.requests.get(i) else {
             break;
         };
-        if let Some(speed) = replay.speed {
-            let due = start + Duration::from_secs_f64(req.timestamp_ms as f64 / 1000.0 / speed);
-            tokio::time::sleep_until(due.into()).await;
-        }
-        let began = Instant::now();
-        serve(&mut client, &replay, req, &mut rec).await?;
+        // With timestamps honoured, a request's latency runs from when it
+        // was due, not from when a connection got free to send it: a slow
+        // server must not hide the queueing it causes (coordinated omission).
+        let began = match replay.speed {
+            Some(speed) => {
+                let due = start + Duration::from_secs_f64(req.timestamp_ms as f64 / 1000.0 / speed);
+                tokio::time::sleep_until(due.into()).await;
+                due
+            }
+            None => Instant::now(),
+        };
+        serve(&mut client, &replay, i, &mut cmd, &mut rec).await?;
         rec.op("request", began.elapsed());
     }
     if let Ok(mut all) = shared.lock() {
@@ -338,34 +369,43 @@ async fn worker(
     Ok(())
 }
 
-/// One request: lookup, fetch the hit prefix, store the missing suffix.
+/// An error reply to a lookup or fetch, as an error: never a miss.
+fn reply_or_fail(v: Value, what: &str) -> std::io::Result<Value> {
+    fail_on_error(&v, what)?;
+    Ok(v)
+}
+
+/// One request (index `i`): lookup, fetch the hit prefix, store the
+/// missing suffix. `cmd` is the worker's reusable argument list.
 async fn serve(
     client: &mut Client,
     replay: &Replay,
-    req: &TraceRequest,
+    i: usize,
+    cmd: &mut Vec<Bytes>,
     rec: &mut Recorder,
 ) -> std::io::Result<()> {
-    let keys: Vec<Bytes> = req.hash_ids.iter().map(|&id| replay.key(id)).collect();
+    let req = &replay.requests[i];
+    let keys = &replay.keys[i][..];
     let n = keys.len();
-    let count = |n: usize| Bytes::from(n.to_string());
+    let count = |n: usize| replay.numbers[n].clone();
 
     // Lookup.
     let t = Instant::now();
     let found = match replay.protocol {
         Protocol::Dialect => {
-            let mut cmd = vec![Bytes::from_static(b"PREFIXLEN"), count(n)];
+            cmd.clear();
+            cmd.extend([Bytes::from_static(b"PREFIXLEN"), count(n)]);
             cmd.extend(keys.iter().cloned());
-            let v = client.call(&cmd).await?;
-            fail_on_error(&v, "PREFIXLEN")?;
+            let v = reply_or_fail(client.call(cmd).await?, "PREFIXLEN")?;
             v.as_int().unwrap_or(0).max(0) as usize
         }
         Protocol::RedisSequential => {
             let mut h = 0;
-            for k in &keys {
+            for k in keys {
                 let v = client
                     .call(&[Bytes::from_static(b"EXISTS"), k.clone()])
                     .await?;
-                if v.as_int() != Some(1) {
+                if reply_or_fail(v, "EXISTS")?.as_int() != Some(1) {
                     break;
                 }
                 h += 1;
@@ -373,13 +413,13 @@ async fn serve(
             h
         }
         Protocol::RedisPipelined => {
-            for k in &keys {
+            for k in keys {
                 client.send(&[Bytes::from_static(b"EXISTS"), k.clone()]);
             }
             client.flush().await?;
             let mut h = None;
-            for (i, _) in keys.iter().enumerate() {
-                let v = client.recv().await?;
+            for i in 0..n {
+                let v = reply_or_fail(client.recv().await?, "EXISTS")?;
                 if h.is_none() && v.as_int() != Some(1) {
                     h = Some(i);
                 }
@@ -387,7 +427,7 @@ async fn serve(
             h.unwrap_or(n)
         }
     };
-    rec.op("lookup", t.elapsed());
+    rec.latency("lookup", t.elapsed());
 
     // Fetch the hit prefix, verifying every block.
     let mut hits = 0;
@@ -395,9 +435,11 @@ async fn serve(
         let t = Instant::now();
         let values: Vec<Value> = match replay.protocol {
             Protocol::Dialect => {
-                let mut cmd = vec![Bytes::from_static(b"MGETPREFIX"), count(found)];
+                cmd.clear();
+                cmd.extend([Bytes::from_static(b"MGETPREFIX"), count(found)]);
                 cmd.extend(keys[..found].iter().cloned());
-                client.call(&cmd).await?.into_array().unwrap_or_default()
+                let v = reply_or_fail(client.call(cmd).await?, "MGETPREFIX")?;
+                v.into_array().unwrap_or_default()
             }
             Protocol::RedisSequential => {
                 let mut out = Vec::with_capacity(found);
@@ -405,6 +447,7 @@ async fn serve(
                     let v = client
                         .call(&[Bytes::from_static(b"GET"), k.clone()])
                         .await?;
+                    let v = reply_or_fail(v, "GET")?;
                     let miss = v == Value::Nil;
                     out.push(v);
                     if miss {
@@ -414,12 +457,14 @@ async fn serve(
                 out
             }
             Protocol::RedisPipelined => {
-                let mut cmd = vec![Bytes::from_static(b"MGET")];
+                cmd.clear();
+                cmd.push(Bytes::from_static(b"MGET"));
                 cmd.extend(keys[..found].iter().cloned());
-                client.call(&cmd).await?.into_array().unwrap_or_default()
+                let v = reply_or_fail(client.call(cmd).await?, "MGET")?;
+                v.into_array().unwrap_or_default()
             }
         };
-        rec.op("fetch", t.elapsed());
+        rec.latency("fetch", t.elapsed());
         for (k, v) in keys.iter().zip(&values) {
             let Value::Bulk(got) = v else { break };
             hits += 1;
@@ -428,6 +473,7 @@ async fn serve(
                 rec.add("verify_failures", 1);
             }
         }
+        client.recycle(Value::Array(values));
     }
     rec.add("requests", 1);
     rec.add("blocks", n as u64);
@@ -443,64 +489,73 @@ async fn serve(
         let t = Instant::now();
         let suffix = &keys[hits..];
         let value = |k: &Bytes| replay.pool.value(k, replay.block_bytes);
-        let ttl = replay.ttl.map(|s| Bytes::from(s.to_string()));
+        let ttl = &replay.ttl;
         let stored = match replay.protocol {
             Protocol::Dialect => {
-                let mut cmd = vec![Bytes::from_static(b"MSETBLOCK"), count(suffix.len())];
+                cmd.clear();
+                cmd.extend([Bytes::from_static(b"MSETBLOCK"), count(suffix.len())]);
                 for k in suffix {
                     cmd.push(k.clone());
                     cmd.push(value(k));
                 }
-                if let Some(ttl) = &ttl {
+                if let Some(ttl) = ttl {
                     cmd.extend([Bytes::from_static(b"EX"), ttl.clone()]);
                 }
                 cmd.push(Bytes::from_static(b"CHAIN"));
                 if hits > 0 {
                     cmd.extend([Bytes::from_static(b"PARENT"), keys[hits - 1].clone()]);
                 }
-                let v = client.call(&cmd).await?;
+                let v = client.call(cmd).await?;
                 fail_on_error(&v, "MSETBLOCK")?;
                 let codes = v.into_array().unwrap_or_default();
                 codes.iter().filter(|c| c.as_int() == Some(1)).count()
             }
             Protocol::RedisSequential => {
+                let mut ok = 0;
                 for k in suffix {
-                    let mut cmd = vec![Bytes::from_static(b"SET"), k.clone(), value(k)];
-                    if let Some(ttl) = &ttl {
+                    cmd.clear();
+                    cmd.extend([Bytes::from_static(b"SET"), k.clone(), value(k)]);
+                    if let Some(ttl) = ttl {
                         cmd.extend([Bytes::from_static(b"EX"), ttl.clone()]);
                     }
-                    let v = client.call(&cmd).await?;
-                    if matches!(v, Value::Error(_)) {
-                        rec.add("errors", 1);
+                    match client.call(cmd).await? {
+                        Value::Error(_) => rec.add("errors", 1),
+                        _ => ok += 1,
                     }
                 }
-                suffix.len()
+                ok
             }
             Protocol::RedisPipelined => {
-                let mut cmd = vec![Bytes::from_static(b"MSET")];
+                cmd.clear();
+                cmd.push(Bytes::from_static(b"MSET"));
                 for k in suffix {
                     cmd.push(k.clone());
                     cmd.push(value(k));
                 }
-                client.send(&cmd);
-                if let Some(ttl) = &ttl {
+                client.send(cmd);
+                if let Some(ttl) = ttl {
                     for k in suffix {
                         client.send(&[Bytes::from_static(b"EXPIRE"), k.clone(), ttl.clone()]);
                     }
                 }
                 client.flush().await?;
-                if matches!(client.recv().await?, Value::Error(_)) {
-                    rec.add("errors", 1);
-                }
+                let ok = match client.recv().await? {
+                    Value::Error(_) => {
+                        rec.add("errors", 1);
+                        0
+                    }
+                    _ => suffix.len(),
+                };
                 if ttl.is_some() {
                     for _ in suffix {
                         client.recv().await?;
                     }
                 }
-                suffix.len()
+                ok
             }
         };
-        rec.op("store", t.elapsed());
+        rec.latency("store", t.elapsed());
+        rec.add("blocks_written", suffix.len() as u64);
         rec.add("blocks_stored", stored as u64);
         rec.add("bytes_written", (suffix.len() * replay.block_bytes) as u64);
     }

@@ -980,8 +980,9 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                 for (i, r) in reports.iter().enumerate() {
                     line!(
                         o,
-                        "shard{i}:keys={},used_memory={},commands={},ops_per_sec={},clients={},net_input_bytes={},net_output_bytes={}",
-                        r.keys, r.used_memory, r.commands, r.ops_per_sec, r.clients, r.net_input, r.net_output
+                        "shard{i}:keys={},used_memory={},commands={},ops_per_sec={},clients={},net_input_bytes={},net_output_bytes={},keyspace_hits={},keyspace_misses={}",
+                        r.keys, r.used_memory, r.commands, r.ops_per_sec, r.clients, r.net_input, r.net_output,
+                        r.store.keyspace_hits, r.store.keyspace_misses
                     );
                 }
             }),
