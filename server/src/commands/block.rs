@@ -26,12 +26,13 @@ use super::flags::*;
 use super::keyspace::fan_out;
 use super::string::expire_at_from;
 use super::{
-    is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeySpec, LocalBoxFuture,
+    always, is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp, KeySpec,
+    LocalBoxFuture, OneShard,
 };
 use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use crate::store::{now_ms, Waiter};
+use crate::store::{now_ms, Store, Waiter};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -45,6 +46,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "numkeys key...",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 /// The block family.
@@ -58,6 +60,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of blocks.",
         syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey]] [REPLACE]",
         handler: Handler::Async(msetblock),
+        one_shard: Some(OneShard {
+            run: msetblock_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -66,18 +72,30 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "Returns the values of the longest run of leading keys that are all present, optionally waiting for them.",
         syntax: "numkeys key... [MAXBYTES bytes:integer] [BLOCK milliseconds [MIN count]]",
         handler: Handler::Async(mgetprefix),
+        one_shard: Some(OneShard {
+            run: mgetprefix_one,
+            applies: no_block,
+        }),
         ..BASE
     },
     CommandSpec {
         name: "prefixlen",
         summary: "Returns how many leading keys are present, without touching them.",
         handler: Handler::Async(prefixlen),
+        one_shard: Some(OneShard {
+            run: prefixlen_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
         name: "mexists",
         summary: "Returns 1 or 0 for each key: whether it exists.",
         handler: Handler::Async(mexists),
+        one_shard: Some(OneShard {
+            run: mexists_one,
+            applies: always,
+        }),
         ..BASE
     },
 ];
@@ -369,44 +387,69 @@ impl Drop for WatchGuard {
 /// Source of blocked-reader ids (unique across shards).
 static NEXT_WAITER: AtomicU64 = AtomicU64::new(1);
 
+/// MGETPREFIX's arguments.
+struct PrefixRead {
+    end: usize,
+    max_bytes: Option<u64>,
+    block_ms: Option<u64>,
+    min: usize,
+}
+
+fn parse_prefix_read(args: &[Bytes]) -> Result<PrefixRead, Reply> {
+    let (n, end) = parse_count(args, 1, "numkeys")?;
+    let mut read = PrefixRead {
+        end,
+        max_bytes: None,
+        block_ms: None,
+        min: n,
+    };
+    let mut i = end;
+    while i < args.len() {
+        let value = args.get(i + 1);
+        if is(&args[i], "maxbytes") && value.is_some() && read.max_bytes.is_none() {
+            match value.and_then(|v| parse_int(v)) {
+                Some(b) if b >= 0 => read.max_bytes = Some(b as u64),
+                Some(_) => return Err(Reply::error("ERR MAXBYTES must not be negative")),
+                None => return Err(not_integer()),
+            }
+            i += 2;
+        } else if is(&args[i], "block") && value.is_some() && read.block_ms.is_none() {
+            match value.and_then(|v| parse_int(v)) {
+                Some(ms) if ms > 0 => read.block_ms = Some(ms as u64),
+                Some(_) => return Err(Reply::error("ERR timeout must be greater than 0")),
+                None => {
+                    return Err(Reply::error(
+                        "ERR timeout is not an integer or out of range",
+                    ))
+                }
+            }
+            i += 2;
+            if i + 1 < args.len() && is(&args[i], "min") {
+                match parse_int(&args[i + 1]) {
+                    Some(m) if m >= 1 && m as usize <= n => read.min = m as usize,
+                    Some(_) => return Err(Reply::error("ERR MIN must be between 1 and numkeys")),
+                    None => return Err(not_integer()),
+                }
+                i += 2;
+            }
+        } else {
+            return Err(syntax_error());
+        }
+    }
+    Ok(read)
+}
+
 fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let (n, end) = match parse_count(&args, 1, "numkeys") {
-            Ok(found) => found,
+        let PrefixRead {
+            end,
+            max_bytes,
+            block_ms,
+            min,
+        } = match parse_prefix_read(&args) {
+            Ok(read) => read,
             Err(e) => return e,
         };
-        let mut max_bytes = None;
-        let mut block_ms = None;
-        let mut min = n;
-        let mut i = end;
-        while i < args.len() {
-            let value = args.get(i + 1);
-            if is(&args[i], "maxbytes") && value.is_some() && max_bytes.is_none() {
-                match value.and_then(|v| parse_int(v)) {
-                    Some(b) if b >= 0 => max_bytes = Some(b as u64),
-                    Some(_) => return Reply::error("ERR MAXBYTES must not be negative"),
-                    None => return not_integer(),
-                }
-                i += 2;
-            } else if is(&args[i], "block") && value.is_some() && block_ms.is_none() {
-                match value.and_then(|v| parse_int(v)) {
-                    Some(ms) if ms > 0 => block_ms = Some(ms as u64),
-                    Some(_) => return Reply::error("ERR timeout must be greater than 0"),
-                    None => return Reply::error("ERR timeout is not an integer or out of range"),
-                }
-                i += 2;
-                if i + 1 < args.len() && is(&args[i], "min") {
-                    match parse_int(&args[i + 1]) {
-                        Some(m) if m >= 1 && m as usize <= n => min = m as usize,
-                        Some(_) => return Reply::error("ERR MIN must be between 1 and numkeys"),
-                        None => return not_integer(),
-                    }
-                    i += 2;
-                }
-            } else {
-                return syntax_error();
-            }
-        }
         let keys: Vec<Bytes> = args[2..end].to_vec();
         let shard = Rc::clone(&client.shard);
         let values = match block_ms {
@@ -561,6 +604,111 @@ fn mexists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         }
         Reply::Array(present.into_iter().map(|p| Reply::Int(p as i64)).collect())
     })
+}
+
+// ---- single-shard forms ---------------------------------------------------
+//
+// When every key of a call lives on one shard, the connection runs these on
+// that shard's store directly (batched with the rest of a pipeline, inline
+// when the shard is its own): no fan-out, and the whole call is one atomic
+// step.
+
+/// MGETPREFIX without BLOCK may run on one shard.
+fn no_block(args: &[Bytes]) -> bool {
+    !args.iter().skip(2).any(|a| is(a, "block"))
+}
+
+fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let read = match parse_prefix_read(&op.args) {
+        Ok(read) => read,
+        Err(e) => return e,
+    };
+    let mut total = 0u64;
+    let mut out = Vec::new();
+    for key in &op.args[2..read.end] {
+        let Some(len) = store.peek(key_slot(key), key, now).map(|e| e.value.len()) else {
+            break;
+        };
+        total += len as u64;
+        if read.max_bytes.is_some_and(|m| total > m) {
+            break;
+        }
+        // Counted (and, unless NO-TOUCH, touched) as accessed.
+        if let Some(e) = store.read(key_slot(key), key, now, op.touch) {
+            out.push(Reply::Bulk(e.value.clone()));
+        }
+    }
+    Reply::Array(out)
+}
+
+fn prefixlen_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let (_, end) = match parse_count(&op.args, 1, "numkeys") {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    if end != op.args.len() {
+        return syntax_error();
+    }
+    let present = op.args[2..end]
+        .iter()
+        .take_while(|key| store.peek(key_slot(key), key, now).is_some())
+        .count();
+    Reply::Int(present as i64)
+}
+
+fn mexists_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let (_, end) = match parse_count(&op.args, 1, "numkeys") {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    if end != op.args.len() {
+        return syntax_error();
+    }
+    Reply::Array(
+        op.args[2..end]
+            .iter()
+            .map(|key| Reply::Int(store.read(key_slot(key), key, now, false).is_some() as i64))
+            .collect(),
+    )
+}
+
+fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    let (n, end) = match parse_count(args, 2, "numblocks") {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    let opts = match parse_set_options(args, end) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let mut codes = Vec::with_capacity(n);
+    let mut failed = false;
+    for i in 0..n {
+        let (key, value) = (&args[2 + 2 * i], &args[3 + 2 * i]);
+        let parent = match (opts.chain, i) {
+            (false, _) => None,
+            (true, 0) => opts.parent.clone(),
+            (true, _) => Some(args[2 * i].clone()),
+        };
+        let code = if failed {
+            -1
+        } else {
+            store.insert_block(
+                key_slot(key),
+                key,
+                value.clone(),
+                opts.expire_at,
+                parent,
+                opts.replace,
+                now,
+            )
+        };
+        // In a chain, nothing after a block that could not be stored.
+        failed |= opts.chain && code < 0;
+        codes.push(Reply::Int(code));
+    }
+    Reply::Array(codes)
 }
 
 #[cfg(test)]

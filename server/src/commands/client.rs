@@ -24,6 +24,7 @@ const SUB: CommandSpec = CommandSpec {
     syntax: "",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 /// CLIENT.

@@ -18,6 +18,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 /// The connection family.

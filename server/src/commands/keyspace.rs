@@ -6,8 +6,8 @@ use bytes::Bytes;
 
 use super::flags::*;
 use super::{
-    is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Client, CommandSpec,
-    Handler, KeyOp, KeySpec, LocalBoxFuture, ALL_KEYS, KEY1, NO_KEYS,
+    always, is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Client,
+    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, ALL_KEYS, KEY1, NO_KEYS,
 };
 use crate::glob::glob_match;
 use crate::protocol::Reply;
@@ -27,6 +27,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "key",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 const TWO_KEYS: KeySpec = KeySpec::range(1, 2, 1);
@@ -50,6 +51,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys that will be removed.",
         syntax: "key...",
         handler: Handler::Async(del),
+        one_shard: Some(OneShard {
+            run: del_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -62,6 +67,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(1) for each key removed regardless of its size.",
         syntax: "key...",
         handler: Handler::Async(del),
+        one_shard: Some(OneShard {
+            run: del_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -72,6 +81,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys to check.",
         syntax: "key...",
         handler: Handler::Async(exists),
+        one_shard: Some(OneShard {
+            run: exists_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -83,6 +96,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys that will be touched.",
         syntax: "key...",
         handler: Handler::Async(touch),
+        one_shard: Some(OneShard {
+            run: touch_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -399,6 +416,29 @@ fn touch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             .await,
         )
     })
+}
+
+fn count_keys(op: &KeyOp, mut f: impl FnMut(u16, &[u8]) -> bool) -> Reply {
+    Reply::Int(
+        op.args[1..]
+            .iter()
+            .filter(|key| f(key_slot(key), key))
+            .count() as i64,
+    )
+}
+
+fn del_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    count_keys(op, |slot, key| {
+        store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
+    })
+}
+
+fn exists_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    count_keys(op, |slot, key| store.read(slot, key, now, false).is_some())
+}
+
+fn touch_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    count_keys(op, |slot, key| store.touch(slot, key, now))
 }
 
 fn key_type(store: &mut Store, op: &KeyOp, now: u64) -> Reply {

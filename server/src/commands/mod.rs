@@ -194,6 +194,24 @@ pub struct CommandSpec {
     pub handler: Handler,
     /// Subcommands of a container.
     pub subcommands: &'static [CommandSpec],
+    /// For a multi-key command: a body that runs on one shard's store, used
+    /// (and batched like a single-key command) when all its keys live on
+    /// that shard.
+    pub one_shard: Option<OneShard>,
+}
+
+/// The single-shard form of a multi-key command.
+#[derive(Clone, Copy)]
+pub struct OneShard {
+    /// The body; it finds each key's slot itself.
+    pub run: KeyFn,
+    /// Whether this call may use it (e.g. not MGETPREFIX ... BLOCK).
+    pub applies: fn(&[Bytes]) -> bool,
+}
+
+/// For [`OneShard::applies`]: every call.
+pub fn always(_: &[Bytes]) -> bool {
+    true
 }
 
 impl CommandSpec {

@@ -30,6 +30,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 const SUB: CommandSpec = CommandSpec {

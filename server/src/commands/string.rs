@@ -8,11 +8,12 @@ use bytes::{Bytes, BytesMut};
 use super::flags::*;
 use super::keyspace::{fan_out, Fanned};
 use super::{
-    arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler,
-    KeyOp, LocalBoxFuture, KEY1, KEY_VALUE_PAIRS,
+    always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec,
+    Handler, KeyOp, LocalBoxFuture, OneShard, KEY1, KEY_VALUE_PAIRS,
 };
 use crate::long_double::LongDouble;
 use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
 use crate::store::{Encoding, OutOfMemory, Store};
 
 const BASE: CommandSpec = CommandSpec {
@@ -27,6 +28,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "key",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 /// The string family.
@@ -111,6 +113,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys to retrieve.",
         syntax: "key...",
         handler: Handler::Async(mget),
+        one_shard: Some(OneShard {
+            run: mget_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -123,6 +129,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys to set.",
         syntax: "(key value)...",
         handler: Handler::Async(mset),
+        one_shard: Some(OneShard {
+            run: mset_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -135,6 +145,10 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the number of keys to set.",
         syntax: "(key value)...",
         handler: Handler::Async(msetnx),
+        one_shard: Some(OneShard {
+            run: msetnx_one,
+            applies: always,
+        }),
         ..BASE
     },
     CommandSpec {
@@ -490,6 +504,58 @@ fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         Ok(()) => old.map_or(Reply::Nil, Reply::Bulk),
         Err(e) => e,
     }
+}
+
+fn mget_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    Reply::Array(
+        op.args[1..]
+            .iter()
+            .map(|key| {
+                store
+                    .read(key_slot(key), key, now, op.touch)
+                    .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+            })
+            .collect(),
+    )
+}
+
+fn mset_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    if args.len().is_multiple_of(2) {
+        return arity_error("mset");
+    }
+    for pair in args[1..].chunks(2) {
+        if store
+            .insert(key_slot(&pair[0]), &pair[0], pair[1].clone(), 0, now)
+            .is_err()
+        {
+            return oom_error();
+        }
+    }
+    Reply::ok()
+}
+
+fn msetnx_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    if args.len().is_multiple_of(2) {
+        return arity_error("msetnx");
+    }
+    // One shard: check and set in one step, atomically.
+    let present = args[1..]
+        .chunks(2)
+        .any(|pair| store.peek(key_slot(&pair[0]), &pair[0], now).is_some());
+    if present {
+        return Reply::Int(0);
+    }
+    for pair in args[1..].chunks(2) {
+        if store
+            .insert(key_slot(&pair[0]), &pair[0], pair[1].clone(), 0, now)
+            .is_err()
+        {
+            return oom_error();
+        }
+    }
+    Reply::Int(1)
 }
 
 fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {

@@ -38,6 +38,7 @@ const BASE: CommandSpec = CommandSpec {
     syntax: "",
     handler: Handler::Parent,
     subcommands: &[],
+    one_shard: None,
 };
 
 /// The transactions family.

@@ -252,6 +252,17 @@ impl Connection {
             }
         }
         self.client.info.borrow_mut().last_cmd = spec.name;
+        // A multi-key command whose keys all live on one shard runs there like
+        // a single-key command: batched with the pipeline, inline when the
+        // shard is this one, atomic in every case.
+        if let (Handler::Async(_), Some(one)) = (spec.handler, spec.one_shard) {
+            if (one.applies)(&args) {
+                if let Some((owner, first, slot)) = self.single_owner(spec, &args) {
+                    self.run_on(owner, id, one.run, args, first, slot, batch);
+                    return;
+                }
+            }
+        }
         match spec.handler {
             Handler::Key(f) => self.run_keyed(spec, id, f, args, batch),
             Handler::Sync(f) => {
@@ -359,6 +370,23 @@ impl Connection {
     ) {
         let key_index = spec.keys.first as usize;
         let slot = key_slot(&args[key_index]);
+        let owner = self.client.shard.owner_of(slot);
+        self.run_on(owner, id, f, args, key_index, slot, batch);
+    }
+
+    /// Runs `f` on shard `owner`: inline now if that is this shard, else
+    /// queued for the owner's next batch job.
+    #[allow(clippy::too_many_arguments)]
+    fn run_on(
+        &mut self,
+        owner: usize,
+        id: usize,
+        f: KeyFn,
+        args: Vec<Bytes>,
+        key_index: usize,
+        slot: u16,
+        batch: &mut Batch,
+    ) {
         let op = KeyOp {
             args,
             key_index,
@@ -366,7 +394,6 @@ impl Connection {
             touch: !self.client.no_touch,
         };
         let shard = &self.client.shard;
-        let owner = shard.owner_of(slot);
         if owner == shard.id {
             let reply = f(&mut shard.store.borrow_mut(), &op, self.now_ms);
             self.record(id, &reply);
@@ -380,6 +407,17 @@ impl Connection {
             batch.remote[owner].push(Remote { entry, id, f, op });
             batch.remote_count += 1;
         }
+    }
+
+    /// The shard owning every key of a multi-key call, if there is one.
+    fn single_owner(&self, spec: &CommandSpec, args: &[Bytes]) -> Option<(usize, usize, u16)> {
+        let keys = spec.key_indexes(args)?;
+        let (&first, rest) = keys.split_first()?;
+        let slot = key_slot(&args[first]);
+        let owner = self.client.shard.owner_of(slot);
+        rest.iter()
+            .all(|&i| self.client.shard.owner_of(key_slot(&args[i])) == owner)
+            .then_some((owner, first, slot))
     }
 
     /// Counts one execution; its time runs from the end of the previous one
