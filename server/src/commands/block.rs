@@ -14,13 +14,14 @@
 //!   parent links and publishes in chain order.
 //! * `MEXISTS numkeys key...`: 0/1 per key.
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
 use super::keyspace::fan_out;
@@ -196,59 +197,113 @@ fn msetblock(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
+/// One block of a chain being stored: key, value, parent key.
+type ChainBlock = (Bytes, Bytes, Option<Bytes>);
+
+/// A chain on its way through the shards (see [`store_chain`]).
+struct ChainRelay {
+    /// Runs of consecutive blocks owned by one shard, in chain order.
+    runs: VecDeque<(usize, Vec<ChainBlock>)>,
+    codes: Vec<i64>,
+    total: usize,
+    expire_at: u64,
+    replace: bool,
+    done: oneshot::Sender<Vec<i64>>,
+}
+
+impl ChainRelay {
+    /// Stores the first run on this shard, then hands the rest to the
+    /// owner of the next run directly (or finishes).
+    fn step(mut self, shard: &Shard) {
+        let Some((_, run)) = self.runs.pop_front() else {
+            let _ = self.done.send(self.codes);
+            return;
+        };
+        let mut failed = false;
+        {
+            let mut store = shard.store.borrow_mut();
+            let now = now_ms();
+            for (key, value, parent) in run {
+                let code = if failed {
+                    -1
+                } else {
+                    store.insert_block(
+                        key_slot(&key),
+                        &key,
+                        value,
+                        self.expire_at,
+                        parent,
+                        self.replace,
+                        now,
+                    )
+                };
+                failed |= code < 0;
+                self.codes.push(code);
+            }
+        }
+        let next = self.runs.front().map(|(owner, _)| *owner);
+        match next {
+            Some(next) if !failed => {
+                if next == shard.id {
+                    self.step(shard);
+                } else {
+                    // If the next shard is gone, dropping the relay drops
+                    // `done` and the caller sees the shutdown.
+                    let _ = shard.post(next, Box::new(move |s: &Shard| self.step(s)));
+                }
+            }
+            _ => {
+                // A block that could not be stored ends the chain: the
+                // blocks after it would be unreachable.
+                self.codes.resize(self.total, -1);
+                let _ = self.done.send(self.codes);
+            }
+        }
+    }
+}
+
 /// Stores a chain in order: each run of consecutive blocks owned by one
-/// shard is one job, and the next run starts only when it is done, so a
-/// reader can never see block i without block i-1. A block that cannot be
-/// stored ends the chain: the blocks after it would be unreachable.
+/// shard is stored in one step, and that shard passes the rest of the chain
+/// straight to the next run's owner, so a reader can never see block i
+/// without block i-1, at the cost of one one-way hop per change of shard.
 async fn store_chain(
     shard: &Rc<Shard>,
     args: &[Bytes],
     key_indexes: &[usize],
     opts: &SetOptions,
 ) -> Option<Vec<i64>> {
-    let mut codes = Vec::with_capacity(key_indexes.len());
-    let mut i = 0;
-    while i < key_indexes.len() {
-        let owner = shard.owner_of(key_slot(&args[key_indexes[i]]));
-        let mut run = Vec::new();
-        while i < key_indexes.len() && shard.owner_of(key_slot(&args[key_indexes[i]])) == owner {
-            let k = key_indexes[i];
-            let parent = if i == 0 {
-                opts.parent.clone()
-            } else {
-                Some(args[key_indexes[i - 1]].clone())
-            };
-            run.push((args[k].clone(), args[k + 1].clone(), parent));
-            i += 1;
-        }
-        let (at, replace) = (opts.expire_at, opts.replace);
-        let done = shard
-            .call(owner, move |s| {
-                let mut store = s.store.borrow_mut();
-                let now = now_ms();
-                let mut out = Vec::with_capacity(run.len());
-                let mut failed = false;
-                for (key, value, parent) in run {
-                    let code = if failed {
-                        -1
-                    } else {
-                        store.insert_block(key_slot(&key), &key, value, at, parent, replace, now)
-                    };
-                    failed |= code < 0;
-                    out.push(code);
-                }
-                out
-            })
-            .await
-            .ok()?;
-        let failed = done.contains(&-1);
-        codes.extend(done);
-        if failed {
-            codes.resize(key_indexes.len(), -1);
-            break;
+    let mut runs: VecDeque<(usize, Vec<ChainBlock>)> = VecDeque::new();
+    for (i, &k) in key_indexes.iter().enumerate() {
+        let owner = shard.owner_of(key_slot(&args[k]));
+        let parent = if i == 0 {
+            opts.parent.clone()
+        } else {
+            Some(args[key_indexes[i - 1]].clone())
+        };
+        let block = (args[k].clone(), args[k + 1].clone(), parent);
+        match runs.back_mut() {
+            Some((o, run)) if *o == owner => run.push(block),
+            _ => runs.push_back((owner, vec![block])),
         }
     }
-    Some(codes)
+    let first = runs.front()?.0;
+    let (done, result) = oneshot::channel();
+    let relay = ChainRelay {
+        runs,
+        codes: Vec::with_capacity(key_indexes.len()),
+        total: key_indexes.len(),
+        expire_at: opts.expire_at,
+        replace: opts.replace,
+        done,
+    };
+    if first == shard.id {
+        relay.step(shard);
+    } else {
+        shard
+            .post(first, Box::new(move |s: &Shard| relay.step(s)))
+            .ok()?;
+    }
+    result.await.ok()
 }
 
 // ---- reading a prefix -------------------------------------------------------------
