@@ -42,6 +42,8 @@ const READ_CHUNK: usize = 16 * 1024;
 const MAX_BATCH: usize = 1024;
 /// Most bytes read ahead while a blocking command waits.
 const MAX_BUFFERED_WHILE_BLOCKED: usize = 1024 * 1024;
+/// Commands timed together by one clock read.
+const TIMING_GROUP: usize = 8;
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
@@ -71,6 +73,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             watching: Watching::new(Rc::clone(&shard), id),
         },
         clock: Instant::now(),
+        untimed: Vec::with_capacity(TIMING_GROUP),
+        last_lookup: None,
         now_ms: now_ms(),
     };
     if let Err(e) = conn.run().await {
@@ -86,8 +90,13 @@ struct Connection {
     parser: RequestParser,
     out: ReplyBuf,
     client: Client,
-    /// When the previous command finished (command timing).
+    /// When the commands in `untimed` began (command timing).
     clock: Instant,
+    /// Commands run since `clock` whose time is not yet taken: the clock is
+    /// read once for a few commands, not once per command.
+    untimed: Vec<(usize, bool)>,
+    /// The last command looked up, by its name as sent.
+    last_lookup: Option<(Bytes, usize, &'static CommandSpec)>,
     /// Unix milliseconds for the commands of the current batch.
     now_ms: u64,
 }
@@ -115,14 +124,6 @@ struct Batch {
     remote_count: usize,
 }
 
-impl Batch {
-    fn ready(&mut self, reply: Reply, resp3: bool) {
-        self.entries.push(Entry {
-            reply: Some(reply),
-            resp3,
-        });
-    }
-}
 
 impl Connection {
     async fn run(&mut self) -> std::io::Result<()> {
@@ -237,7 +238,7 @@ impl Connection {
                 if let Some(tx) = &mut self.client.multi {
                     tx.failed = true;
                 }
-                batch.ready(refusal, resp3);
+                self.ready(batch, refusal, resp3);
                 return;
             }
         };
@@ -247,7 +248,7 @@ impl Connection {
                 "exec" | "discard" | "multi" | "watch" | "quit" | "reset"
             ) {
                 tx.queued.push((id, spec, args));
-                batch.ready(Reply::status("QUEUED"), resp3);
+                self.ready(batch, Reply::status("QUEUED"), resp3);
                 return;
             }
         }
@@ -268,12 +269,13 @@ impl Connection {
             Handler::Sync(f) => {
                 let reply = f(&mut self.client, &args);
                 self.record(id, &reply);
-                batch.ready(reply, self.client.resp3);
+                let resp3 = self.client.resp3;
+                self.ready(batch, reply, resp3);
             }
             Handler::Async(f) => {
                 // Commands that span shards see everything queued before them.
                 self.send_remote(batch).await;
-                self.clock = Instant::now();
+                self.take_time();
                 let reply = if spec.has(flags::BLOCKING) {
                     match self.run_blocking(f, args).await {
                         Some(reply) => reply,
@@ -287,23 +289,36 @@ impl Connection {
                 } else {
                     f(&mut self.client, args).await
                 };
-                self.record(id, &reply);
+                // Timed on its own: it may have waited for other shards.
+                self.untimed.push((id, reply.is_error()));
+                self.take_time();
                 self.now_ms = now_ms();
-                batch.ready(reply, self.client.resp3);
+                let resp3 = self.client.resp3;
+                self.ready(batch, reply, resp3);
             }
             Handler::Parent => {
-                batch.ready(unknown_subcommand(spec.name, &args[0]), resp3);
+                self.ready(batch, unknown_subcommand(spec.name, &args[0]), resp3);
             }
         }
     }
 
     /// Finds the command (or subcommand) and checks arity and AUTH, with
     /// Redis's errors in Redis's order.
-    fn resolve(&self, args: &[Bytes]) -> Result<(usize, &'static CommandSpec), Reply> {
+    fn resolve(&mut self, args: &[Bytes]) -> Result<(usize, &'static CommandSpec), Reply> {
         let table = table();
-        let Some((mut id, mut spec)) = table.lookup(&args[0]) else {
-            return Err(unknown_command(args));
+        // Pipelines repeat one command: compare the name as sent with the
+        // last one before hashing it.
+        let cached = match &self.last_lookup {
+            Some((name, id, spec)) if *name == args[0] => Some((*id, *spec)),
+            _ => None,
         };
+        let (mut id, mut spec) = match cached.or_else(|| table.lookup(&args[0])) {
+            Some(found) => found,
+            None => return Err(unknown_command(args)),
+        };
+        if cached.is_none() {
+            self.last_lookup = Some((Bytes::copy_from_slice(&args[0]), id, spec));
+        }
         let reject = |id| {
             self.client.shard.stats.borrow_mut().reject(Some(id));
         };
@@ -397,7 +412,8 @@ impl Connection {
         if owner == shard.id {
             let reply = f(&mut shard.store.borrow_mut(), &op, self.now_ms);
             self.record(id, &reply);
-            batch.ready(reply, self.client.resp3);
+            let resp3 = self.client.resp3;
+                self.ready(batch, reply, resp3);
         } else {
             let entry = batch.entries.len();
             batch.entries.push(Entry {
@@ -420,17 +436,42 @@ impl Connection {
             .then_some((owner, first, slot))
     }
 
-    /// Counts one execution; its time runs from the end of the previous one
-    /// (one clock read per command).
+    /// Counts one execution. Its time is taken with the next few commands
+    /// (one clock read per [`TIMING_GROUP`]) and shared out among them.
     fn record(&mut self, id: usize, reply: &Reply) {
+        self.untimed.push((id, reply.is_error()));
+        if self.untimed.len() >= TIMING_GROUP {
+            self.take_time();
+        }
+    }
+
+    /// Reads the clock and charges the elapsed time to the untimed commands.
+    fn take_time(&mut self) {
         let now = Instant::now();
-        let took = now.saturating_duration_since(self.clock);
+        if !self.untimed.is_empty() {
+            let each = now.saturating_duration_since(self.clock) / self.untimed.len() as u32;
+            let mut stats = self.client.shard.stats.borrow_mut();
+            for (id, failed) in self.untimed.drain(..) {
+                stats.record(id, each, failed);
+            }
+        }
         self.clock = now;
-        self.client
-            .shard
-            .stats
-            .borrow_mut()
-            .record(id, took, reply.is_error());
+    }
+
+    /// A command's reply: encoded at once unless an earlier command of the
+    /// batch still waits for another shard.
+    fn ready(&mut self, batch: &mut Batch, reply: Reply, resp3: bool) {
+        if batch.entries.is_empty() {
+            if reply.is_error() {
+                self.count_error(&reply);
+            }
+            self.out.push(&reply, resp3);
+        } else {
+            batch.entries.push(Entry {
+                reply: Some(reply),
+                resp3,
+            });
+        }
     }
 
     /// Sends the queued commands of each shard as one job and fills in the
@@ -450,18 +491,24 @@ impl Connection {
             let indexes: Vec<usize> = work.iter().map(|r| r.entry).collect();
             let job = shard.call(target, move |s: &Shard| {
                 let mut store = s.store.borrow_mut();
-                let mut stats = s.stats.borrow_mut();
                 let now = now_ms();
-                let mut clock = Instant::now();
-                work.into_iter()
+                let started = Instant::now();
+                let mut done = Vec::with_capacity(work.len());
+                let replies = work
+                    .into_iter()
                     .map(|r| {
                         let reply = (r.f)(&mut store, &r.op, now);
-                        let done = Instant::now();
-                        stats.record(r.id, done - clock, reply.is_error());
-                        clock = done;
+                        done.push((r.id, reply.is_error()));
                         reply
                     })
-                    .collect::<Vec<Reply>>()
+                    .collect::<Vec<Reply>>();
+                // One clock read for the job, shared out among its commands.
+                let each = started.elapsed() / done.len().max(1) as u32;
+                let mut stats = s.stats.borrow_mut();
+                for (id, failed) in done {
+                    stats.record(id, each, failed);
+                }
+                replies
             });
             pending.push((indexes, job));
         }
@@ -477,18 +524,20 @@ impl Connection {
                 batch.entries[i].reply = Some(reply);
             }
         }
-    }
-
-    /// Resolves the batch and encodes its replies in order.
-    async fn finish(&mut self, mut batch: Batch) {
-        self.send_remote(&mut batch).await;
-        for entry in batch.entries {
+        // Everything queued is answered: encode in order.
+        for entry in std::mem::take(&mut batch.entries) {
             let reply = entry.reply.unwrap_or(Reply::Nil);
             if reply.is_error() {
                 self.count_error(&reply);
             }
             self.out.push(&reply, entry.resp3);
         }
+    }
+
+    /// Resolves the batch and encodes its replies in order.
+    async fn finish(&mut self, mut batch: Batch) {
+        self.send_remote(&mut batch).await;
+        self.take_time();
     }
 
     fn count_error(&self, reply: &Reply) {
