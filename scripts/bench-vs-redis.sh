@@ -10,7 +10,13 @@
 #
 # Environment: REPS (3), SIZES ("64 4096 65536 262144 1048576"),
 # PIPELINES ("1 16"), CLIENTS (50), THREADS (kvtier default-thread count:
-# the number of cores), OUT (markdown table file, default: stdout only).
+# the number of cores), BENCH_THREADS (redis-benchmark --threads, default 2:
+# one client thread saturates near 1.1 GB/s here, before either server does),
+# OUT (markdown table file, default: stdout only).
+#
+# Besides ops/s, each cell reports the server CPU time per request (from
+# /proc/PID/stat): an efficiency figure that does not depend on whether the
+# client or the server was the limit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,6 +25,7 @@ SIZES=${SIZES:-"64 4096 65536 262144 1048576"}
 PIPELINES=${PIPELINES:-"1 16"}
 CLIENTS=${CLIENTS:-50}
 THREADS=${THREADS:-$(nproc)}
+BENCH_THREADS=${BENCH_THREADS:-2}
 OUT=${OUT:-}
 
 for tool in redis-server redis-benchmark redis-cli; do
@@ -39,34 +46,48 @@ start_kvtier() { # port threads
 }
 REDIS_PORT=$(free_port); KV1_PORT=$(free_port); KVN_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
-PIDS+=($!)
-start_kvtier "$KV1_PORT" 1
-start_kvtier "$KVN_PORT" "$THREADS"
+PIDS+=($!); REDIS_PID=$!
+start_kvtier "$KV1_PORT" 1; KV1_PID=${PIDS[-1]}
+start_kvtier "$KVN_PORT" "$THREADS"; KVN_PID=${PIDS[-1]}
 for port in $REDIS_PORT $KV1_PORT $KVN_PORT; do
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-# requests per run: enough for ~1 s at a few GB/s, bounded for tiny values
+# requests per run: about 4 s at the rates this machine reaches (short runs
+# make redis-benchmark's rate too coarse to compare)
 requests() { # size pipeline
-  local n=$(( 2000000000 / ($1 + 64) ))
-  (( n > 400000 )) && n=400000
-  (( $2 == 1 && n > 100000 )) && n=100000
+  local cap=200000
+  (( $2 > 1 )) && cap=2000000
+  local n=$(( 8000000000 / ($1 + 64) ))
+  (( n > cap )) && n=$cap
   (( n < 2000 )) && n=2000
   echo "$n"
 }
 
-# prints "SET_rps GET_rps"
-run() { # port size pipeline
-  local n; n=$(requests "$2" "$3")
+# CPU ticks (user + system) a process has used so far
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
+# prints "SET_rps GET_rps SET_cpu_us_per_op GET_cpu_us_per_op"
+run() { # port pid size pipeline
+  local n t0 t1 t2 s g
+  n=$(requests "$3" "$4")
   redis-cli -p "$1" flushall >/dev/null
-  redis-benchmark -p "$1" -t set,get -n "$n" -c "$CLIENTS" -P "$3" -d "$2" -q 2>/dev/null \
-    | tr '\r' '\n' | awk '/^SET: .*requests per second/ {s=$2} /^GET: .*requests per second/ {g=$2} END {print s+0, g+0}'
+  t0=$(ticks "$2")
+  s=$(redis-benchmark -p "$1" -t set -n "$n" -c "$CLIENTS" -P "$4" -d "$3" -q --threads "$BENCH_THREADS" 2>/dev/null \
+    | tr '\r' '\n' | awk '/^SET: .*requests per second/ {print $2}')
+  t1=$(ticks "$2")
+  g=$(redis-benchmark -p "$1" -t get -n "$n" -c "$CLIENTS" -P "$4" -d "$3" -q --threads "$BENCH_THREADS" 2>/dev/null \
+    | tr '\r' '\n' | awk '/^GET: .*requests per second/ {print $2}')
+  t2=$(ticks "$2")
+  awk -v s="${s:-0}" -v g="${g:-0}" -v a="$((t1 - t0))" -v b="$((t2 - t1))" -v n="$n" -v hz="$HZ" \
+    'BEGIN {printf "%s %s %.3f %.3f\n", s, g, a * 1e6 / hz / n, b * 1e6 / hz / n}'
 }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-header="| value | -P | op | redis ops/s | kvtier t=1 ops/s | ratio t=1 | kvtier t=$THREADS ops/s | ratio t=$THREADS | kvtier t=1 GB/s |"
-rule="|---|---|---|---|---|---|---|---|---|"
+header="| value | -P | op | redis ops/s | kvtier t=1 ops/s | ratio t=1 | kvtier t=$THREADS ops/s | ratio t=$THREADS | kvtier t=1 GB/s | CPU µs/op redis | CPU µs/op kvtier t=1 | CPU redis/kvtier |"
+rule="|---|---|---|---|---|---|---|---|---|---|---|---|"
 table="$header"$'\n'"$rule"
 echo "$header"; echo "$rule"
 for size in $SIZES; do
@@ -74,18 +95,25 @@ for size in $SIZES; do
     declare -A samples=()
     for _ in $(seq "$REPS"); do
       for who in redis kv1 kvn; do
-        case $who in redis) port=$REDIS_PORT;; kv1) port=$KV1_PORT;; kvn) port=$KVN_PORT;; esac
-        read -r s g < <(run "$port" "$size" "$pipe")
+        case $who in
+          redis) port=$REDIS_PORT; pid=$REDIS_PID;;
+          kv1) port=$KV1_PORT; pid=$KV1_PID;;
+          kvn) port=$KVN_PORT; pid=$KVN_PID;;
+        esac
+        read -r s g cs cg < <(run "$port" "$pid" "$size" "$pipe")
         samples[$who-SET]+="$s "; samples[$who-GET]+="$g "
+        samples[$who-SETcpu]+="$cs "; samples[$who-GETcpu]+="$cg "
       done
     done
     for op in SET GET; do
       r=$(echo "${samples[redis-$op]}" | median)
       k1=$(echo "${samples[kv1-$op]}" | median)
       kn=$(echo "${samples[kvn-$op]}" | median)
-      row=$(awk -v size="$size" -v p="$pipe" -v op="$op" -v r="$r" -v k1="$k1" -v kn="$kn" 'BEGIN {
-        rr = (r > 0) ? k1 / r : 0; rn = (r > 0) ? kn / r : 0;
-        printf "| %d | %d | %s | %.0f | %.0f | %.2fx | %.0f | %.2fx | %.2f |", size, p, op, r, k1, rr, kn, rn, k1 * size / 1e9 }')
+      rc=$(echo "${samples[redis-${op}cpu]}" | median)
+      kc=$(echo "${samples[kv1-${op}cpu]}" | median)
+      row=$(awk -v size="$size" -v p="$pipe" -v op="$op" -v r="$r" -v k1="$k1" -v kn="$kn" -v rc="$rc" -v kc="$kc" 'BEGIN {
+        rr = (r > 0) ? k1 / r : 0; rn = (r > 0) ? kn / r : 0; cr = (kc > 0) ? rc / kc : 0;
+        printf "| %d | %d | %s | %.0f | %.0f | %.2fx | %.0f | %.2fx | %.2f | %.2f | %.2f | %.2fx |", size, p, op, r, k1, rr, kn, rn, k1 * size / 1e9, rc, kc, cr }')
       echo "$row"
       table+=$'\n'"$row"
     done
@@ -93,6 +121,6 @@ for size in $SIZES; do
   done
 done
 if [[ -n "$OUT" ]]; then
-  { echo "$table"; echo; echo "Command: \`REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
+  { echo "$table"; echo; echo "Command: \`REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS BENCH_THREADS=$BENCH_THREADS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
   echo "table written to $OUT"
 fi

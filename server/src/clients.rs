@@ -44,11 +44,13 @@ pub struct ClientInfo {
     pub kill: Rc<Notify>,
     /// Whether it was killed.
     pub killed: bool,
+    /// The socket's descriptor (-1 when unknown).
+    pub fd: std::os::fd::RawFd,
 }
 
 impl ClientInfo {
     /// A new connection's info.
-    pub fn new(id: u64, addr: SocketAddr, laddr: SocketAddr) -> ClientInfo {
+    pub fn new(id: u64, addr: SocketAddr, laddr: SocketAddr, fd: std::os::fd::RawFd) -> ClientInfo {
         let now = Instant::now();
         ClientInfo {
             id,
@@ -67,6 +69,7 @@ impl ClientInfo {
             omem: 0,
             kill: Rc::new(Notify::new()),
             killed: false,
+            fd,
         }
     }
 
@@ -84,10 +87,11 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 obl=0 oll=0 omem={} tot-mem={} events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 obl=0 oll=0 omem={} tot-mem={} events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
+            self.fd,
             self.name,
             now.duration_since(self.created).as_secs(),
             now.duration_since(self.last_active).as_secs(),
@@ -102,10 +106,27 @@ impl ClientInfo {
         )
     }
 
-    /// Asks the connection to close.
+    /// Asks the connection to close. Its socket is shut down, so a
+    /// connection waiting to read wakes up at once with end-of-file; the
+    /// connection itself closes the descriptor later.
     pub fn kill(&mut self) {
         self.killed = true;
         self.kill.notify_one();
+        if self.fd >= 0 {
+            // SAFETY: `fd` is the socket of a connection still registered on
+            // this shard's thread; it is unregistered before the socket is
+            // closed, on this same thread, so the descriptor cannot have been
+            // reused by another file. shutdown() only changes its state.
+            unsafe {
+                libc::shutdown(self.fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+
+    /// Marks the connection killed without cutting its socket: for a client
+    /// that kills itself and must still get its reply.
+    pub fn kill_after_reply(&mut self) {
+        self.killed = true;
     }
 }
 
@@ -147,13 +168,18 @@ impl ClientRegistry {
             .collect()
     }
 
-    /// Kills the clients `matches` accepts; returns how many.
-    pub fn kill(&self, matches: impl Fn(&ClientInfo) -> bool) -> usize {
+    /// Kills the clients `matches` accepts; returns how many. Client
+    /// `caller` (the one asking) is only marked, so it gets its reply.
+    pub fn kill(&self, matches: impl Fn(&ClientInfo) -> bool, caller: Option<u64>) -> usize {
         let mut killed = 0;
         for c in self.clients.values() {
             let mut c = c.borrow_mut();
             if matches(&c) {
-                c.kill();
+                if Some(c.id) == caller {
+                    c.kill_after_reply();
+                } else {
+                    c.kill();
+                }
                 killed += 1;
             }
         }
@@ -162,6 +188,6 @@ impl ClientRegistry {
 
     /// Kills every client (shutdown).
     pub fn kill_all(&self) {
-        self.kill(|_| true);
+        self.kill(|_| true, None);
     }
 }

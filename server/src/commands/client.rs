@@ -324,7 +324,7 @@ fn kill(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         }
         let killed = client
             .shard
-            .call_all(move |s| s.clients.borrow().kill(|c| filter.matches(c)))
+            .call_all(move |s| s.clients.borrow().kill(|c| filter.matches(c), Some(me)))
             .await;
         let Ok(killed) = killed else {
             return Reply::error("ERR server is shutting down");

@@ -13,7 +13,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// Values at least this long are written by reference, not copied.
-pub const ZERO_COPY_MIN: usize = 16 * 1024;
+pub const ZERO_COPY_MIN: usize = 4 * 1024;
 /// Most chunks handed to one `writev`.
 const MAX_IOVECS: usize = 64;
 
