@@ -41,11 +41,20 @@ pub struct Config {
     #[arg(long, default_value = "0", value_parser = parse_memory)]
     pub maxmemory: u64,
 
-    /// What to do when maxmemory is reached: noeviction (writes fail with
-    /// OOM), allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru,
+    /// What to do when maxmemory is reached: prefix (KV-cache blocks:
+    /// orphans, then chain leaves by S3-FIFO, inner blocks last), noeviction
+    /// (writes fail with OOM), allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru,
     /// volatile-lfu, volatile-random or volatile-ttl.
-    #[arg(long, default_value = "noeviction")]
+    #[arg(long, default_value = "prefix")]
     pub maxmemory_policy: EvictionPolicy,
+
+    /// Ask for transparent huge pages (madvise) on the slab arena's pages.
+    #[arg(long)]
+    pub hugepages: bool,
+
+    /// Map, touch and lock the slab arena up to maxmemory at start.
+    #[arg(long)]
+    pub prealloc: bool,
 
     /// Keys sampled per eviction choice.
     #[arg(long, default_value_t = 5)]
@@ -217,6 +226,10 @@ pub struct LiveConfig {
     pub save: RwLock<String>,
     /// Settings fixed at start, reported by CONFIG GET.
     pub fixed: Vec<(&'static str, String)>,
+    /// Transparent huge pages for the arena.
+    pub hugepages: bool,
+    /// Arena mapped and locked at start.
+    pub prealloc: bool,
 }
 
 impl LiveConfig {
@@ -234,7 +247,17 @@ impl LiveConfig {
             requirepass: RwLock::new(config.requirepass.clone()),
             loglevel: RwLock::new(config.loglevel.clone()),
             save: RwLock::new(String::new()),
+            hugepages: config.hugepages,
+            prealloc: config.prealloc,
             fixed: vec![
+                (
+                    "hugepages",
+                    if config.hugepages { "yes" } else { "no" }.into(),
+                ),
+                (
+                    "prealloc",
+                    if config.prealloc { "yes" } else { "no" }.into(),
+                ),
                 ("port", port.to_string()),
                 ("bind", config.bind.clone()),
                 ("threads", shards.to_string()),
@@ -375,7 +398,7 @@ const PARAMS: &[Param] = &[
         parse: |s| {
             s.parse::<EvictionPolicy>()
                 .map(|p| Value::Number(policy_index(p) as u64))
-                .map_err(|_| "argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction".into())
+                .map_err(|_| "argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction, prefix".into())
         },
         apply: |c, v| {
             if let Value::Number(n) = v {

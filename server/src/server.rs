@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, LiveConfig};
 use crate::shard::{self, slot::shard_slots, Mailbox, Shard};
-use crate::store::Store;
+use crate::store::{MemoryOptions, Store};
 
 /// State shared by every shard thread. Read on the data path only through
 /// atomics; nothing here is locked per command.
@@ -224,7 +224,12 @@ fn run_shard(
     local.block_on(&runtime, async move {
         let n = shared.shards;
         let budget = shard_budget(&shared.config, n);
-        let mut store = Store::new(shard_slots(id, n), budget, shared.config.policy());
+        let memory = MemoryOptions {
+            hugepages: shared.config.hugepages,
+            prealloc: shared.config.prealloc,
+        };
+        let mut store =
+            Store::with_memory(shard_slots(id, n), budget, shared.config.policy(), memory);
         store.set_samples(shared.config.maxmemory_samples.load(Relaxed) as usize);
         store.set_max_value_len(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
         let shard = Rc::new(Shard::new(id, Arc::clone(&shared), store));
@@ -290,6 +295,7 @@ async fn cron(shard: Rc<Shard>) {
     loop {
         let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
         tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
+        shard.deliver_links();
         if shared.active_expire.load(Relaxed) {
             // Bounded work per round so clients are not stalled; the next
             // round continues right after yielding.

@@ -215,7 +215,22 @@ pub fn export_store(shard: usize, store: &crate::store::Store, clients: usize) {
     gauge!("kvtier_connected_clients", "shard" => label.clone()).set(clients as f64);
     let s = store.stats;
     counter!("kvtier_expired_keys_total", "shard" => label.clone()).absolute(s.expired_keys);
-    counter!("kvtier_evicted_keys_total", "shard" => label.clone()).absolute(s.evicted_keys);
+    for (i, reason) in crate::store::EvictReason::ALL.iter().enumerate() {
+        counter!("kvtier_evicted_keys_total", "shard" => label.clone(), "reason" => reason.name())
+            .absolute(s.evicted_by[i]);
+    }
+    let arena = store.arena_stats();
+    gauge!("kvtier_slab_mapped_bytes", "shard" => label.clone())
+        .set((arena.page_bytes + arena.span_bytes) as f64);
+    for class in &arena.classes {
+        let size = class.slot_size.to_string();
+        gauge!("kvtier_slab_class_pages", "shard" => label.clone(), "slot_size" => size.clone())
+            .set(class.pages as f64);
+        gauge!("kvtier_slab_class_used_slots", "shard" => label.clone(), "slot_size" => size.clone())
+            .set(class.used as f64);
+        gauge!("kvtier_slab_class_free_slots", "shard" => label.clone(), "slot_size" => size)
+            .set(class.free as f64);
+    }
     counter!("kvtier_keyspace_hits_total", "shard" => label.clone()).absolute(s.keyspace_hits);
     counter!("kvtier_keyspace_misses_total", "shard" => label).absolute(s.keyspace_misses);
 }
@@ -272,7 +287,24 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "kvtier_evicted_keys_total",
-        "Keys evicted to stay under maxmemory, by shard."
+        "Keys evicted to stay under maxmemory, by shard and reason (orphan, leaf, inner, policy, rebalance)."
+    );
+    describe_gauge!(
+        "kvtier_slab_mapped_bytes",
+        Unit::Bytes,
+        "Memory the slab arena has mapped (pages and spans), by shard."
+    );
+    describe_gauge!(
+        "kvtier_slab_class_pages",
+        "Slab pages carved into each size class, by shard."
+    );
+    describe_gauge!(
+        "kvtier_slab_class_used_slots",
+        "Slots holding a value (or still read by a reply), by shard and size class."
+    );
+    describe_gauge!(
+        "kvtier_slab_class_free_slots",
+        "Free slots, by shard and size class."
     );
     describe_counter!(
         "kvtier_keyspace_hits_total",

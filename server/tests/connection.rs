@@ -456,7 +456,7 @@ fn config_get_set_resetstat() {
             .map(|(_, v)| v.clone())
     };
     assert_eq!(get("maxmemory").as_deref(), Some("67108864"));
-    assert_eq!(get("maxmemory-policy").as_deref(), Some("noeviction"));
+    assert_eq!(get("maxmemory-policy").as_deref(), Some("prefix"));
     assert_eq!(get("port"), Some(server.port.to_string()));
     assert_eq!(get("databases").as_deref(), Some("1"));
     assert!(get("proto-max-bulk-len").is_some());
@@ -504,7 +504,7 @@ fn config_get_set_resetstat() {
     );
     assert_eq!(
         c.run("CONFIG SET maxmemory-policy foo"),
-        err("ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy') - argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction")
+        err("ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy') - argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction, prefix")
     );
     // A failed multi-parameter SET applies nothing.
     assert!(c
@@ -588,7 +588,7 @@ fn info_sections() {
     assert_eq!(info_num(&memory, "maxmemory"), 0);
     assert_eq!(
         info_field(&memory, "maxmemory_policy").as_deref(),
-        Some("noeviction")
+        Some("prefix")
     );
 
     let stats = c.run("INFO stats").text();

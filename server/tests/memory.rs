@@ -42,12 +42,11 @@ fn noeviction_refuses_writes_with_oom() {
         c.cmd(&[b"SET", full_shard_key.as_bytes(), &value]),
         err(OOM)
     );
+    // A growth the shard's remaining budget cannot hold (memory comes in
+    // slab pages, so a small append may still fit a dedicated span).
+    let big = vec![b'v'; 100_000];
     assert_eq!(
-        c.cmd(&[
-            b"APPEND",
-            stored_on(&stored, &refused_key).as_bytes(),
-            &value
-        ]),
+        c.cmd(&[b"APPEND", stored_on(&stored, &refused_key).as_bytes(), &big]),
         err(OOM)
     );
     let info = c.run("INFO memory").text();
@@ -72,7 +71,7 @@ fn stored_on(stored: &[String], like: &str) -> String {
 
 #[test]
 fn noeviction_through_the_redis_crate() {
-    let server = Server::start(&["--maxmemory", "1mb"]);
+    let server = Server::start(&["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]);
     let mut con = server.redis();
     let value = vec![7u8; 50_000];
     let mut error = None;

@@ -343,7 +343,7 @@ async fn read_values(
             for (pos, key) in work {
                 let value = store
                     .peek(key_slot(&key), &key, now)
-                    .map(|e| e.value.clone());
+                    .map(|e| e.value.bytes());
                 let missing = value.is_none();
                 out.push((pos, value));
                 match &watch {
@@ -384,9 +384,9 @@ fn leading(values: Vec<Option<Bytes>>, max_bytes: Option<u64>) -> Vec<Bytes> {
 /// Counts the returned blocks as keyspace hits and, unless `touch` is false
 /// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
 fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
-    let mut per_shard: Vec<Vec<Bytes>> = (0..shard.count()).map(|_| Vec::new()).collect();
-    for key in keys {
-        per_shard[shard.owner_of(key_slot(key))].push(key.clone());
+    let mut per_shard: Vec<Vec<(usize, Bytes)>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    for (pos, key) in keys.iter().enumerate() {
+        per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
     }
     for (target, work) in per_shard.into_iter().enumerate() {
         if work.is_empty() {
@@ -395,8 +395,13 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
         let job = move |s: &Shard| {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
-            for key in work {
+            for (pos, key) in work {
                 store.read(key_slot(&key), &key, now, touch);
+                if pos > 0 {
+                    // Read right after its predecessor: reachable, whatever
+                    // the link events said.
+                    store.mark_reachable(key_slot(&key), &key);
+                }
             }
         };
         if target == shard.id {
@@ -690,7 +695,10 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
         // Counted (and, unless NO-TOUCH, touched) as accessed.
         if let Some(e) = store.read(key_slot(key), key, now, op.touch) {
-            out.push(Reply::Bulk(e.value.clone()));
+            out.push(Reply::Bulk(e.value.bytes()));
+        }
+        if out.len() > 1 {
+            store.mark_reachable(key_slot(key), key);
         }
     }
     Reply::Array(out)

@@ -634,7 +634,7 @@ async fn transfer(
                     return Ok(None);
                 };
                 let (value, at, enc, parent) =
-                    (e.value.clone(), e.expire_at, e.encoding, e.parent.clone());
+                    (e.value.bytes(), e.expire_at, e.encoding, e.parent.clone());
                 if src == dst {
                     return Ok(Some(!replace || remove_src));
                 }
@@ -671,7 +671,7 @@ async fn transfer(
                 let mut store = s.store.borrow_mut();
                 let now = crate::store::now_ms();
                 let e = store.peek(src_slot, &src, now)?;
-                Some((e.value.clone(), e.expire_at, e.encoding, e.parent.clone()))
+                Some((e.value.bytes(), e.expire_at, e.encoding, e.parent.clone()))
             }
         })
         .await?;

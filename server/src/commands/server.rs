@@ -652,6 +652,10 @@ pub struct ShardReport {
     pub blocking_keys: u64,
     /// Per command: calls, usec, rejected, failed.
     pub command_stats: Vec<(u64, u64, u64, u64)>,
+    /// Bytes charged to the index (keys, overhead, small values).
+    pub index_memory: usize,
+    /// The slab arena's figures.
+    pub arena: crate::store::slab::ArenaStats,
 }
 
 /// Collects every shard's report.
@@ -684,6 +688,8 @@ pub async fn shard_reports(client: &Client) -> Option<Vec<ShardReport>> {
                     .iter()
                     .map(|c| (c.calls, c.usec, c.rejected, c.failed))
                     .collect(),
+                index_memory: store.index_memory(),
+                arena: store.arena_stats(),
             }
         })
         .await
@@ -714,6 +720,7 @@ fn info(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
                 "all" | "everything" => {
                     sections.extend(DEFAULT_SECTIONS.iter().map(|s| s.to_string()));
                     sections.push("commandstats".into());
+                    sections.push("slabs".into());
                     sections.push("shards".into());
                 }
                 _ => sections.push(s),
@@ -852,6 +859,12 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                     }
                 );
                 line!(o, "used_memory_overhead:{overhead}");
+                line!(o, "used_memory_index:{}", sum(|r| r.index_memory as u64));
+                line!(
+                    o,
+                    "used_memory_slab:{}",
+                    sum(|r| (r.arena.page_bytes + r.arena.span_bytes) as u64)
+                );
                 line!(o, "used_memory_startup:0");
                 line!(o, "used_memory_dataset:{dataset}");
                 line!(
@@ -908,6 +921,10 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                 );
                 line!(o, "expired_keys:{}", sum(|r| r.store.expired_keys));
                 line!(o, "evicted_keys:{}", sum(|r| r.store.evicted_keys));
+                for (i, reason) in crate::store::EvictReason::ALL.iter().enumerate() {
+                    let n: u64 = reports.iter().map(|r| r.store.evicted_by[i]).sum();
+                    line!(o, "evicted_{}_keys:{n}", reason.name());
+                }
                 line!(o, "keyspace_hits:{}", sum(|r| r.store.keyspace_hits));
                 line!(o, "keyspace_misses:{}", sum(|r| r.store.keyspace_misses));
                 line!(o, "pubsub_channels:0");
@@ -974,6 +991,33 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                         o,
                         "cmdstat_{}:calls={calls},usec={usec},usec_per_call={per_call:.2},rejected_calls={rejected},failed_calls={failed}",
                         spec.name
+                    );
+                }
+            }),
+            "slabs" => section("Slabs", &mut |o| {
+                let page_bytes: u64 = reports.iter().map(|r| r.arena.page_bytes as u64).sum();
+                let span_bytes: u64 = reports.iter().map(|r| r.arena.span_bytes as u64).sum();
+                let pages: u64 = reports.iter().map(|r| r.arena.pages as u64).sum();
+                let rebalanced: u64 = reports.iter().map(|r| r.arena.rebalanced_pages).sum();
+                line!(o, "slab_pages:{pages}");
+                line!(o, "slab_page_bytes:{page_bytes}");
+                line!(o, "slab_span_bytes:{span_bytes}");
+                line!(o, "slab_rebalanced_pages:{rebalanced}");
+                // Classes of every shard, merged by slot size.
+                let mut classes: std::collections::BTreeMap<usize, (usize, usize, usize)> =
+                    std::collections::BTreeMap::new();
+                for r in reports {
+                    for c in &r.arena.classes {
+                        let e = classes.entry(c.slot_size).or_default();
+                        e.0 += c.pages;
+                        e.1 += c.used;
+                        e.2 += c.free;
+                    }
+                }
+                for (i, (size, (pages, used, free))) in classes.into_iter().enumerate() {
+                    line!(
+                        o,
+                        "slab_class_{i}:slot_size={size},pages={pages},used={used},free={free}"
                     );
                 }
             }),
@@ -1108,8 +1152,9 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
     }
     match store.peek(op.slot, op.key(), now) {
-        // What the key is charged against maxmemory, parent link included.
-        Some(e) => Reply::Int(e.charge(op.key().len()) as i64),
+        // Everything the key costs: index, parent link, and the value's
+        // slab slot (its size class) or heap bytes.
+        Some(e) => Reply::Int(e.memory_usage(op.key().len()) as i64),
         None => Reply::Nil,
     }
 }

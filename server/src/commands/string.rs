@@ -361,7 +361,7 @@ fn stored(result: Result<Option<crate::store::Entry>, OutOfMemory>) -> Result<()
 fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     store
         .read(op.slot, op.key(), now, op.touch)
-        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
 }
 
 #[derive(PartialEq)]
@@ -392,7 +392,7 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key) = (op.slot, op.key());
     let old = store
         .peek(slot, key, now)
-        .map(|e| (e.value.clone(), e.expire_at));
+        .map(|e| (e.value.bytes(), e.expire_at));
     let old_value = || {
         old.as_ref()
             .map_or(Reply::Nil, |(v, _)| Reply::Bulk(v.clone()))
@@ -462,7 +462,7 @@ fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key) = (op.slot, op.key());
     let Some(value) = store
         .read(slot, key, now, op.touch)
-        .map(|e| e.value.clone())
+        .map(|e| e.value.bytes())
     else {
         return Reply::Nil;
     };
@@ -493,13 +493,13 @@ fn getdel(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
     store
         .remove(op.slot, op.key())
-        .map_or(Reply::Nil, |e| Reply::Bulk(e.value))
+        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
 }
 
 fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let old = store
         .read(op.slot, op.key(), now, op.touch)
-        .map(|e| e.value.clone());
+        .map(|e| e.value.bytes());
     match stored(store.insert(op.slot, op.key(), op.args[2].clone(), 0, now)) {
         Ok(()) => old.map_or(Reply::Nil, Reply::Bulk),
         Err(e) => e,
@@ -513,7 +513,7 @@ fn mget_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             .map(|key| {
                 store
                     .read(key_slot(key), key, now, op.touch)
-                    .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+                    .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
             })
             .collect(),
     )
@@ -565,7 +565,7 @@ fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
             store
                 .read(slot, key, now, touch)
-                .map_or(Reply::Nil, |e| Reply::Bulk(e.value.clone()))
+                .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
         })
         .await;
         match result {
@@ -654,7 +654,7 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key, tail) = (op.slot, op.key(), &op.args[2]);
     let existing = store
         .peek(slot, key, now)
-        .map(|e| (e.value.clone(), e.expire_at));
+        .map(|e| (e.value.bytes(), e.expire_at));
     // A new key holds the argument as SET would store it (Redis's
     // tryObjectEncoding: `int` or `embstr` when it can); a grown one is `raw`.
     let (value, expire_at, encoding) = match existing {
@@ -690,7 +690,7 @@ fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     };
     let Some(value) = store
         .read(op.slot, op.key(), now, op.touch)
-        .map(|e| e.value.clone())
+        .map(|e| e.value.bytes())
     else {
         return Reply::bulk("");
     };
@@ -725,7 +725,7 @@ fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key, patch) = (op.slot, op.key(), &op.args[3]);
     let existing = store
         .peek(slot, key, now)
-        .map(|e| (e.value.clone(), e.expire_at));
+        .map(|e| (e.value.bytes(), e.expire_at));
     if patch.is_empty() {
         return Reply::Int(existing.map_or(0, |(v, _)| v.len() as i64));
     }
@@ -854,7 +854,7 @@ fn lcs(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         let values = fan_out(client, &args, &[1, 2], move |store, slot, key, _, now| {
             store
                 .read(slot, key, now, touch)
-                .map(|e| e.value.clone())
+                .map(|e| e.value.bytes())
                 .unwrap_or_default()
         })
         .await;

@@ -538,6 +538,7 @@ impl Connection {
     async fn finish(&mut self, mut batch: Batch) {
         self.send_remote(&mut batch).await;
         self.take_time();
+        self.client.shard.deliver_links();
     }
 
     fn count_error(&self, reply: &Reply) {

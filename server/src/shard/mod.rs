@@ -104,6 +104,39 @@ impl Shard {
         }
     }
 
+    /// Delivers the link changes this shard's store recorded (see
+    /// [`crate::store::links`]) to the stores they concern: applied here
+    /// when the key is this shard's, posted to the owner otherwise, to every
+    /// shard for a departed parent.
+    pub fn deliver_links(&self) {
+        loop {
+            let events = self.store.borrow_mut().take_link_events();
+            if events.is_empty() {
+                return;
+            }
+            for event in events {
+                let targets: Vec<usize> = match event.route() {
+                    Some(key) => vec![self.owner_of(slot::key_slot(key))],
+                    None => (0..self.count()).collect(),
+                };
+                for target in targets {
+                    let event = event.clone();
+                    if target == self.id {
+                        self.store.borrow_mut().apply_link(event);
+                    } else {
+                        let _ = self.post(
+                            target,
+                            Box::new(move |s: &Shard| {
+                                s.store.borrow_mut().apply_link(event);
+                                s.deliver_links();
+                            }),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Runs `f` on every shard in parallel; results in shard order.
     pub async fn call_all<R, F>(&self, f: F) -> Result<Vec<R>, ShardGone>
     where
@@ -129,6 +162,7 @@ impl Shard {
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
     while let Some(job) = rx.recv().await {
         job(&shard);
+        shard.deliver_links();
     }
 }
 

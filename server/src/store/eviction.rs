@@ -28,11 +28,14 @@ pub enum EvictionPolicy {
     VolatileRandom,
     /// The key with the nearest expiry.
     VolatileTtl,
+    /// Prefix-aware (the default): orphaned blocks first, then leaves of
+    /// chains by S3-FIFO, blocks with cached children last.
+    Prefix,
 }
 
 impl EvictionPolicy {
     /// Every policy, in the order CONFIG documents them.
-    pub const ALL: [EvictionPolicy; 8] = [
+    pub const ALL: [EvictionPolicy; 9] = [
         EvictionPolicy::NoEviction,
         EvictionPolicy::AllKeysLru,
         EvictionPolicy::AllKeysLfu,
@@ -41,6 +44,7 @@ impl EvictionPolicy {
         EvictionPolicy::VolatileLfu,
         EvictionPolicy::VolatileRandom,
         EvictionPolicy::VolatileTtl,
+        EvictionPolicy::Prefix,
     ];
 
     /// The name used in configuration.
@@ -54,6 +58,7 @@ impl EvictionPolicy {
             EvictionPolicy::VolatileLfu => "volatile-lfu",
             EvictionPolicy::VolatileRandom => "volatile-random",
             EvictionPolicy::VolatileTtl => "volatile-ttl",
+            EvictionPolicy::Prefix => "prefix",
         }
     }
 
@@ -109,9 +114,11 @@ pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
     counter.saturating_sub(elapsed.min(255) as u8)
 }
 
-/// Records an access: recency always, frequency under LFU policies.
+/// Records an access: recency always, S3-FIFO reuse under `prefix`,
+/// frequency under LFU policies.
 pub fn touch(entry: &mut Entry, policy: EvictionPolicy, now_ms: u64) {
     entry.atime = (now_ms / 1000) as u32;
+    entry.freq = (entry.freq + 1).min(3);
     if policy.is_lfu() {
         let counter = decayed(entry.lfu, entry.lfu_minutes, now_ms);
         entry.lfu = log_increment(counter, now_ms);

@@ -6,33 +6,45 @@
 //! a whole SCAN is returned exactly once), and per-slot counts and listings
 //! (for cluster commands) cost nothing extra.
 //!
+//! Values of [`SLAB_MIN`] bytes or more (KV-cache blocks) live in the shard's
+//! slab arena ([`slab`]); smaller ones in memory of their own. Memory used is
+//! the arena's mapped pages plus the index and small values, and stays under
+//! the shard's share of `maxmemory`.
+//!
 //! Keys with a time to live are also kept in a set ordered by expiry time:
 //! active expiry pops exactly the keys that are due instead of sampling.
 
+pub mod entry;
 pub mod eviction;
+pub mod links;
 pub mod slab;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::ops::Range;
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use hashbrown::hash_map::{Entry as MapEntry, EntryRef};
 use hashbrown::HashMap;
 use tokio::sync::Notify;
 
+pub use entry::{Encoding, Entry, Queue, Value};
 pub use eviction::EvictionPolicy;
+pub use links::LinkEvent;
+use slab::{ArenaStats, NoRoom, SlabArena};
 
 use crate::protocol::request::BIG_BULK;
+use crate::shard::slot::key_slot;
 
 /// Index bytes charged per key besides the key and value themselves: the
 /// hash-table slot (key handle + entry), control byte and allocator headers.
-pub const ENTRY_OVERHEAD: usize = 96;
+pub const ENTRY_OVERHEAD: usize = 128;
 /// Extra bytes charged per key that has a time to live (expiry-set node).
 pub const EXPIRE_OVERHEAD: usize = 48;
+/// Values at least this long are stored in the slab arena.
+pub const SLAB_MIN: usize = 4096;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -40,86 +52,6 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// How a string is reported by OBJECT ENCODING.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Encoding {
-    /// `int` when the value is an integer, else `embstr`/`raw` by length.
-    Auto,
-    /// `embstr`/`raw` by length, never `int` (INCRBYFLOAT results).
-    NoInt,
-    /// Always `raw` (values APPEND and SETRANGE built).
-    Raw,
-}
-
-/// One key's value and bookkeeping.
-#[derive(Clone, Debug)]
-pub struct Entry {
-    /// The value, in memory this entry owns (never a slice of a read buffer).
-    pub value: Bytes,
-    /// Absolute expiry in Unix milliseconds; 0 means none.
-    pub expire_at: u64,
-    /// Last access, Unix seconds (truncated); drives LRU and OBJECT IDLETIME.
-    pub(crate) atime: u32,
-    /// Logarithmic access counter (LFU, OBJECT FREQ).
-    pub(crate) lfu: u8,
-    /// Minutes clock of the last LFU decrement.
-    pub(crate) lfu_minutes: u16,
-    /// OBJECT ENCODING.
-    pub encoding: Encoding,
-    /// The block this one continues (MSETBLOCK CHAIN), if the writer said.
-    pub parent: Option<Bytes>,
-}
-
-impl Entry {
-    fn new(value: Bytes, expire_at: u64, now: u64) -> Entry {
-        Entry {
-            value,
-            expire_at,
-            atime: (now / 1000) as u32,
-            lfu: eviction::LFU_INIT,
-            lfu_minutes: eviction::minutes(now),
-            encoding: Encoding::Auto,
-            parent: None,
-        }
-    }
-
-    /// Whether the entry is past its expiry at `now`.
-    pub fn expired(&self, now: u64) -> bool {
-        self.expire_at != 0 && self.expire_at <= now
-    }
-
-    /// OBJECT ENCODING's answer.
-    pub fn encoding_name(&self) -> &'static str {
-        let v = &self.value;
-        if self.encoding == Encoding::Auto
-            && v.len() <= 20
-            && crate::protocol::parse_i64_strict(v).is_some()
-        {
-            "int"
-        } else if self.encoding != Encoding::Raw && v.len() <= 44 {
-            "embstr"
-        } else {
-            "raw"
-        }
-    }
-
-    /// Bytes charged for this entry under `key_len`.
-    pub fn charge(&self, key_len: usize) -> usize {
-        Store::charge(key_len, self.value.len(), self.expire_at != 0)
-            + self.parent.as_ref().map_or(0, |p| p.len())
-    }
-
-    /// Seconds since the last access.
-    pub fn idle_seconds(&self, now: u64) -> u64 {
-        ((now / 1000) as u32).saturating_sub(self.atime) as u64
-    }
-
-    /// The LFU counter after decay, as OBJECT FREQ reports it.
-    pub fn frequency(&self, now: u64) -> u8 {
-        eviction::decayed(self.lfu, self.lfu_minutes, now)
-    }
 }
 
 /// A blocked reader (MGETPREFIX BLOCK) waiting for a key to be written.
@@ -135,6 +67,43 @@ pub struct Waiter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfMemory;
 
+/// Why a key was evicted (metrics: evictions by reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictReason {
+    /// `prefix`: its parent was gone, no lookup could reach it.
+    Orphan,
+    /// `prefix`: a block with no cached child (or no chain at all).
+    Leaf,
+    /// `prefix`: a block with cached children, when nothing else could go.
+    Inner,
+    /// One of Redis's policies chose it.
+    Policy,
+    /// Its page was emptied for a size class that had no room.
+    Rebalance,
+}
+
+impl EvictReason {
+    /// Every reason, in metric order.
+    pub const ALL: [EvictReason; 5] = [
+        EvictReason::Orphan,
+        EvictReason::Leaf,
+        EvictReason::Inner,
+        EvictReason::Policy,
+        EvictReason::Rebalance,
+    ];
+
+    /// Metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictReason::Orphan => "orphan",
+            EvictReason::Leaf => "leaf",
+            EvictReason::Inner => "inner",
+            EvictReason::Policy => "policy",
+            EvictReason::Rebalance => "rebalance",
+        }
+    }
+}
+
 /// Counters a shard reports in INFO stats.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -142,6 +111,8 @@ pub struct StoreStats {
     pub expired_keys: u64,
     /// Keys removed to make room.
     pub evicted_keys: u64,
+    /// Evictions by [`EvictReason`] (same order as `EvictReason::ALL`).
+    pub evicted_by: [u64; 5],
     /// Reads that found their key.
     pub keyspace_hits: u64,
     /// Reads that did not.
@@ -157,10 +128,20 @@ struct Meta {
     /// Sum of `expire_at` over `expires` (for avg_ttl).
     expire_sum: u128,
     keys: usize,
+    /// Bytes charged to the index (keys, overhead, small values, links).
     used: usize,
     /// WATCHed keys: the flags of the clients watching each (set on any
     /// change of the key, EXEC then fails).
     watched: HashMap<Bytes, Vec<(u64, Arc<AtomicBool>)>>,
+    /// Which key holds each slab slot (page, slot): to empty a page.
+    slot_keys: HashMap<(u32, u32), Bytes>,
+    /// Parent key → children of it stored here.
+    children_of: HashMap<Bytes, Vec<Bytes>>,
+    /// Link changes for other stores.
+    outbox: Vec<LinkEvent>,
+    /// Live entries in each S3-FIFO queue.
+    small_live: usize,
+    main_live: usize,
 }
 
 impl Meta {
@@ -174,23 +155,75 @@ impl Meta {
         }
     }
 
-    fn added(&mut self, key: &Bytes, entry: &Entry) {
-        self.modified(key);
-        if entry.expire_at != 0 {
-            self.expires.insert((entry.expire_at, key.clone()));
-            self.expire_sum += entry.expire_at as u128;
+    fn index_expiry(&mut self, key: &Bytes, at: u64) {
+        if at != 0 {
+            self.expires.insert((at, key.clone()));
+            self.expire_sum += at as u128;
         }
-        self.used += entry.charge(key.len());
-        self.keys += 1;
     }
 
-    fn removed(&mut self, key: &Bytes, entry: &Entry) {
-        self.modified(key);
-        if entry.expire_at != 0 && self.expires.remove(&(entry.expire_at, key.clone())) {
-            self.expire_sum -= entry.expire_at as u128;
+    fn unindex_expiry(&mut self, key: &Bytes, at: u64) {
+        if at != 0 && self.expires.remove(&(at, key.clone())) {
+            self.expire_sum -= at as u128;
         }
+    }
+
+    fn added(&mut self, key: &Bytes, entry: &Entry) {
+        self.modified(key);
+        self.index_expiry(key, entry.expire_at);
+        self.used += entry.charge(key.len());
+        self.keys += 1;
+        if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
+            self.slot_keys.insert(slot, key.clone());
+        }
+        if let Some(parent) = &entry.parent {
+            match self.children_of.get_mut(parent) {
+                Some(children) => children.push(key.clone()),
+                None => {
+                    self.children_of.insert(parent.clone(), vec![key.clone()]);
+                }
+            }
+            self.outbox.push(LinkEvent::ChildAdded {
+                parent: parent.clone(),
+                child: key.clone(),
+            });
+        }
+        match entry.queue {
+            Queue::Small => self.small_live += 1,
+            Queue::Main => self.main_live += 1,
+        }
+    }
+
+    /// `replaced`: a new value takes the key's place at once (its children
+    /// stay its children).
+    fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
+        self.modified(key);
+        self.unindex_expiry(key, entry.expire_at);
         self.used -= entry.charge(key.len());
         self.keys -= 1;
+        if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
+            self.slot_keys.remove(&slot);
+        }
+        if let Some(parent) = &entry.parent {
+            if let Some(children) = self.children_of.get_mut(parent) {
+                children.retain(|c| c != key);
+                if children.is_empty() {
+                    self.children_of.remove(parent);
+                }
+            }
+            self.outbox.push(LinkEvent::ChildRemoved {
+                parent: parent.clone(),
+            });
+        }
+        if entry.children > 0 && !replaced {
+            self.outbox.push(LinkEvent::ParentGone {
+                parent: key.clone(),
+            });
+        }
+        match entry.queue {
+            Queue::Small => self.small_live -= 1,
+            Queue::Main => self.main_live -= 1,
+        }
     }
 }
 
@@ -205,7 +238,7 @@ fn live<'m>(
     match map.entry_ref(key) {
         EntryRef::Occupied(o) if o.get().expired(now) => {
             let (key, entry) = o.remove_entry();
-            meta.removed(&key, &entry);
+            meta.removed(&key, &entry, false);
             stats.expired_keys += 1;
             None
         }
@@ -214,12 +247,64 @@ fn live<'m>(
     }
 }
 
+/// Recently evicted keys (by hash), so a key that comes back soon enters
+/// the main queue directly (S3-FIFO's ghost queue).
+#[derive(Default)]
+struct Ghost {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Ghost {
+    fn insert(&mut self, hash: u64, capacity: usize) {
+        if self.set.insert(hash) {
+            self.order.push_back(hash);
+        }
+        while self.order.len() > capacity.max(64) {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn take(&mut self, hash: u64) -> bool {
+        self.set.remove(&hash)
+    }
+}
+
+/// The eviction queues of the `prefix` policy.
+#[derive(Default)]
+struct PrefixQueues {
+    small: VecDeque<(Bytes, u32)>,
+    main: VecDeque<(Bytes, u32)>,
+    orphans: VecDeque<(Bytes, u32)>,
+    ghost: Ghost,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// How the store's memory is set up (flags `--hugepages`, `--prealloc`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryOptions {
+    /// Ask for transparent huge pages on arena pages.
+    pub hugepages: bool,
+    /// Map, touch and lock the arena's pages up to the budget at start.
+    pub prealloc: bool,
+}
+
 /// One shard's keyspace.
 pub struct Store {
     /// One map per owned slot, indexed by `slot - slots.start`.
     maps: Vec<HashMap<Bytes, Entry>>,
     slots: Range<usize>,
     meta: Meta,
+    arena: SlabArena,
+    queues: PrefixQueues,
+    next_gen: u32,
     budget: usize,
     policy: EvictionPolicy,
     samples: usize,
@@ -234,11 +319,36 @@ pub struct Store {
 impl Store {
     /// A store for `slots`, holding at most `budget` bytes (0: unbounded).
     pub fn new(slots: Range<usize>, budget: usize, policy: EvictionPolicy) -> Store {
+        Self::with_memory(slots, budget, policy, MemoryOptions::default())
+    }
+
+    /// [`Store::new`] with memory options.
+    pub fn with_memory(
+        slots: Range<usize>,
+        budget: usize,
+        policy: EvictionPolicy,
+        memory: MemoryOptions,
+    ) -> Store {
+        // Pages of 8 MiB, smaller when the budget is small so that a shard
+        // still has several pages to rebalance between.
+        let page_size = if budget == 0 {
+            slab::DEFAULT_PAGE_SIZE
+        } else {
+            (budget / 16).clamp(64 * 1024, slab::DEFAULT_PAGE_SIZE) / (64 * 1024) * (64 * 1024)
+        };
+        let mut arena = SlabArena::new(page_size, memory.hugepages, memory.prealloc);
+        if memory.prealloc && budget > 0 {
+            // Best effort: a refused mapping only means pages come later.
+            let _ = arena.reserve(budget * 9 / 10 / page_size);
+        }
         Store {
             maps: (0..slots.len()).map(|_| HashMap::new()).collect(),
             rng: 0x9e37_79b9_7f4a_7c15 ^ slots.start as u64,
             slots,
             meta: Meta::default(),
+            arena,
+            queues: PrefixQueues::default(),
+            next_gen: 0,
             budget,
             policy,
             samples: 5,
@@ -277,9 +387,19 @@ impl Store {
         mean.saturating_sub(now)
     }
 
-    /// Bytes charged for keys, values and index.
+    /// Bytes in use: the arena's mapped pages and spans, plus the index.
     pub fn used_memory(&self) -> usize {
+        self.meta.used + self.arena.mapped_bytes()
+    }
+
+    /// Bytes charged to the index: keys, overhead, small values, links.
+    pub fn index_memory(&self) -> usize {
         self.meta.used
+    }
+
+    /// The arena's figures (INFO slabs, MEMORY STATS).
+    pub fn arena_stats(&self) -> ArenaStats {
+        self.arena.stats()
     }
 
     /// This shard's share of `maxmemory` (0: unbounded).
@@ -318,7 +438,8 @@ impl Store {
         self.max_value_len = len;
     }
 
-    /// Bytes charged for one key.
+    /// Index bytes charged for one key (values in the slab are charged
+    /// through the arena).
     pub fn charge(key_len: usize, value_len: usize, volatile: bool) -> usize {
         key_len + value_len + ENTRY_OVERHEAD + if volatile { EXPIRE_OVERHEAD } else { 0 }
     }
@@ -386,9 +507,17 @@ impl Store {
         }
     }
 
-    /// Stores `value` under `key` with expiry `expire_at` (0: none), replacing
-    /// any old value. Small values are copied into memory of their own; big
-    /// ones (read into exact-size buffers) are kept as they are.
+    /// A block read as part of a prefix after its predecessor: whatever the
+    /// link events said, it is reachable.
+    pub fn mark_reachable(&mut self, slot: u16, key: &[u8]) {
+        let index = self.index(slot);
+        if let Some(e) = self.maps[index].get_mut(key) {
+            e.orphan = false;
+        }
+    }
+
+    /// Stores `value` under `key` with expiry `expire_at` (0: none),
+    /// replacing any old value.
     pub fn insert(
         &mut self,
         slot: u16,
@@ -413,7 +542,9 @@ impl Store {
         self.insert_entry(slot, key, value, expire_at, encoding, None, now)
     }
 
-    /// Stores a value with every attribute given: the general write.
+    /// Stores a value with every attribute given: the general write. Small
+    /// values get memory of their own; blocks are copied into a slab slot
+    /// (evicting by policy when the shard's budget is reached).
     #[allow(clippy::too_many_arguments)]
     pub fn insert_entry(
         &mut self,
@@ -426,36 +557,64 @@ impl Store {
         now: u64,
     ) -> Result<Option<Entry>, OutOfMemory> {
         let index = self.index(slot);
+        let parent = parent.map(|p| Bytes::copy_from_slice(&p));
+        let heap_len = if value.len() < SLAB_MIN {
+            value.len()
+        } else {
+            0
+        };
         if self.budget != 0 {
-            let new_charge = Self::charge(key.len(), value.len(), expire_at != 0)
+            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
                 + parent.as_ref().map_or(0, |p| p.len());
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
             if new_charge > old_charge {
                 self.ensure_room(new_charge - old_charge, Some(key))?;
             }
         }
-        let value = if value.len() < BIG_BULK {
-            Bytes::copy_from_slice(&value)
+        let stored = if value.len() < SLAB_MIN {
+            // Always copied: a slice would pin the request's read buffer.
+            Value::Heap(if value.len() < BIG_BULK {
+                Bytes::copy_from_slice(&value)
+            } else {
+                value
+            })
         } else {
-            value
+            Value::Slab(self.place_in_slab(&value, key)?)
         };
-        let mut entry = Entry::new(value, expire_at, now);
+        let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
-        entry.parent = parent.map(|p| Bytes::copy_from_slice(&p));
-        let old = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
+        entry.parent = parent;
+        let track = self.policy == EvictionPolicy::Prefix;
+        if track {
+            self.next_gen = self.next_gen.wrapping_add(1);
+            entry.gen = self.next_gen;
+            if self.queues.ghost.take(key_hash(key)) {
+                entry.queue = Queue::Main;
+            }
+        }
+        let (queue, gen) = (entry.queue, entry.gen);
+        let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
             MapEntry::Occupied(mut o) => {
                 let old = std::mem::replace(o.get_mut(), entry);
-                self.meta.removed(o.key(), &old);
+                // Children name the key, not the value: they stay.
+                o.get_mut().children = old.children;
+                self.meta.removed(o.key(), &old, true);
                 self.meta.added(o.key(), o.get());
-                Some(old)
+                (o.key().clone(), Some(old))
             }
             MapEntry::Vacant(v) => {
                 let key = v.key().clone();
                 let entry = v.insert(entry);
                 self.meta.added(&key, entry);
-                None
+                (key, None)
             }
         };
+        if track {
+            match queue {
+                Queue::Small => self.queues.small.push_back((stored_key, gen)),
+                Queue::Main => self.queues.main.push_back((stored_key, gen)),
+            }
+        }
         if !self.watchers.is_empty() {
             if let Some(waiters) = self.watchers.get(key) {
                 for w in waiters {
@@ -464,6 +623,67 @@ impl Store {
             }
         }
         Ok(old)
+    }
+
+    /// A slab slot holding `value`, evicting (never `protect`) until one is
+    /// free or a page fits the budget.
+    fn place_in_slab(
+        &mut self,
+        value: &[u8],
+        protect: &[u8],
+    ) -> Result<slab::SlotRef, OutOfMemory> {
+        let mut evictions = 0;
+        loop {
+            let growth = self.arena.growth_for(value.len());
+            let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
+            let class = match self.arena.store(value, may_map) {
+                Ok(slot) => return Ok(slot),
+                Err(NoRoom::Mmap) => return Err(OutOfMemory),
+                Err(NoRoom::Full { class }) => class,
+            };
+            if self.policy == EvictionPolicy::NoEviction {
+                return Err(OutOfMemory);
+            }
+            // Evictions by policy free slots of whatever class the victims
+            // were in; when that keeps missing this value's class, a whole
+            // page is emptied for it (rebalancing).
+            evictions += 1;
+            if evictions <= 64 && self.evict_one(Some(protect)).is_some() {
+                continue;
+            }
+            let keep = (class != usize::MAX).then_some(class);
+            if !self.empty_a_page(keep, Some(protect)) {
+                return Err(OutOfMemory);
+            }
+            evictions = 0;
+        }
+    }
+
+    /// Evicts every value in the page best suited to be emptied (fewest
+    /// values, none held) and unmaps it when the value needs a span.
+    fn empty_a_page(&mut self, keep: Option<usize>, protect: Option<&[u8]>) -> bool {
+        let Some((page, slots)) = self.arena.page_to_empty(keep) else {
+            return false;
+        };
+        let keys: Vec<Bytes> = slots
+            .iter()
+            .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
+            .collect();
+        if keys.iter().any(|k| Some(&k[..]) == protect) {
+            return false;
+        }
+        for key in keys {
+            let slot = key_slot(&key);
+            if self.remove(slot, &key).is_some() {
+                self.stats.evicted_keys += 1;
+                self.stats.evicted_by[EvictReason::Rebalance as usize] += 1;
+            }
+        }
+        self.arena.reclaim();
+        if keep.is_none() {
+            self.arena.unmap_empty(self.arena.page_size());
+        }
+        true
     }
 
     /// MSETBLOCK's write of one block: `1` stored, `0` already present and
@@ -522,7 +742,7 @@ impl Store {
     pub fn remove(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
         let index = self.index(slot);
         let (key, entry) = self.maps[index].remove_entry(key)?;
-        self.meta.removed(&key, &entry);
+        self.meta.removed(&key, &entry, false);
         Some(entry)
     }
 
@@ -543,10 +763,16 @@ impl Store {
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
             return false;
         };
-        if entry.expire_at != expire_at {
-            self.meta.removed(stored, entry);
+        let old = entry.expire_at;
+        if old != expire_at {
+            let before = entry.charge(stored.len());
             entry.expire_at = expire_at;
-            self.meta.added(stored, entry);
+            let after = entry.charge(stored.len());
+            let stored = stored.clone();
+            self.meta.modified(&stored);
+            self.meta.unindex_expiry(&stored, old);
+            self.meta.index_expiry(&stored, expire_at);
+            self.meta.used = self.meta.used - before + after;
         }
         true
     }
@@ -565,6 +791,8 @@ impl Store {
             watched,
             ..Meta::default()
         };
+        self.queues = PrefixQueues::default();
+        self.arena.reclaim();
     }
 
     /// WATCH: sets `dirty` whenever `key` changes, until unwatched.
@@ -589,6 +817,50 @@ impl Store {
         }
     }
 
+    /// Link changes to deliver to other stores (see [`links`]).
+    pub fn take_link_events(&mut self) -> Vec<LinkEvent> {
+        std::mem::take(&mut self.meta.outbox)
+    }
+
+    /// Applies a link change that names a key of this store (or, for
+    /// `ParentGone`, any store).
+    pub fn apply_link(&mut self, event: LinkEvent) {
+        match event {
+            LinkEvent::ChildAdded { parent, child } => {
+                let index = self.index(key_slot(&parent));
+                match self.maps[index].get_mut(&parent[..]) {
+                    Some(p) => p.children += 1,
+                    None => self.meta.outbox.push(LinkEvent::Orphaned { child }),
+                }
+            }
+            LinkEvent::ChildRemoved { parent } => {
+                let index = self.index(key_slot(&parent));
+                if let Some(p) = self.maps[index].get_mut(&parent[..]) {
+                    p.children = p.children.saturating_sub(1);
+                }
+            }
+            LinkEvent::ParentGone { parent } => {
+                let children = self.meta.children_of.get(&parent[..]).cloned();
+                for child in children.into_iter().flatten() {
+                    self.mark_orphan(&child);
+                }
+            }
+            LinkEvent::Orphaned { child } => self.mark_orphan(&child),
+        }
+    }
+
+    fn mark_orphan(&mut self, key: &[u8]) {
+        let index = self.index(key_slot(key));
+        if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
+            if !e.orphan {
+                e.orphan = true;
+                if self.policy == EvictionPolicy::Prefix {
+                    self.queues.orphans.push_back((k.clone(), e.gen));
+                }
+            }
+        }
+    }
+
     /// Active expiry: removes up to `limit` keys whose time has come.
     /// Returns how many it removed.
     pub fn expire_due(&mut self, now: u64, limit: usize) -> usize {
@@ -600,7 +872,7 @@ impl Store {
             if at > now {
                 break;
             }
-            let slot = crate::shard::slot::key_slot(&key);
+            let slot = key_slot(&key);
             if self.remove(slot, &key).is_none() {
                 // Not in the map (cannot happen): drop the stale node.
                 self.meta.expires.remove(&(at, key));
@@ -608,6 +880,9 @@ impl Store {
             }
             self.stats.expired_keys += 1;
             removed += 1;
+        }
+        if removed > 0 {
+            self.arena.reclaim();
         }
         removed
     }
@@ -618,22 +893,128 @@ impl Store {
         if self.budget == 0 {
             return Ok(());
         }
-        while self.meta.used + extra > self.budget {
+        let mut misses = 0;
+        while self.used_memory() + extra > self.budget {
+            // Empty pages are the cheapest memory to give back.
+            let over = self.used_memory() + extra - self.budget;
+            if self.arena.unmap_empty(over) > 0 {
+                continue;
+            }
             if self.policy == EvictionPolicy::NoEviction {
                 return Err(OutOfMemory);
             }
-            let Some((slot, key)) = self.pick_victim(protect) else {
+            // Evicting a block frees a slot, not always a whole page: after
+            // a few tries, empty a page outright.
+            misses += 1;
+            if misses <= 16 && self.evict_one(protect).is_some() {
+                continue;
+            }
+            if !self.empty_a_page(None, protect) && self.evict_one(protect).is_none() {
                 return Err(OutOfMemory);
-            };
-            self.remove(slot, &key);
-            self.stats.evicted_keys += 1;
+            }
+            misses = 0;
         }
         Ok(())
     }
 
     /// Whether `extra` more bytes would fit without evicting.
     pub fn fits(&self, extra: usize) -> bool {
-        self.budget == 0 || self.meta.used + extra <= self.budget
+        self.budget == 0 || self.used_memory() + extra <= self.budget
+    }
+
+    /// Evicts one key by policy; `None` if nothing may go.
+    fn evict_one(&mut self, protect: Option<&[u8]>) -> Option<EvictReason> {
+        let (slot, key, reason) = if self.policy == EvictionPolicy::Prefix {
+            match self.prefix_victim(protect) {
+                Some(found) => found,
+                // Keys written before the policy changed are not queued.
+                None => {
+                    let (slot, key) = self.pick_victim(protect)?;
+                    (slot, key, EvictReason::Leaf)
+                }
+            }
+        } else {
+            let (slot, key) = self.pick_victim(protect)?;
+            (slot, key, EvictReason::Policy)
+        };
+        self.remove(slot, &key)?;
+        if self.policy == EvictionPolicy::Prefix {
+            let capacity = self.meta.main_live;
+            self.queues.ghost.insert(key_hash(&key), capacity);
+        }
+        self.stats.evicted_keys += 1;
+        self.stats.evicted_by[reason as usize] += 1;
+        self.arena.reclaim();
+        Some(reason)
+    }
+
+    /// The `prefix` policy's victim: an orphan if there is one, else a leaf
+    /// chosen by S3-FIFO (a small probationary FIFO and a main FIFO with
+    /// reinsertion of reused keys), else, when nothing but inner blocks is
+    /// left, an inner block. Held values are never chosen.
+    fn prefix_victim(&mut self, protect: Option<&[u8]>) -> Option<(u16, Bytes, EvictReason)> {
+        // 1. Orphans: unreachable by any prefix lookup.
+        while let Some((key, gen)) = self.queues.orphans.pop_front() {
+            let slot = key_slot(&key);
+            let index = self.index(slot);
+            let ok = self.maps[index].get(&key[..]).is_some_and(|e| {
+                e.gen == gen && e.orphan && !e.value.is_held() && Some(&key[..]) != protect
+            });
+            if ok {
+                return Some((slot, key, EvictReason::Orphan));
+            }
+        }
+        // 2. S3-FIFO over the leaves; inner blocks are passed over.
+        let mut budget = 2 * (self.queues.small.len() + self.queues.main.len()) + 8;
+        let mut inner: Option<(u16, Bytes)> = None;
+        while budget > 0 {
+            budget -= 1;
+            let live = self.meta.small_live + self.meta.main_live;
+            let from_small = !self.queues.small.is_empty()
+                && (self.meta.small_live * 10 > live || self.queues.main.is_empty());
+            let popped = if from_small {
+                self.queues.small.pop_front()
+            } else {
+                self.queues.main.pop_front()
+            };
+            let Some((key, gen)) = popped else { break };
+            let slot = key_slot(&key);
+            let index = self.index(slot);
+            let Some(e) = self.maps[index].get_mut(&key[..]) else {
+                continue;
+            };
+            if e.gen != gen {
+                continue;
+            }
+            let keep = e.value.is_held() || Some(&key[..]) == protect;
+            if from_small {
+                if e.freq > 1 || e.children > 0 || keep {
+                    // Reused (or an inner node, or held): promote.
+                    e.queue = Queue::Main;
+                    e.freq = 0;
+                    self.meta.small_live -= 1;
+                    self.meta.main_live += 1;
+                    self.queues.main.push_back((key, gen));
+                    continue;
+                }
+                return Some((slot, key, EvictReason::Leaf));
+            }
+            if e.freq > 0 || keep {
+                e.freq = e.freq.saturating_sub(1);
+                self.queues.main.push_back((key, gen));
+                continue;
+            }
+            if e.children > 0 {
+                if inner.is_none() {
+                    inner = Some((slot, key.clone()));
+                }
+                self.queues.main.push_back((key, gen));
+                continue;
+            }
+            return Some((slot, key, EvictReason::Leaf));
+        }
+        // 3. Only inner blocks left: its descendants become orphans.
+        inner.map(|(slot, key)| (slot, key, EvictReason::Inner))
     }
 
     fn next_random(&mut self) -> u64 {
@@ -687,18 +1068,25 @@ impl Store {
         None
     }
 
+    /// Redis-style sampled choice for the classic policies (held values and
+    /// `protect` are skipped).
     fn pick_victim(&mut self, protect: Option<&[u8]>) -> Option<(u16, Bytes)> {
         let now = now_ms();
-        if self.policy == EvictionPolicy::VolatileTtl {
+        let policy = match self.policy {
+            // Keys the prefix queues do not know yet: rank by recency.
+            EvictionPolicy::Prefix => EvictionPolicy::AllKeysLru,
+            p => p,
+        };
+        if policy == EvictionPolicy::VolatileTtl {
             let (_, key) = self
                 .meta
                 .expires
                 .iter()
                 .find(|(_, k)| Some(&k[..]) != protect)?
                 .clone();
-            return Some((crate::shard::slot::key_slot(&key), key));
+            return Some((key_slot(&key), key));
         }
-        let volatile_only = self.policy.volatile_only();
+        let volatile_only = policy.volatile_only();
         if volatile_only && self.meta.expires.is_empty() {
             return None;
         }
@@ -715,11 +1103,11 @@ impl Store {
                 continue;
             }
             let entry = &self.maps[index][&key];
-            if volatile_only && entry.expire_at == 0 {
+            if (volatile_only && entry.expire_at == 0) || entry.value.is_held() {
                 continue;
             }
             found += 1;
-            let score = eviction::score(entry, self.policy, now);
+            let score = eviction::score(entry, policy, now);
             if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
                 best = Some((score, index, key));
             }
@@ -732,7 +1120,7 @@ impl Store {
                 .expires
                 .iter()
                 .find(|(_, k)| Some(&k[..]) != protect)
-                .map(|(_, k)| (crate::shard::slot::key_slot(k), k.clone())),
+                .map(|(_, k)| (key_slot(k), k.clone())),
             None => None,
         }
     }
@@ -810,7 +1198,7 @@ mod tests {
 
     fn get(s: &mut Store, key: &str, now: u64) -> Option<Bytes> {
         s.read(key_slot(key.as_bytes()), key.as_bytes(), now, true)
-            .map(|e| e.value.clone())
+            .map(|e| e.value.bytes())
     }
 
     #[test]
@@ -891,5 +1279,198 @@ mod tests {
             cursor = next;
         }
         assert_eq!(seen.len(), 1000);
+    }
+}
+
+#[cfg(test)]
+mod slab_tests {
+    use super::*;
+    use crate::shard::slot::{key_slot, SLOTS};
+
+    fn block(i: u32, len: usize) -> Bytes {
+        Bytes::from(
+            (0..len)
+                .map(|j| (j as u32 ^ i.wrapping_mul(2654435761)) as u8)
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    fn put(s: &mut Store, key: &str, value: Bytes, parent: Option<&str>) -> i64 {
+        let parent = parent.map(|p| Bytes::copy_from_slice(p.as_bytes()));
+        let code = s.insert_block(
+            key_slot(key.as_bytes()),
+            key.as_bytes(),
+            value,
+            0,
+            parent,
+            false,
+            1000,
+        );
+        settle(s);
+        code
+    }
+
+    /// Delivers link events within one store (every key is local here).
+    fn settle(s: &mut Store) {
+        loop {
+            let events = s.take_link_events();
+            if events.is_empty() {
+                return;
+            }
+            for e in events {
+                s.apply_link(e);
+            }
+        }
+    }
+
+    fn has(s: &mut Store, key: &str) -> bool {
+        s.peek(key_slot(key.as_bytes()), key.as_bytes(), 1000)
+            .is_some()
+    }
+
+    #[test]
+    fn blocks_live_in_the_slab_and_read_back_exactly() {
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        for i in 0..40 {
+            assert_eq!(put(&mut s, &format!("b{i}"), block(i, 64 * 1024), None), 1);
+        }
+        for i in 0..40 {
+            let key = format!("b{i}");
+            let e = s
+                .peek(key_slot(key.as_bytes()), key.as_bytes(), 1000)
+                .unwrap();
+            assert!(e.value.slot().is_some());
+            assert_eq!(e.value.bytes(), block(i, 64 * 1024));
+        }
+        let stats = s.arena_stats();
+        assert_eq!(stats.classes[0].slot_size, 64 * 1024);
+        assert_eq!(stats.classes[0].used, 40);
+        assert_eq!(s.used_memory(), s.index_memory() + stats.page_bytes);
+    }
+
+    #[test]
+    fn used_memory_stays_under_the_budget_and_held_blocks_survive() {
+        let budget = 4 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);
+        assert_eq!(put(&mut s, "held", block(7, 64 * 1024), None), 1);
+        let held = s
+            .read(key_slot(b"held"), b"held", 1000, true)
+            .unwrap()
+            .value
+            .bytes();
+        for i in 0..500 {
+            assert_eq!(put(&mut s, &format!("k{i}"), block(i, 64 * 1024), None), 1);
+            assert!(s.used_memory() <= budget, "{} > {budget}", s.used_memory());
+        }
+        assert!(
+            has(&mut s, "held"),
+            "a block a reply holds is never evicted"
+        );
+        assert_eq!(held, block(7, 64 * 1024));
+        assert!(s.stats.evicted_keys > 400);
+    }
+
+    #[test]
+    fn prefix_policy_evicts_orphans_then_leaves_before_inner_blocks() {
+        // Room for about 24 blocks of 64 KiB (pages of 256 KiB).
+        let budget = 24 * 64 * 1024 + 64 * 1024;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        // A chain a0 <- a1 <- ... <- a9.
+        for i in 0..10 {
+            let parent = (i > 0).then(|| format!("a{}", i - 1));
+            assert_eq!(
+                put(
+                    &mut s,
+                    &format!("a{i}"),
+                    block(i, 64 * 1024),
+                    parent.as_deref()
+                ),
+                1
+            );
+        }
+        // An orphan: its parent was never stored.
+        assert_eq!(
+            put(&mut s, "orphan", block(99, 64 * 1024), Some("missing")),
+            1
+        );
+        // Fill the rest with unchained blocks (leaves) until eviction starts.
+        let mut i = 0;
+        while s.stats.evicted_keys == 0 {
+            put(&mut s, &format!("x{i}"), block(1000 + i, 64 * 1024), None);
+            i += 1;
+        }
+        assert!(!has(&mut s, "orphan"), "the orphan goes first");
+        assert_eq!(s.stats.evicted_by[EvictReason::Orphan as usize], 1);
+        // Keep writing: leaves go, the chain's inner blocks stay.
+        for j in 0..40 {
+            put(&mut s, &format!("y{j}"), block(2000 + j, 64 * 1024), None);
+        }
+        for k in 0..9 {
+            assert!(has(&mut s, &format!("a{k}")), "inner block a{k} kept");
+        }
+        assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+    }
+
+    #[test]
+    fn a_departed_parent_orphans_its_children() {
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        put(&mut s, "p", block(1, 8192), None);
+        put(&mut s, "c1", block(2, 8192), Some("p"));
+        put(&mut s, "c2", block(3, 8192), Some("p"));
+        let slot = key_slot(b"p");
+        assert_eq!(s.peek(slot, b"p", 1000).unwrap().children, 2);
+        s.remove(slot, b"p");
+        settle(&mut s);
+        for c in ["c1", "c2"] {
+            assert!(
+                s.peek(key_slot(c.as_bytes()), c.as_bytes(), 1000)
+                    .unwrap()
+                    .orphan
+            );
+        }
+    }
+
+    #[test]
+    fn pages_move_to_a_new_block_size() {
+        let budget = 16 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);
+        // One write per second, so LRU knows the 64 KiB blocks are older.
+        let mut now = 1_000_000;
+        let mut write = |s: &mut Store, key: String, value: Bytes| {
+            now += 1000;
+            s.insert_block(
+                key_slot(key.as_bytes()),
+                key.as_bytes(),
+                value,
+                0,
+                None,
+                false,
+                now,
+            )
+        };
+        for i in 0..400 {
+            assert_eq!(write(&mut s, format!("small{i}"), block(i, 64 * 1024)), 1);
+        }
+        for i in 0..80 {
+            assert_eq!(write(&mut s, format!("big{i}"), block(i, 256 * 1024)), 1);
+            assert!(s.used_memory() <= budget);
+        }
+        let stats = s.arena_stats();
+        let big = stats
+            .classes
+            .iter()
+            .find(|c| c.slot_size == 256 * 1024)
+            .unwrap();
+        assert!(stats.rebalanced_pages > 0, "pages changed class");
+        assert!(big.pages >= 10, "the new size got most pages: {stats:?}");
+        let mut present = 0;
+        for i in 0..80 {
+            let key = format!("big{i}");
+            if let Some(e) = s.peek(key_slot(key.as_bytes()), key.as_bytes(), now) {
+                assert_eq!(e.value.bytes(), block(i, 256 * 1024));
+                present += 1;
+            }
+        }
+        assert!(present >= 40, "{present} big blocks kept");
     }
 }

@@ -168,6 +168,8 @@ pub struct SlotRef {
     slot: u32,
     offset: usize,
     len: usize,
+    /// Bytes the slot (or span) occupies.
+    capacity: usize,
 }
 
 impl SlotRef {
@@ -190,6 +192,28 @@ impl SlotRef {
     /// Whether the value is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The value's bytes, borrowed: valid while this handle lives, since the
+    /// index's hold keeps the slot from being reused.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: offset + len lies inside the page's mapping (checked when
+        // the slot was handed out), and the STORED bit this handle owns keeps
+        // the slot from being reused, so the bytes are not written while
+        // borrowed from `self`.
+        unsafe {
+            std::slice::from_raw_parts(self.page.region.ptr.as_ptr().add(self.offset), self.len)
+        }
+    }
+
+    /// Bytes of memory the value occupies: its slot, or its span.
+    pub fn footprint(&self) -> usize {
+        self.capacity
+    }
+
+    /// The (page, slot) of a value in a page; `None` for spans.
+    pub fn page_location(&self) -> Option<(u32, u32)> {
+        (self.page.span_bytes.is_none()).then_some((self.page.id, self.slot))
     }
 
     /// Whether a reply or waiter currently holds the value.
@@ -281,7 +305,8 @@ pub struct SlabArena {
     page_size: usize,
     hugepages: bool,
     prealloc: bool,
-    pages: Vec<Page>,
+    /// Pages by id; `None` where a page was unmapped (its id is reused).
+    pages: Vec<Option<Page>>,
     classes: Vec<ClassStats>,
     /// Pages with free slots, per class.
     partial: Vec<Vec<u32>>,
@@ -311,9 +336,22 @@ impl SlabArena {
         self.page_size
     }
 
+    /// Pages mapped.
+    fn page_count(&self) -> usize {
+        self.pages.iter().filter(|p| p.is_some()).count()
+    }
+
     /// Bytes mapped (pages plus spans still alive).
     pub fn mapped_bytes(&self) -> usize {
-        self.pages.len() * self.page_size + self.span_bytes.load(Ordering::Acquire)
+        self.page_count() * self.page_size + self.span_bytes.load(Ordering::Acquire)
+    }
+
+    fn page(&self, id: u32) -> Option<&Page> {
+        self.pages.get(id as usize).and_then(|p| p.as_ref())
+    }
+
+    fn page_mut(&mut self, id: u32) -> Option<&mut Page> {
+        self.pages.get_mut(id as usize).and_then(|p| p.as_mut())
     }
 
     /// What a value of `len` bytes will cost in mapped memory if it needs
@@ -371,7 +409,13 @@ impl SlabArena {
             _ => return,
         };
         for (page_id, slot) in released {
-            let page = &mut self.pages[page_id as usize];
+            let Some(page) = self
+                .pages
+                .get_mut(page_id as usize)
+                .and_then(|p| p.as_mut())
+            else {
+                continue;
+            };
             let Some(class) = page.class else { continue };
             if page.free.is_empty() {
                 self.partial[class].push(page_id);
@@ -400,15 +444,16 @@ impl SlabArena {
             None => self.page_for(class, may_map)?,
         };
         let slot_size = self.classes[class].slot_size;
-        let page = &mut self.pages[page_id as usize];
+        let page = self.page_mut(page_id).ok_or(NoRoom::Full { class })?;
         let slot = page.free.pop().ok_or(NoRoom::Full { class })?;
-        if page.free.is_empty() {
+        let page_full = page.free.is_empty();
+        let mem = Arc::clone(&page.mem);
+        if page_full {
             self.partial[class].retain(|&p| p != page_id);
         }
         self.classes[class].used += 1;
         self.classes[class].free -= 1;
         let offset = slot as usize * slot_size;
-        let mem = Arc::clone(&page.mem);
         let prev = mem.states[slot as usize].swap(STORED, Ordering::AcqRel);
         debug_assert_eq!(prev, 0, "a free slot has no holder");
         // SAFETY: the slot was free (state 0: no index handle, no lease), so
@@ -422,6 +467,7 @@ impl SlabArena {
             slot,
             offset,
             len,
+            capacity: slot_size,
         })
     }
 
@@ -446,6 +492,7 @@ impl SlabArena {
             slot: 0,
             offset: 0,
             len: value.len(),
+            capacity: len,
         })
     }
 
@@ -457,43 +504,31 @@ impl SlabArena {
         // An empty page of another class (nothing stored, nothing leased,
         // so the arena holds the only reference to its memory).
         let reusable = self.pages.iter().position(|p| {
-            p.class
-                .is_none_or(|c| c != class && p.free.len() as u32 == p.slots)
-                && Arc::strong_count(&p.mem) == 1
+            p.as_ref().is_some_and(|p| {
+                p.class
+                    .is_none_or(|c| c != class && p.free.len() as u32 == p.slots)
+                    && Arc::strong_count(&p.mem) == 1
+            })
         });
         let page_id = match (reusable, may_map) {
             (Some(id), _) => {
                 let id = id as u32;
-                if let Some(old) = self.pages[id as usize].class {
-                    let page = &self.pages[id as usize];
+                let (old_class, free) = self
+                    .page(id)
+                    .map(|p| (p.class, p.free.len()))
+                    .unwrap_or((None, 0));
+                if let Some(old) = old_class {
                     self.classes[old].pages -= 1;
-                    self.classes[old].free -= page.free.len();
+                    self.classes[old].free -= free;
                     self.partial[old].retain(|&p| p != id);
                     self.rebalanced += 1;
                 }
                 id
             }
-            (None, true) => {
-                let region = Region::map(self.page_size, self.hugepages, self.prealloc)
-                    .map_err(|_| NoRoom::Mmap)?;
-                let id = self.pages.len() as u32;
-                self.pages.push(Page {
-                    mem: Arc::new(PageMem {
-                        region,
-                        states: Box::new([]),
-                        id,
-                        released: Arc::clone(&self.released),
-                        span_bytes: None,
-                    }),
-                    class: None,
-                    free: Vec::new(),
-                    slots: 0,
-                });
-                id
-            }
+            (None, true) => self.map_page().map_err(|_| NoRoom::Mmap)?,
             (None, false) => return Err(NoRoom::Full { class }),
         };
-        let page = &mut self.pages[page_id as usize];
+        let page = self.page_mut(page_id).ok_or(NoRoom::Full { class })?;
         // One state per slot of the new carving.
         let mem = Arc::get_mut(&mut page.mem).ok_or(NoRoom::Full { class })?;
         mem.states = (0..slots).map(|_| AtomicU32::new(0)).collect();
@@ -504,6 +539,89 @@ impl SlabArena {
         self.classes[class].free += slots as usize;
         self.partial[class].push(page_id);
         Ok(page_id)
+    }
+
+    /// Maps a new, uncarved page; returns its id.
+    fn map_page(&mut self) -> io::Result<u32> {
+        let region = Region::map(self.page_size, self.hugepages, self.prealloc)?;
+        let id = self
+            .pages
+            .iter()
+            .position(|p| p.is_none())
+            .unwrap_or(self.pages.len()) as u32;
+        let page = Page {
+            mem: Arc::new(PageMem {
+                region,
+                states: Box::new([]),
+                id,
+                released: Arc::clone(&self.released),
+                span_bytes: None,
+            }),
+            class: None,
+            free: Vec::new(),
+            slots: 0,
+        };
+        if id as usize == self.pages.len() {
+            self.pages.push(Some(page));
+        } else {
+            self.pages[id as usize] = Some(page);
+        }
+        Ok(id)
+    }
+
+    /// Maps `count` pages ahead of need (`--prealloc`).
+    pub fn reserve(&mut self, count: usize) -> io::Result<()> {
+        for _ in 0..count {
+            self.map_page()?;
+        }
+        Ok(())
+    }
+
+    /// Unmaps pages with nothing stored and nothing leased, up to `bytes`
+    /// worth; returns the bytes given back.
+    pub fn unmap_empty(&mut self, bytes: usize) -> usize {
+        self.reclaim();
+        let mut freed = 0;
+        for i in 0..self.pages.len() {
+            if freed >= bytes {
+                break;
+            }
+            let empty = self.pages[i]
+                .as_ref()
+                .is_some_and(|p| p.free.len() as u32 == p.slots && Arc::strong_count(&p.mem) == 1);
+            if !empty {
+                continue;
+            }
+            if let Some(page) = self.pages[i].take() {
+                if let Some(class) = page.class {
+                    self.classes[class].pages -= 1;
+                    self.classes[class].free -= page.free.len();
+                    self.partial[class].retain(|&p| p != i as u32);
+                }
+                freed += self.page_size;
+            }
+        }
+        freed
+    }
+
+    /// The best page to empty for another use: of a class other than
+    /// `keep` (any class when `None`), with the fewest values in use;
+    /// returns its id and the slots in use.
+    pub fn page_to_empty(&self, keep: Option<usize>) -> Option<(u32, Vec<u32>)> {
+        self.pages
+            .iter()
+            .flatten()
+            .filter(|p| p.class.is_some() && p.class != keep)
+            .filter(|p| (p.free.len() as u32) < p.slots)
+            .min_by_key(|p| p.slots as usize - p.free.len())
+            .map(|p| {
+                let mut in_use = vec![true; p.slots as usize];
+                for &f in &p.free {
+                    in_use[f as usize] = false;
+                }
+                let used = (0..p.slots).filter(|&s| in_use[s as usize]).collect();
+                (p.mem.id, used)
+            })
     }
 
     /// The class a value of `len` bytes would use, if it exists (no span).
@@ -519,22 +637,15 @@ impl SlabArena {
 
     /// The class of page `page` (None for spans and unassigned pages).
     pub fn class_of_page(&self, page: u32) -> Option<usize> {
-        self.pages.get(page as usize).and_then(|p| p.class)
-    }
-
-    /// Live slots of a page (for choosing a page to empty).
-    pub fn page_used(&self, page: u32) -> usize {
-        self.pages
-            .get(page as usize)
-            .map_or(0, |p| (p.slots as usize).saturating_sub(p.free.len()))
+        self.page(page).and_then(|p| p.class)
     }
 
     /// Figures for reporting.
     pub fn stats(&self) -> ArenaStats {
         ArenaStats {
-            page_bytes: self.pages.len() * self.page_size,
+            page_bytes: self.page_count() * self.page_size,
             span_bytes: self.span_bytes.load(Ordering::Acquire),
-            pages: self.pages.len(),
+            pages: self.page_count(),
             rebalanced_pages: self.rebalanced,
             classes: self.classes.clone(),
         }

@@ -1,0 +1,54 @@
+//! Chain links between blocks on different shards.
+//!
+//! A block stored with CHAIN names its parent, which may live on another
+//! shard. Prefix-aware eviction needs, for every block, whether it has cached
+//! children (an inner node of some prefix) and whether its parent is gone (an
+//! orphan no lookup can reach). Each store records what happens to its own
+//! keys as [`LinkEvent`]s; the shard layer delivers each event to the store
+//! that owns the key it names (all stores for [`LinkEvent::ParentGone`]),
+//! where [`super::Store::apply_link`] updates the counts. The counts are
+//! eventually consistent: eviction only ranks by them.
+
+use bytes::Bytes;
+
+/// A change one store tells another about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// `child` was stored naming `parent`: the parent's store counts a
+    /// child, or answers [`LinkEvent::Orphaned`] if it has no such key.
+    ChildAdded {
+        /// The parent's key (routes the event).
+        parent: Bytes,
+        /// The new child's key.
+        child: Bytes,
+    },
+    /// A block naming `parent` went away: one child fewer.
+    ChildRemoved {
+        /// The parent's key (routes the event).
+        parent: Bytes,
+    },
+    /// `parent`, which had children, went away: every store marks the
+    /// children it holds as orphans.
+    ParentGone {
+        /// The departed parent's key.
+        parent: Bytes,
+    },
+    /// `child`'s parent does not exist: mark it an orphan.
+    Orphaned {
+        /// The child's key (routes the event).
+        child: Bytes,
+    },
+}
+
+impl LinkEvent {
+    /// The key whose owner must apply the event (`None`: every store).
+    pub fn route(&self) -> Option<&Bytes> {
+        match self {
+            LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent } => {
+                Some(parent)
+            }
+            LinkEvent::ParentGone { .. } => None,
+            LinkEvent::Orphaned { child } => Some(child),
+        }
+    }
+}
