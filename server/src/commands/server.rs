@@ -1217,6 +1217,22 @@ fn memory_stats(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             ),
             (Reply::bulk("allocator.resident"), int(rss)),
             (
+                Reply::bulk("slab.pages"),
+                int(reports.iter().map(|r| r.arena.pages as u64).sum()),
+            ),
+            (
+                Reply::bulk("slab.page.bytes"),
+                int(reports.iter().map(|r| r.arena.page_bytes as u64).sum()),
+            ),
+            (
+                Reply::bulk("slab.span.bytes"),
+                int(reports.iter().map(|r| r.arena.span_bytes as u64).sum()),
+            ),
+            (
+                Reply::bulk("index.bytes"),
+                int(reports.iter().map(|r| r.index_memory as u64).sum()),
+            ),
+            (
                 Reply::bulk("fragmentation"),
                 Reply::Double(if used == 0 {
                     1.0
