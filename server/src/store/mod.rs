@@ -18,6 +18,7 @@ pub mod entry;
 pub mod eviction;
 pub mod links;
 pub mod slab;
+pub mod spill;
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::ops::Range;

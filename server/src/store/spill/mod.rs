@@ -1,0 +1,674 @@
+//! The NVMe spill tier: blocks evicted from DRAM are appended to segment
+//! files and read back (checksummed) on demand.
+//!
+//! * [`record`]: the on-disk record (ASCII box there).
+//! * [`SpillDir`]: the directory's segments, shared by every shard: disk
+//!   budget, live-record counts (a segment whose last live record goes is
+//!   deleted), counters for INFO and metrics.
+//! * [`IoPool`]: dedicated I/O threads doing `pread`/`pwrite` (O_DIRECT when
+//!   the filesystem allows it); a shard's event loop never waits on disk.
+//! * [`recover`]: the warm-restart scan that rebuilds every shard's index
+//!   from the segments.
+
+pub mod record;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+
+use record::ALIGN;
+
+/// Segment files grow to this size before a new one starts (see
+/// docs/decisions.md: large enough that reclaim is rare and batches stay
+/// sequential, small enough that reclaiming one frees space quickly).
+pub const SEGMENT_SIZE: u64 = 64 << 20;
+/// A shard flushes its write batch when it reaches this size.
+pub const BATCH_SIZE: usize = 1 << 20;
+
+/// One segment file.
+pub struct Segment {
+    /// Creation order (its file name); oldest first when reclaiming.
+    pub seq: u64,
+    /// The shard that appends to it (and reclaims it).
+    pub owner: usize,
+    path: PathBuf,
+    file: File,
+    /// Bytes allocated in the file so far (records and reserved batches).
+    pub size: AtomicU64,
+    /// Records the index still points to.
+    pub live: AtomicI64,
+    /// No more appends: deleted when `live` reaches zero.
+    pub sealed: AtomicBool,
+    deleted: AtomicBool,
+}
+
+impl Segment {
+    fn path_for(dir: &Path, seq: u64, owner: usize) -> PathBuf {
+        dir.join(format!("{seq:016x}-{owner}.seg"))
+    }
+}
+
+/// Where a spilled record lives.
+#[derive(Clone)]
+pub struct DiskLoc {
+    /// Its segment.
+    pub segment: Arc<Segment>,
+    /// Byte offset of the record in the segment (a multiple of 4096).
+    pub offset: u64,
+    /// The record's length on disk.
+    pub len: u32,
+    /// Where the value starts inside the record.
+    pub value_at: u32,
+    /// The value's length.
+    pub value_len: u32,
+}
+
+impl std::fmt::Debug for DiskLoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DiskLoc(segment {}, offset {}, {} bytes)",
+            self.segment.seq, self.offset, self.len
+        )
+    }
+}
+
+/// Counters of the tier (INFO spill, metrics), shared by all shards.
+#[derive(Default)]
+pub struct SpillCounters {
+    /// Records written.
+    pub writes: AtomicU64,
+    /// Bytes written.
+    pub write_bytes: AtomicU64,
+    /// Records read back.
+    pub reads: AtomicU64,
+    /// Bytes read back.
+    pub read_bytes: AtomicU64,
+    /// Reads of a spilled block (a DRAM miss, a disk hit).
+    pub hits: AtomicU64,
+    /// Blocks moved back to DRAM.
+    pub promotions: AtomicU64,
+    /// Segments reclaimed to stay within the disk budget.
+    pub reclaims: AtomicU64,
+    /// Records rewritten by reclaim.
+    pub rewrites: AtomicU64,
+    /// Records dropped (reclaim, admission, full queue or disk).
+    pub dropped: AtomicU64,
+    /// Records that failed their checksum.
+    pub checksum_failures: AtomicU64,
+    /// Failed reads and writes.
+    pub io_errors: AtomicU64,
+    /// Writes refused because the disk was full.
+    pub disk_full: AtomicU64,
+    /// I/O requests queued or running.
+    pub queue_depth: AtomicUsize,
+    /// Total read latency, microseconds.
+    pub read_us: AtomicU64,
+    /// Total write latency, microseconds.
+    pub write_us: AtomicU64,
+    /// Records recovered at start.
+    pub recovered: AtomicU64,
+}
+
+/// The spill directory: its segments and budget.
+pub struct SpillDir {
+    dir: PathBuf,
+    max_bytes: u64,
+    direct: bool,
+    segments: Mutex<BTreeMap<u64, Arc<Segment>>>,
+    next_seq: AtomicU64,
+    used: AtomicU64,
+    /// Counters.
+    pub counters: SpillCounters,
+    /// The last I/O error, for INFO.
+    pub last_error: Mutex<String>,
+}
+
+impl SpillDir {
+    /// Opens (creating it if needed) a spill directory of at most
+    /// `max_bytes` (0: no limit).
+    pub fn open(dir: &Path, max_bytes: u64) -> io::Result<SpillDir> {
+        std::fs::create_dir_all(dir)?;
+        let direct = probe_direct(dir);
+        Ok(SpillDir {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            direct,
+            segments: Mutex::new(BTreeMap::new()),
+            next_seq: AtomicU64::new(1),
+            used: AtomicU64::new(0),
+            counters: SpillCounters::default(),
+            last_error: Mutex::new(String::new()),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether files are opened with O_DIRECT.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Disk budget (0: none).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Bytes the segments take.
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Segments on disk.
+    pub fn segment_count(&self) -> usize {
+        self.segments.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Whether `bytes` more fit the budget.
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.max_bytes == 0 || self.used.load(Relaxed) + bytes <= self.max_bytes
+    }
+
+    fn open_file(&self, path: &Path, create: bool) -> io::Result<File> {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create(create);
+        if self.direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    }
+
+    /// Starts a new segment for `owner`.
+    pub fn new_segment(&self, owner: usize) -> io::Result<Arc<Segment>> {
+        let seq = self.next_seq.fetch_add(1, Relaxed);
+        let path = Segment::path_for(&self.dir, seq, owner);
+        let file = self.open_file(&path, true)?;
+        let segment = Arc::new(Segment {
+            seq,
+            owner,
+            path,
+            file,
+            size: AtomicU64::new(0),
+            live: AtomicI64::new(0),
+            sealed: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+        });
+        if let Ok(mut all) = self.segments.lock() {
+            all.insert(seq, Arc::clone(&segment));
+        }
+        Ok(segment)
+    }
+
+    /// Reserves `len` bytes at the end of `segment` if the budget allows;
+    /// returns the offset.
+    pub fn reserve(&self, segment: &Segment, len: u64) -> Option<u64> {
+        if !self.has_room(len) {
+            return None;
+        }
+        self.used.fetch_add(len, Relaxed);
+        Some(segment.size.fetch_add(len, Relaxed))
+    }
+
+    /// Gives back a reservation that was never written (write failed).
+    pub fn unreserve(&self, len: u64) {
+        self.used.fetch_sub(len, Relaxed);
+    }
+
+    /// One more record of `segment` is live.
+    pub fn add_live(&self, segment: &Segment) {
+        segment.live.fetch_add(1, Relaxed);
+    }
+
+    /// A record of `segment` is no longer pointed to; deletes the segment
+    /// when it was the last one of a sealed segment.
+    pub fn drop_live(&self, segment: &Arc<Segment>) {
+        if segment.live.fetch_sub(1, Relaxed) == 1 && segment.sealed.load(Relaxed) {
+            self.delete(segment);
+        }
+    }
+
+    /// No more appends to `segment`; deleted at once if nothing is live.
+    pub fn seal(&self, segment: &Arc<Segment>) {
+        segment.sealed.store(true, Relaxed);
+        if segment.live.load(Relaxed) <= 0 {
+            self.delete(segment);
+        }
+    }
+
+    fn delete(&self, segment: &Arc<Segment>) {
+        if segment.deleted.swap(true, Relaxed) {
+            return;
+        }
+        let _ = std::fs::remove_file(&segment.path);
+        self.used.fetch_sub(segment.size.load(Relaxed), Relaxed);
+        if let Ok(mut all) = self.segments.lock() {
+            all.remove(&segment.seq);
+        }
+    }
+
+    /// The oldest sealed segment owned by `owner` (reclaim candidate).
+    pub fn oldest_sealed(&self, owner: usize) -> Option<Arc<Segment>> {
+        let all = self.segments.lock().ok()?;
+        all.values()
+            .find(|s| s.owner == owner && s.sealed.load(Relaxed) && !s.deleted.load(Relaxed))
+            .cloned()
+    }
+
+    /// Records an I/O error for INFO.
+    pub fn note_error(&self, e: &io::Error) {
+        self.counters.io_errors.fetch_add(1, Relaxed);
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            self.counters.disk_full.fetch_add(1, Relaxed);
+        }
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = e.to_string();
+        }
+        tracing::warn!("spill tier I/O error: {e}");
+    }
+
+    /// Writes `buf` (a multiple of 4096 bytes) at `offset` of `segment`.
+    pub fn write(&self, segment: &Segment, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let started = Instant::now();
+        let result = segment.file.write_all_at(buf, offset);
+        let c = &self.counters;
+        c.write_us
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        if result.is_ok() {
+            c.write_bytes.fetch_add(buf.len() as u64, Relaxed);
+        }
+        result
+    }
+
+    /// Reads the record at `loc`, checks its CRC and returns its value.
+    /// `Ok(None)`: the record failed its checksum.
+    pub fn read(&self, loc: &DiskLoc) -> io::Result<Option<Bytes>> {
+        let started = Instant::now();
+        let mut buf = aligned(loc.len as usize);
+        loc.segment.file.read_exact_at(&mut buf, loc.offset)?;
+        let c = &self.counters;
+        c.reads.fetch_add(1, Relaxed);
+        c.read_bytes.fetch_add(loc.len as u64, Relaxed);
+        c.read_us
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        match record::decode(buf.freeze()) {
+            Some(r) if !r.tombstone && r.value.len() == loc.value_len as usize => Ok(Some(r.value)),
+            _ => {
+                c.checksum_failures.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    "spill tier: checksum failure in {} at offset {}",
+                    loc.segment.path.display(),
+                    loc.offset
+                );
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A zeroed buffer of `len` bytes whose start is 4096-aligned (O_DIRECT).
+pub fn aligned(len: usize) -> BytesMut {
+    let mut buf = BytesMut::with_capacity(len + ALIGN);
+    let misalign = buf.as_ptr() as usize % ALIGN;
+    let skip = if misalign == 0 { 0 } else { ALIGN - misalign };
+    buf.resize(skip + len, 0);
+    let _ = buf.split_to(skip);
+    buf
+}
+
+/// Whether the filesystem of `dir` accepts O_DIRECT (tmpfs does not).
+fn probe_direct(dir: &Path) -> bool {
+    let path = dir.join(".o_direct_probe");
+    let ok = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .and_then(|f| f.write_all_at(&aligned(ALIGN), 0))
+        .is_ok();
+    let _ = std::fs::remove_file(&path);
+    ok
+}
+
+/// A job for an I/O thread.
+pub type IoJob = Box<dyn FnOnce() + Send>;
+
+/// Dedicated threads for disk I/O, shared by all shards.
+pub struct IoPool {
+    tx: Mutex<mpsc::Sender<IoJob>>,
+    threads: usize,
+}
+
+impl IoPool {
+    /// Starts `threads` I/O threads.
+    pub fn start(threads: usize) -> IoPool {
+        let (tx, rx) = mpsc::channel::<IoJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = Arc::clone(&rx);
+            let _ = std::thread::Builder::new()
+                .name(format!("kvtier-io-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                });
+        }
+        IoPool {
+            tx: Mutex::new(tx),
+            threads,
+        }
+    }
+
+    /// Number of threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Queues a job.
+    pub fn submit(&self, job: IoJob) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(job);
+        }
+    }
+}
+
+/// One record found by the warm-restart scan.
+#[derive(Clone, Debug)]
+pub struct Recovered {
+    /// The key.
+    pub key: Bytes,
+    /// Its CHAIN parent.
+    pub parent: Option<Bytes>,
+    /// Expiry (0: none).
+    pub expire_at: u64,
+    /// Where it is.
+    pub loc: DiskLoc,
+}
+
+/// What the warm-restart scan found.
+pub struct Recovery {
+    /// The latest live record of each key, in no particular order.
+    pub records: Vec<Recovered>,
+    /// Records skipped for a bad checksum or a torn tail.
+    pub skipped: u64,
+}
+
+/// Scans every segment of the directory, oldest first: a later record of a
+/// key (or its tombstone) supersedes an earlier one, anything that fails its
+/// checksum (a torn tail after a crash, a flipped byte) is skipped. Sets up
+/// the live counts and seals every recovered segment; segments with nothing
+/// live are deleted.
+pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
+    let mut files: Vec<(u64, usize, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(&dir.dir)? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix(".seg") else {
+            continue;
+        };
+        let Some((seq, owner)) = stem.split_once('-') else {
+            continue;
+        };
+        if let (Ok(seq), Ok(owner)) = (u64::from_str_radix(seq, 16), owner.parse::<usize>()) {
+            files.push((seq, owner, path));
+        }
+    }
+    files.sort();
+    let mut latest: hashbrown::HashMap<Bytes, Option<Recovered>> = hashbrown::HashMap::new();
+    let mut skipped = 0;
+    let mut max_seq = 0;
+    for (seq, owner, path) in files {
+        max_seq = max_seq.max(seq);
+        let file = dir.open_file(&path, false)?;
+        let len = file.metadata()?.len();
+        let segment = Arc::new(Segment {
+            seq,
+            owner,
+            path,
+            file,
+            size: AtomicU64::new(len),
+            live: AtomicI64::new(0),
+            sealed: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+        });
+        dir.used.fetch_add(len, Relaxed);
+        if let Ok(mut all) = dir.segments.lock() {
+            all.insert(seq, Arc::clone(&segment));
+        }
+        skipped += scan_segment(&segment, len, &mut latest)?;
+    }
+    dir.next_seq.store(max_seq + 1, Relaxed);
+    let records: Vec<Recovered> = latest.into_values().flatten().collect();
+    for r in &records {
+        dir.add_live(&r.loc.segment);
+    }
+    let segments: Vec<Arc<Segment>> = dir
+        .segments
+        .lock()
+        .map(|s| s.values().cloned().collect())
+        .unwrap_or_default();
+    for s in segments {
+        dir.seal(&s);
+    }
+    dir.counters.recovered.store(records.len() as u64, Relaxed);
+    Ok(Recovery { records, skipped })
+}
+
+/// Reads one segment sequentially; returns how many records were skipped.
+fn scan_segment(
+    segment: &Arc<Segment>,
+    len: u64,
+    latest: &mut hashbrown::HashMap<Bytes, Option<Recovered>>,
+) -> io::Result<u64> {
+    const CHUNK: usize = 8 << 20;
+    let mut skipped = 0;
+    let mut window = BytesMut::new();
+    let mut window_start = 0u64;
+    let mut read_to = 0u64;
+    let mut pos = 0u64;
+    while pos < len {
+        // Make sure the window holds at least a header at `pos`.
+        let need_header = pos + record::HEADER as u64;
+        while read_to < need_header.min(len) {
+            read_more(segment, &mut window, &mut read_to, len, CHUNK)?;
+        }
+        let at = (pos - window_start) as usize;
+        let Some(h) = record::header(&window[at..]) else {
+            // Not a record here (a hole or a torn write): try the next block.
+            pos += ALIGN as u64;
+            trim(&mut window, &mut window_start, pos);
+            continue;
+        };
+        let rec_len = h.record_len() as u64;
+        if pos + rec_len > len {
+            skipped += 1;
+            break;
+        }
+        while read_to < pos + rec_len {
+            read_more(segment, &mut window, &mut read_to, len, CHUNK)?;
+        }
+        let at = (pos - window_start) as usize;
+        let bytes = window.clone().freeze().slice(at..at + rec_len as usize);
+        match record::decode(bytes) {
+            Some(r) => {
+                let loc = DiskLoc {
+                    segment: Arc::clone(segment),
+                    offset: pos,
+                    len: rec_len as u32,
+                    value_at: record::value_offset(h.key_len, h.parent_len) as u32,
+                    value_len: h.value_len as u32,
+                };
+                let found = (!r.tombstone).then(|| Recovered {
+                    key: Bytes::copy_from_slice(&r.key),
+                    parent: r.parent.as_ref().map(|p| Bytes::copy_from_slice(p)),
+                    expire_at: r.expire_at,
+                    loc,
+                });
+                latest.insert(Bytes::copy_from_slice(&r.key), found);
+                pos += rec_len;
+            }
+            None => {
+                skipped += 1;
+                pos += ALIGN as u64;
+            }
+        }
+        trim(&mut window, &mut window_start, pos);
+    }
+    Ok(skipped)
+}
+
+fn read_more(
+    segment: &Segment,
+    window: &mut BytesMut,
+    read_to: &mut u64,
+    len: u64,
+    chunk: usize,
+) -> io::Result<()> {
+    let n = chunk.min((len - *read_to) as usize).div_ceil(ALIGN) * ALIGN;
+    let mut buf = aligned(n);
+    let got = read_some_at(&segment.file, &mut buf, *read_to)?;
+    window.extend_from_slice(&buf[..got.min((len - *read_to) as usize)]);
+    *read_to += got.min((len - *read_to) as usize) as u64;
+    if got == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+fn read_some_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn trim(window: &mut BytesMut, window_start: &mut u64, pos: u64) {
+    let drop = (pos - *window_start).min(window.len() as u64) as usize;
+    if drop > (4 << 20) {
+        let _ = window.split_to(drop);
+        *window_start += drop as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record::{encode, Record};
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvtier-spill-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn rec(key: &str, value: &[u8], tombstone: bool) -> Record {
+        Record {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            parent: None,
+            value: Bytes::copy_from_slice(value),
+            expire_at: 0,
+            tombstone,
+        }
+    }
+
+    fn write_records(d: &SpillDir, owner: usize, records: &[Record]) -> Arc<Segment> {
+        let seg = d.new_segment(owner).unwrap();
+        let mut batch = aligned(0);
+        for r in records {
+            encode(&mut batch, r);
+        }
+        let off = d.reserve(&seg, batch.len() as u64).unwrap();
+        let mut out = aligned(batch.len());
+        out.copy_from_slice(&batch);
+        d.write(&seg, off, &out).unwrap();
+        for _ in records {
+            d.add_live(&seg);
+        }
+        seg
+    }
+
+    #[test]
+    fn recovery_keeps_the_latest_record_and_skips_damage() {
+        let path = dir("recover");
+        {
+            let d = SpillDir::open(&path, 0).unwrap();
+            let s1 = write_records(
+                &d,
+                0,
+                &[
+                    rec("a", b"old", false),
+                    rec("b", b"bee", false),
+                    rec("c", b"sea", false),
+                ],
+            );
+            d.seal(&s1);
+            write_records(&d, 1, &[rec("a", b"new", false), rec("c", b"", true)]);
+        }
+        // Flip a byte inside b's record and leave a torn tail.
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        let mut first = std::fs::read(&files[0]).unwrap();
+        first[4096 + record::HEADER + 1] ^= 1;
+        std::fs::write(&files[0], &first).unwrap();
+        let mut second = std::fs::read(&files[1]).unwrap();
+        second.extend_from_slice(&first[..record::HEADER + 8]);
+        std::fs::write(&files[1], &second).unwrap();
+
+        let d = SpillDir::open(&path, 0).unwrap();
+        let found = recover(&d).unwrap();
+        let mut keys: Vec<(Bytes, Bytes)> = found
+            .records
+            .iter()
+            .map(|r| (r.key.clone(), d.read(&r.loc).unwrap().unwrap()))
+            .collect();
+        keys.sort();
+        assert_eq!(keys, vec![(Bytes::from("a"), Bytes::from("new"))]);
+        assert_eq!(found.skipped, 2, "the flipped record and the torn tail");
+        let _ = std::fs::remove_dir_all(&path);
+    }
+
+    #[test]
+    fn budget_and_live_counts_delete_segments() {
+        let path = dir("budget");
+        let d = SpillDir::open(&path, 3 * 4096).unwrap();
+        let seg = d.new_segment(0).unwrap();
+        assert_eq!(d.reserve(&seg, 8192), Some(0));
+        assert_eq!(d.reserve(&seg, 8192), None, "over the disk budget");
+        d.add_live(&seg);
+        d.seal(&seg);
+        assert_eq!(d.segment_count(), 1);
+        d.drop_live(&seg);
+        assert_eq!(d.segment_count(), 0);
+        assert_eq!(d.used_bytes(), 0);
+        let _ = std::fs::remove_dir_all(&path);
+    }
+}
