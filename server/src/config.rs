@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::RwLock;
 
 use clap::Parser;
@@ -91,6 +91,63 @@ pub struct Config {
     /// Background task frequency (active expiry runs `hz` times a second).
     #[arg(long, default_value_t = 10)]
     pub hz: u64,
+
+    /// Directory of the NVMe spill tier: blocks evicted from DRAM are
+    /// written there, read back on demand and kept across restarts. Unset:
+    /// no spill tier (evicted blocks are gone).
+    #[arg(long, value_name = "PATH")]
+    pub spill_dir: Option<PathBuf>,
+
+    /// Disk budget of the spill tier, e.g. 100gb (0: 90% of the space free
+    /// on its filesystem at start).
+    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    pub spill_max_bytes: u64,
+
+    /// Which blocks DRAM eviction writes to the spill tier: `all`, or a
+    /// number N for only blocks read at least N times.
+    #[arg(long, default_value = "all", value_parser = parse_admission)]
+    pub spill_admission: u64,
+
+    /// Write the blocks still in DRAM to the spill tier on a graceful
+    /// shutdown (yes/no), so a restart loses nothing that fits on disk.
+    #[arg(long, default_value = "yes", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
+    pub spill_on_shutdown: bool,
+
+    /// Threads doing the spill tier's disk reads and writes (the most disk
+    /// requests in flight at once).
+    #[arg(long, default_value_t = 8)]
+    pub spill_io_threads: usize,
+}
+
+/// `all` (0) or a read count.
+pub fn parse_admission(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(0);
+    }
+    match s.parse::<u64>() {
+        Ok(n) if n <= u16::MAX as u64 => Ok(n),
+        _ => Err(format!(
+            "invalid spill admission '{s}' (all, or a read count)"
+        )),
+    }
+}
+
+/// The admission setting as CONFIG GET shows it.
+pub fn admission_name(n: u64) -> String {
+    if n == 0 {
+        "all".into()
+    } else {
+        n.to_string()
+    }
+}
+
+/// `yes`/`no` as in redis.conf.
+pub fn parse_yes_no(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("expected yes or no, got '{s}'")),
+    }
 }
 
 impl Config {
@@ -230,6 +287,11 @@ pub struct LiveConfig {
     pub hugepages: bool,
     /// Arena mapped and locked at start.
     pub prealloc: bool,
+    /// Spill admission: 0 writes every evicted block, N only those read N
+    /// times.
+    pub spill_admission: AtomicU64,
+    /// Write DRAM blocks to the spill tier on graceful shutdown.
+    pub spill_on_shutdown: AtomicBool,
 }
 
 impl LiveConfig {
@@ -249,7 +311,19 @@ impl LiveConfig {
             save: RwLock::new(String::new()),
             hugepages: config.hugepages,
             prealloc: config.prealloc,
+            spill_admission: AtomicU64::new(config.spill_admission),
+            spill_on_shutdown: AtomicBool::new(config.spill_on_shutdown),
             fixed: vec![
+                (
+                    "spill-dir",
+                    config
+                        .spill_dir
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                ),
+                ("spill-max-bytes", config.spill_max_bytes.to_string()),
+                ("spill-io-threads", config.spill_io_threads.to_string()),
                 (
                     "hugepages",
                     if config.hugepages { "yes" } else { "no" }.into(),
@@ -456,6 +530,29 @@ const PARAMS: &[Param] = &[
             _ => Err("argument must be at least 1".into()),
         },
         apply: |c, v| set_num(&c.max_block_ms, v),
+    },
+    Param {
+        name: "spill-admission",
+        get: |c| admission_name(c.spill_admission.load(Relaxed)),
+        parse: |s| parse_admission(s).map(Value::Number),
+        apply: |c, v| set_num(&c.spill_admission, v),
+    },
+    Param {
+        name: "spill-on-shutdown",
+        get: |c| {
+            if c.spill_on_shutdown.load(Relaxed) {
+                "yes"
+            } else {
+                "no"
+            }
+            .into()
+        },
+        parse: |s| parse_yes_no(s).map(|b| Value::Number(b as u64)),
+        apply: |c, v| {
+            if let Value::Number(n) = v {
+                c.spill_on_shutdown.store(n != 0, Relaxed);
+            }
+        },
     },
     Param {
         name: "requirepass",

@@ -26,6 +26,12 @@ fn main() -> ExitCode {
                     Matcher::Full("kvtier_command_duration_seconds".into()),
                     &LATENCY_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Prefix("kvtier_spill_".into()),
+                        &LATENCY_BUCKETS,
+                    )
+                })
                 .and_then(|b| b.install());
             match installed {
                 Ok(()) => {

@@ -16,8 +16,9 @@ use tokio::task::LocalSet;
 use tracing::{info, warn};
 
 use crate::config::{Config, LiveConfig};
-use crate::shard::{self, slot::shard_slots, Mailbox, Shard};
-use crate::store::{MemoryOptions, Store};
+use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
+use crate::store::spill::{self, IoPool, Recovered, SpillDir};
+use crate::store::{MemoryOptions, SpillConfig, Store};
 
 /// State shared by every shard thread. Read on the data path only through
 /// atomics; nothing here is locked per command.
@@ -48,7 +49,63 @@ pub struct Shared {
     pub memory_peak: AtomicU64,
     /// Whether the cron expires keys (DEBUG SET-ACTIVE-EXPIRE).
     pub active_expire: AtomicBool,
+    /// The NVMe spill tier, when configured.
+    pub spill: Option<SpillTier>,
     shutdown: watch::Sender<bool>,
+}
+
+/// The spill tier's shared parts.
+pub struct SpillTier {
+    /// The segment directory.
+    pub dir: Arc<SpillDir>,
+    /// The I/O threads.
+    pub pool: Arc<IoPool>,
+    /// What the warm-restart scan found, per shard, until the shard takes it.
+    recovered: std::sync::Mutex<Vec<Vec<Recovered>>>,
+}
+
+impl SpillTier {
+    /// Opens the directory, applies the budget and scans what an earlier
+    /// run left (routing each record to the shard that owns its key now,
+    /// whatever the shard count was then).
+    fn open(config: &Config, path: &std::path::Path, shards: usize) -> io::Result<SpillTier> {
+        let dir = SpillDir::open(path, config.spill_max_bytes)?;
+        let started = Instant::now();
+        let found = spill::recover(&dir)?;
+        if config.spill_max_bytes == 0 {
+            // The default: 90% of what the filesystem has, counting what
+            // the tier already holds.
+            let room = dir.free_bytes()? + dir.used_bytes();
+            dir.set_max_bytes(room / 10 * 9);
+        }
+        info!(
+            "spill tier at {}: {} block(s) recovered from {} segment(s) in {:.1?} ({} damaged record(s) skipped), budget {}, O_DIRECT {}",
+            path.display(),
+            found.records.len(),
+            dir.segment_count(),
+            started.elapsed(),
+            found.skipped,
+            crate::config::human_bytes(dir.max_bytes()),
+            if dir.direct() { "on" } else { "off (filesystem does not support it)" },
+        );
+        let mut per_shard: Vec<Vec<Recovered>> = (0..shards).map(|_| Vec::new()).collect();
+        for r in found.records {
+            per_shard[slot_shard(crate::shard::slot::key_slot(&r.key), shards)].push(r);
+        }
+        Ok(SpillTier {
+            dir: Arc::new(dir),
+            pool: Arc::new(IoPool::start(config.spill_io_threads.max(1))),
+            recovered: std::sync::Mutex::new(per_shard),
+        })
+    }
+
+    fn take_recovered(&self, shard: usize) -> Vec<Recovered> {
+        self.recovered
+            .lock()
+            .ok()
+            .and_then(|mut all| all.get_mut(shard).map(std::mem::take))
+            .unwrap_or_default()
+    }
 }
 
 impl Shared {
@@ -93,6 +150,17 @@ impl Server {
         }
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+        let spill = match &config.spill_dir {
+            Some(path) => Some(SpillTier::open(config, path, shards).map_err(|e| {
+                io::Error::new(e.kind(), format!("spill dir {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let mut config = config.clone();
+        if let Some(tier) = &spill {
+            config.spill_max_bytes = tier.dir.max_bytes();
+        }
+        let config = &config;
         let (shutdown, _) = watch::channel(false);
         let started_unix = crate::store::now_ms() / 1000;
         let shared = Arc::new(Shared {
@@ -115,6 +183,7 @@ impl Server {
             connected: AtomicUsize::new(0),
             memory_peak: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
+            spill,
             shutdown,
         });
         let cpus = allowed_cpus();
@@ -232,6 +301,19 @@ fn run_shard(
             Store::with_memory(shard_slots(id, n), budget, shared.config.policy(), memory);
         store.set_samples(shared.config.maxmemory_samples.load(Relaxed) as usize);
         store.set_max_value_len(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        if let Some(tier) = &shared.spill {
+            let mailbox = shared.mailboxes[id].clone();
+            store.enable_spill(SpillConfig {
+                dir: Arc::clone(&tier.dir),
+                pool: Arc::clone(&tier.pool),
+                post: Arc::new(move |job| {
+                    let _ = mailbox.send(job);
+                }),
+                shard: id,
+                admission: spill_admission(&shared.config),
+            });
+            store.insert_recovered(tier.take_recovered(id), crate::store::now_ms());
+        }
         let shard = Rc::new(Shard::new(id, Arc::clone(&shared), store));
         tokio::task::spawn_local(shard::run_mailbox(Rc::clone(&shard), rx));
         tokio::task::spawn_local(cron(Rc::clone(&shard)));
@@ -247,7 +329,19 @@ fn run_shard(
         shard.clients.borrow().kill_all();
         // Let connections see the kill and close their sockets.
         tokio::task::yield_now().await;
+        if shared.spill.is_some() && shared.config.spill_on_shutdown.load(Relaxed) {
+            let started = Instant::now();
+            shard.store.borrow_mut().spill_everything();
+            info!(
+                "shard {id}: DRAM blocks written to the spill tier in {:.1?}",
+                started.elapsed()
+            );
+        }
     });
+}
+
+fn spill_admission(config: &LiveConfig) -> u16 {
+    config.spill_admission.load(Relaxed).min(u16::MAX as u64) as u16
 }
 
 fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
@@ -322,6 +416,9 @@ async fn cron(shard: Rc<Shard>) {
                 .fetch_max(store.used_memory() as u64 * shared.shards as u64, Relaxed);
             crate::stats::export_store(shard.id, &store, shard.clients.borrow().len());
             if shard.id == 0 {
+                if let Some(tier) = &shared.spill {
+                    crate::stats::export_spill(&tier.dir);
+                }
                 metrics::gauge!("kvtier_maxmemory_bytes")
                     .set(shared.config.maxmemory.load(Relaxed) as f64);
                 metrics::gauge!("kvtier_process_resident_memory_bytes")
@@ -342,6 +439,7 @@ pub async fn apply_live_config(shard: &Shard) {
             store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
             store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
             store.set_budget(shard_budget(config, s.shared.shards));
+            store.set_spill_admission(spill_admission(config));
         })
         .await;
 }

@@ -235,6 +235,34 @@ pub fn export_store(shard: usize, store: &crate::store::Store, clients: usize) {
     counter!("kvtier_keyspace_misses_total", "shard" => label).absolute(s.keyspace_misses);
 }
 
+/// Exports the spill tier's figures (shared by the shards: once, from shard 0).
+pub fn export_spill(dir: &crate::store::spill::SpillDir) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = &dir.counters;
+    gauge!("kvtier_spill_used_bytes").set(dir.used_bytes() as f64);
+    gauge!("kvtier_spill_max_bytes").set(dir.max_bytes() as f64);
+    gauge!("kvtier_spill_segments").set(dir.segment_count() as f64);
+    gauge!("kvtier_spill_queue_depth").set(c.queue_depth.load(Relaxed) as f64);
+    gauge!("kvtier_spill_queue_bytes").set(dir.in_flight() as f64);
+    let counters = [
+        ("kvtier_spill_writes_total", &c.writes),
+        ("kvtier_spill_write_bytes_total", &c.write_bytes),
+        ("kvtier_spill_reads_total", &c.reads),
+        ("kvtier_spill_read_bytes_total", &c.read_bytes),
+        ("kvtier_spill_hits_total", &c.hits),
+        ("kvtier_spill_promotions_total", &c.promotions),
+        ("kvtier_spill_reclaims_total", &c.reclaims),
+        ("kvtier_spill_rewrites_total", &c.rewrites),
+        ("kvtier_spill_dropped_total", &c.dropped),
+        ("kvtier_spill_checksum_failures_total", &c.checksum_failures),
+        ("kvtier_spill_io_errors_total", &c.io_errors),
+        ("kvtier_spill_disk_full_total", &c.disk_full),
+    ];
+    for (name, value) in counters {
+        counter!(name).absolute(value.load(Relaxed));
+    }
+}
+
 /// Declares every metric once, with its unit and help text.
 pub fn describe_metrics() {
     describe_counter!(

@@ -33,7 +33,7 @@ use super::{
 use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use crate::store::{now_ms, Store, Waiter};
+use crate::store::{now_ms, Fetched, Store, Waiter};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -325,7 +325,7 @@ async fn read_values(
     shard: &Rc<Shard>,
     keys: &[Bytes],
     watch: Watch,
-) -> Option<Vec<Option<Bytes>>> {
+) -> Option<Vec<Option<Fetched>>> {
     let mut per_shard: Vec<Vec<(usize, Bytes)>> = (0..shard.count()).map(|_| Vec::new()).collect();
     for (pos, key) in keys.iter().enumerate() {
         per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
@@ -341,9 +341,9 @@ async fn read_values(
             let now = now_ms();
             let mut out = Vec::with_capacity(work.len());
             for (pos, key) in work {
-                let value = store
-                    .peek(key_slot(&key), &key, now)
-                    .map(|e| e.value.bytes());
+                // A spilled block's disk read starts here; the reply
+                // awaits it.
+                let value = store.fetch(key_slot(&key), &key, now);
                 let missing = value.is_none();
                 out.push((pos, value));
                 match &watch {
@@ -357,7 +357,7 @@ async fn read_values(
             out
         }));
     }
-    let mut values = vec![None; keys.len()];
+    let mut values: Vec<Option<Fetched>> = (0..keys.len()).map(|_| None).collect();
     for p in pending {
         for (pos, value) in p.await.ok()? {
             values[pos] = value;
@@ -367,7 +367,7 @@ async fn read_values(
 }
 
 /// The leading present values, at most `max_bytes` in total.
-fn leading(values: Vec<Option<Bytes>>, max_bytes: Option<u64>) -> Vec<Bytes> {
+fn leading(values: Vec<Option<Fetched>>, max_bytes: Option<u64>) -> Vec<Fetched> {
     let mut total = 0u64;
     let mut out = Vec::new();
     for v in values {
@@ -524,7 +524,9 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         };
         let found = leading(values, max_bytes);
         touch_returned(&shard, &keys[..found.len()], !client.no_touch);
-        Reply::Array(found.into_iter().map(Reply::Bulk).collect())
+        // Blocks still on disk are awaited by the connection; one that
+        // fails its checksum ends the prefix there.
+        Reply::PrefixOf(found.into_iter().map(Fetched::into_reply).collect())
     })
 }
 
@@ -535,13 +537,13 @@ async fn blocking_read(
     keys: &[Bytes],
     min: usize,
     timeout: Duration,
-) -> Option<Vec<Option<Bytes>>> {
+) -> Option<Vec<Option<Fetched>>> {
     let deadline = tokio::time::Instant::now() + timeout;
     let waiter = Waiter {
         id: NEXT_WAITER.fetch_add(1, Relaxed),
         wake: Arc::new(Notify::new()),
     };
-    let present = |values: &[Option<Bytes>]| values.iter().take_while(|v| v.is_some()).count();
+    let present = |values: &[Option<Fetched>]| values.iter().take_while(|v| v.is_some()).count();
     // The guard exists before any shard is asked to register: if the client
     // goes away while the registering read is in flight, this future is
     // dropped mid-read, and the guard's unwatch jobs, queued behind the
@@ -694,14 +696,14 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             break;
         }
         // Counted (and, unless NO-TOUCH, touched) as accessed.
-        if let Some(e) = store.read(key_slot(key), key, now, op.touch) {
-            out.push(Reply::Bulk(e.value.bytes()));
+        if let Some(value) = store.read_value(key_slot(key), key, now, op.touch) {
+            out.push(value.into_reply());
         }
         if out.len() > 1 {
             store.mark_reachable(key_slot(key), key);
         }
     }
-    Reply::Array(out)
+    Reply::PrefixOf(out)
 }
 
 fn prefixlen_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
@@ -816,7 +818,7 @@ mod tests {
 
     #[test]
     fn leading_respects_gaps_and_max_bytes() {
-        let v = |s: &str| Some(Bytes::from(s.to_string()));
+        let v = |s: &str| Some(Fetched::Now(Bytes::from(s.to_string())));
         let values = vec![v("aa"), v("bb"), None, v("cc")];
         assert_eq!(leading(values.clone(), None).len(), 2);
         assert_eq!(leading(values.clone(), Some(3)).len(), 1);

@@ -630,11 +630,16 @@ async fn transfer(
             .call(src_owner, move |s| {
                 let mut store = s.store.borrow_mut();
                 let now = crate::store::now_ms();
+                // A spilled source is read back first (rare: blocks are
+                // written once and read, not renamed).
+                store.materialize(src_slot, &src, now);
                 let Some(e) = store.peek(src_slot, &src, now) else {
                     return Ok(None);
                 };
-                let (value, at, enc, parent) =
-                    (e.value.bytes(), e.expire_at, e.encoding, e.parent.clone());
+                let Some(value) = e.value.bytes() else {
+                    return Ok(None);
+                };
+                let (at, enc, parent) = (e.expire_at, e.encoding, e.parent.clone());
                 if src == dst {
                     return Ok(Some(!replace || remove_src));
                 }
@@ -670,8 +675,9 @@ async fn transfer(
             move |s| {
                 let mut store = s.store.borrow_mut();
                 let now = crate::store::now_ms();
+                store.materialize(src_slot, &src, now);
                 let e = store.peek(src_slot, &src, now)?;
-                Some((e.value.bytes(), e.expire_at, e.encoding, e.parent.clone()))
+                Some((e.value.bytes()?, e.expire_at, e.encoding, e.parent.clone()))
             }
         })
         .await?;

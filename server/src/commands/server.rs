@@ -656,6 +656,8 @@ pub struct ShardReport {
     pub index_memory: usize,
     /// The slab arena's figures.
     pub arena: crate::store::slab::ArenaStats,
+    /// Keys with a record in the spill tier.
+    pub spill_keys: usize,
 }
 
 /// Collects every shard's report.
@@ -690,13 +692,14 @@ pub async fn shard_reports(client: &Client) -> Option<Vec<ShardReport>> {
                     .collect(),
                 index_memory: store.index_memory(),
                 arena: store.arena_stats(),
+                spill_keys: store.spill_keys(),
             }
         })
         .await
         .ok()
 }
 
-const DEFAULT_SECTIONS: [&str; 11] = [
+const DEFAULT_SECTIONS: [&str; 12] = [
     "server",
     "clients",
     "memory",
@@ -708,6 +711,7 @@ const DEFAULT_SECTIONS: [&str; 11] = [
     "errorstats",
     "cluster",
     "keyspace",
+    "spill",
 ];
 
 fn info(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
@@ -1021,6 +1025,66 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                     );
                 }
             }),
+            "spill" => section("Spill", &mut |o| {
+                let Some(tier) = &shared.spill else {
+                    line!(o, "spill_enabled:0");
+                    return;
+                };
+                let dir = &tier.dir;
+                let c = &dir.counters;
+                let get = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+                let avg = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
+                line!(o, "spill_enabled:1");
+                line!(o, "spill_dir:{}", dir.path().display());
+                line!(o, "spill_direct_io:{}", dir.direct() as u8);
+                line!(o, "spill_io_threads:{}", tier.pool.threads());
+                line!(
+                    o,
+                    "spill_admission:{}",
+                    crate::config::admission_name(config.spill_admission.load(Relaxed))
+                );
+                line!(o, "spill_max_bytes:{}", dir.max_bytes());
+                line!(o, "spill_used_bytes:{}", dir.used_bytes());
+                line!(
+                    o,
+                    "spill_used_bytes_human:{}",
+                    human_bytes(dir.used_bytes())
+                );
+                line!(o, "spill_segments:{}", dir.segment_count());
+                line!(
+                    o,
+                    "spill_keys:{}",
+                    reports.iter().map(|r| r.spill_keys).sum::<usize>()
+                );
+                line!(o, "spill_writes:{}", get(&c.writes));
+                line!(o, "spill_write_bytes:{}", get(&c.write_bytes));
+                line!(o, "spill_reads:{}", get(&c.reads));
+                line!(o, "spill_read_bytes:{}", get(&c.read_bytes));
+                line!(o, "spill_hits:{}", get(&c.hits));
+                line!(o, "spill_promotions:{}", get(&c.promotions));
+                line!(o, "spill_reclaims:{}", get(&c.reclaims));
+                line!(o, "spill_rewrites:{}", get(&c.rewrites));
+                line!(o, "spill_dropped:{}", get(&c.dropped));
+                line!(o, "spill_checksum_failures:{}", get(&c.checksum_failures));
+                line!(o, "spill_io_errors:{}", get(&c.io_errors));
+                line!(o, "spill_disk_full:{}", get(&c.disk_full));
+                line!(o, "spill_queue_depth:{}", c.queue_depth.load(Relaxed));
+                line!(o, "spill_queue_bytes:{}", dir.in_flight());
+                line!(
+                    o,
+                    "spill_avg_read_usec:{}",
+                    avg(get(&c.read_us), get(&c.reads))
+                );
+                line!(
+                    o,
+                    "spill_avg_write_usec:{}",
+                    avg(get(&c.write_us), get(&c.write_calls))
+                );
+                line!(o, "spill_recovered:{}", get(&c.recovered));
+                line!(o, "spill_recovery_skipped:{}", get(&c.recovery_skipped));
+                let last = dir.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+                line!(o, "spill_last_error:{}", last.replace(['\r', '\n'], " "));
+            }),
             "shards" => section("Shards", &mut |o| {
                 for (i, r) in reports.iter().enumerate() {
                     line!(
@@ -1088,6 +1152,13 @@ fn shutdown(client: &mut Client, args: &[Bytes]) -> Reply {
         if !(is(a, "nosave") || is(a, "save") || is(a, "now") || is(a, "force")) {
             return syntax_error();
         }
+    }
+    // NOSAVE / SAVE decide whether DRAM blocks go to the spill tier first.
+    let spill = &client.shard.shared.config.spill_on_shutdown;
+    if args[1..].iter().any(|a| is(a, "nosave")) {
+        spill.store(false, Relaxed);
+    } else if args[1..].iter().any(|a| is(a, "save")) {
+        spill.store(true, Relaxed);
     }
     tracing::info!("SHUTDOWN requested by client {}", client.id());
     client.shard.shared.request_shutdown();

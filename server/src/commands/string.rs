@@ -14,7 +14,7 @@ use super::{
 use crate::long_double::LongDouble;
 use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
-use crate::store::{Encoding, OutOfMemory, Store};
+use crate::store::{Encoding, Fetched, OutOfMemory, Store};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -360,8 +360,8 @@ fn stored(result: Result<Option<crate::store::Entry>, OutOfMemory>) -> Result<()
 
 fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     store
-        .read(op.slot, op.key(), now, op.touch)
-        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
+        .read_value(op.slot, op.key(), now, op.touch)
+        .map_or(Reply::Nil, Fetched::into_reply)
 }
 
 #[derive(PartialEq)]
@@ -390,13 +390,14 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         Condition::Always
     };
     let (slot, key) = (op.slot, op.key());
-    let old = store
-        .peek(slot, key, now)
-        .map(|e| (e.value.bytes(), e.expire_at));
-    let old_value = || {
-        old.as_ref()
-            .map_or(Reply::Nil, |(v, _)| Reply::Bulk(v.clone()))
+    let old = store.peek(slot, key, now).map(|e| e.expire_at);
+    // SET ... GET: the old value (a spilled one is read before it goes).
+    let fetched = if want_old {
+        store.fetch(slot, key, now)
+    } else {
+        None
     };
+    let old_value = || fetched.clone().map_or(Reply::Nil, Fetched::into_reply);
     let blocked = match condition {
         Condition::IfAbsent => old.is_some(),
         Condition::IfPresent => old.is_none(),
@@ -407,7 +408,7 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
     let expire_at = match (expire, keep_ttl) {
         (Some(at), _) => at,
-        (None, true) => old.as_ref().map_or(0, |(_, at)| *at),
+        (None, true) => old.unwrap_or(0),
         (None, false) => 0,
     };
     if expire_at != 0 && expire_at <= now {
@@ -460,10 +461,7 @@ fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         Err(e) => return e,
     };
     let (slot, key) = (op.slot, op.key());
-    let Some(value) = store
-        .read(slot, key, now, op.touch)
-        .map(|e| e.value.bytes())
-    else {
+    let Some(value) = store.read_value(slot, key, now, op.touch) else {
         return Reply::Nil;
     };
     // Like Redis, the expiry is checked only once the key is known to exist.
@@ -484,24 +482,21 @@ fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
         None => {}
     }
-    Reply::Bulk(value)
+    value.into_reply()
 }
 
 fn getdel(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
-    if store.read(op.slot, op.key(), now, op.touch).is_none() {
+    let Some(value) = store.read_value(op.slot, op.key(), now, op.touch) else {
         return Reply::Nil;
-    }
-    store
-        .remove(op.slot, op.key())
-        .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
+    };
+    store.remove(op.slot, op.key());
+    value.into_reply()
 }
 
 fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
-    let old = store
-        .read(op.slot, op.key(), now, op.touch)
-        .map(|e| e.value.bytes());
+    let old = store.read_value(op.slot, op.key(), now, op.touch);
     match stored(store.insert(op.slot, op.key(), op.args[2].clone(), 0, now)) {
-        Ok(()) => old.map_or(Reply::Nil, Reply::Bulk),
+        Ok(()) => old.map_or(Reply::Nil, Fetched::into_reply),
         Err(e) => e,
     }
 }
@@ -512,8 +507,8 @@ fn mget_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             .iter()
             .map(|key| {
                 store
-                    .read(key_slot(key), key, now, op.touch)
-                    .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
+                    .read_value(key_slot(key), key, now, op.touch)
+                    .map_or(Reply::Nil, Fetched::into_reply)
             })
             .collect(),
     )
@@ -564,8 +559,8 @@ fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         let keys: Vec<usize> = (1..args.len()).collect();
         let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
             store
-                .read(slot, key, now, touch)
-                .map_or(Reply::Nil, |e| Reply::Bulk(e.value.bytes()))
+                .read_value(slot, key, now, touch)
+                .map_or(Reply::Nil, Fetched::into_reply)
         })
         .await;
         match result {
@@ -652,9 +647,12 @@ fn check_length(store: &Store, len: u64) -> Result<(), Reply> {
 
 fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key, tail) = (op.slot, op.key(), &op.args[2]);
+    // Changing a value in place needs its bytes: a spilled one is read
+    // back first (rare for blocks, which are written once).
+    store.materialize(slot, key, now);
     let existing = store
         .peek(slot, key, now)
-        .map(|e| (e.value.bytes(), e.expire_at));
+        .map(|e| (e.value.bytes().unwrap_or_default(), e.expire_at));
     // A new key holds the argument as SET would store it (Redis's
     // tryObjectEncoding: `int` or `embstr` when it can); a grown one is `raw`.
     let (value, expire_at, encoding) = match existing {
@@ -688,9 +686,10 @@ fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (Some(mut start), Some(mut end)) = (parse_int(&op.args[2]), parse_int(&op.args[3])) else {
         return not_integer();
     };
+    store.materialize(op.slot, op.key(), now);
     let Some(value) = store
         .read(op.slot, op.key(), now, op.touch)
-        .map(|e| e.value.bytes())
+        .map(|e| e.value.bytes().unwrap_or_default())
     else {
         return Reply::bulk("");
     };
@@ -723,9 +722,10 @@ fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::error("ERR offset is out of range");
     }
     let (slot, key, patch) = (op.slot, op.key(), &op.args[3]);
+    store.materialize(slot, key, now);
     let existing = store
         .peek(slot, key, now)
-        .map(|e| (e.value.bytes(), e.expire_at));
+        .map(|e| (e.value.bytes().unwrap_or_default(), e.expire_at));
     if patch.is_empty() {
         return Reply::Int(existing.map_or(0, |(v, _)| v.len() as i64));
     }
@@ -748,6 +748,7 @@ fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 /// Adds `delta` to the integer at the key, creating it from 0.
 fn add_integer(store: &mut Store, op: &KeyOp, now: u64, delta: i64) -> Reply {
     let (slot, key) = (op.slot, op.key());
+    store.materialize(slot, key, now);
     let (current, expire_at) = match store.peek(slot, key, now) {
         None => (0, 0),
         Some(e) => match parse_int(&e.value) {
@@ -803,6 +804,7 @@ fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     // [`LongDouble`] for why an f64 would answer different digits.
     let invalid = || Reply::error("ERR value is not a valid float");
     let (slot, key) = (op.slot, op.key());
+    store.materialize(slot, key, now);
     let (current, expire_at) = match store.peek(slot, key, now) {
         None => (LongDouble::parse(b"0").ok(), 0),
         Some(e) => (LongDouble::parse(&e.value).ok(), e.expire_at),
@@ -852,9 +854,10 @@ fn lcs(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         }
         let touch = !client.no_touch;
         let values = fan_out(client, &args, &[1, 2], move |store, slot, key, _, now| {
+            store.materialize(slot, key, now);
             store
                 .read(slot, key, now, touch)
-                .map(|e| e.value.bytes())
+                .and_then(|e| e.value.bytes())
                 .unwrap_or_default()
         })
         .await;

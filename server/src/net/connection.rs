@@ -253,6 +253,18 @@ impl Connection {
             }
         }
         self.client.info.borrow_mut().last_cmd = spec.name;
+        // A write queue the disk cannot keep up with slows the writers (and
+        // only them) down, so evicted blocks are written, not dropped.
+        if spec.has(flags::DENYOOM) {
+            if let Some(tier) = &self.client.shard.shared.spill {
+                if tier.dir.congested() {
+                    let dir = Arc::clone(&tier.dir);
+                    self.send_remote(batch).await;
+                    dir.drain(Duration::from_secs(1)).await;
+                    self.now_ms = now_ms();
+                }
+            }
+        }
         // A multi-key command whose keys all live on one shard runs there like
         // a single-key command: batched with the pipeline, inline when the
         // shard is this one, atomic in every case.
@@ -460,8 +472,9 @@ impl Connection {
 
     /// A command's reply: encoded at once unless an earlier command of the
     /// batch still waits for another shard.
+    /// A reply still waiting for a disk read is queued the same way.
     fn ready(&mut self, batch: &mut Batch, reply: Reply, resp3: bool) {
-        if batch.entries.is_empty() {
+        if batch.entries.is_empty() && !reply.has_pending() {
             if reply.is_error() {
                 self.count_error(&reply);
             }
@@ -477,7 +490,7 @@ impl Connection {
     /// Sends the queued commands of each shard as one job and fills in the
     /// replies.
     async fn send_remote(&mut self, batch: &mut Batch) {
-        if batch.remote_count == 0 {
+        if batch.remote_count == 0 && batch.entries.is_empty() {
             return;
         }
         batch.remote_count = 0;
@@ -524,9 +537,13 @@ impl Connection {
                 batch.entries[i].reply = Some(reply);
             }
         }
-        // Everything queued is answered: encode in order.
+        // Everything queued is answered: encode in order, once the values
+        // read from the spill tier are in.
         for entry in std::mem::take(&mut batch.entries) {
-            let reply = entry.reply.unwrap_or(Reply::Nil);
+            let mut reply = entry.reply.unwrap_or(Reply::Nil);
+            if reply.has_pending() {
+                reply = reply.resolve().await;
+            }
             if reply.is_error() {
                 self.count_error(&reply);
             }

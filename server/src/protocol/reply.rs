@@ -8,9 +8,11 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
 
 /// Values at least this long are written by reference, not copied.
 pub const ZERO_COPY_MIN: usize = 4 * 1024;
@@ -46,6 +48,43 @@ pub enum Reply {
     Verbatim(Bytes),
     /// Nothing at all goes on the wire (SHUTDOWN closes without a reply).
     Silent,
+    /// A value still being read from the spill tier; the connection awaits
+    /// it ([`Reply::resolve`]) before writing. Resolves to a bulk string, or
+    /// to nil if the block failed its checksum.
+    Pending(PendingValue),
+    /// An array of values of which only the leading present ones count
+    /// (MGETPREFIX): after resolving, it is cut at the first nil.
+    PrefixOf(Vec<Reply>),
+}
+
+/// A value on its way from disk: shared so a reply can be cloned, taken
+/// once when resolved.
+#[derive(Clone)]
+pub struct PendingValue(Arc<Mutex<Option<oneshot::Receiver<Option<Bytes>>>>>);
+
+impl PendingValue {
+    /// Wraps the receiving end of a disk read.
+    pub fn new(rx: oneshot::Receiver<Option<Bytes>>) -> PendingValue {
+        PendingValue(Arc::new(Mutex::new(Some(rx))))
+    }
+
+    /// The value, once read (`None`: checksum failure, I/O error).
+    pub async fn wait(&self) -> Option<Bytes> {
+        let rx = self.0.lock().ok()?.take()?;
+        rx.await.ok().flatten()
+    }
+}
+
+impl std::fmt::Debug for PendingValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingValue")
+    }
+}
+
+impl PartialEq for PendingValue {
+    fn eq(&self, other: &PendingValue) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Reply {
@@ -82,6 +121,46 @@ impl Reply {
     /// Whether this is an error reply.
     pub fn is_error(&self) -> bool {
         matches!(self, Reply::Error(_))
+    }
+
+    /// Whether part of the reply still waits for the disk.
+    pub fn has_pending(&self) -> bool {
+        match self {
+            Reply::Pending(_) | Reply::PrefixOf(_) => true,
+            Reply::Array(items) | Reply::Set(items) => items.iter().any(Reply::has_pending),
+            Reply::Map(pairs) => pairs
+                .iter()
+                .any(|(k, v)| k.has_pending() || v.has_pending()),
+            _ => false,
+        }
+    }
+
+    /// The reply with every pending value read.
+    pub fn resolve(self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply>>> {
+        Box::pin(async move {
+            match self {
+                Reply::Pending(p) => p.wait().await.map_or(Reply::Nil, Reply::Bulk),
+                Reply::PrefixOf(items) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for item in items {
+                        let item = item.resolve().await;
+                        if item == Reply::Nil {
+                            break;
+                        }
+                        out.push(item);
+                    }
+                    Reply::Array(out)
+                }
+                Reply::Array(items) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for item in items {
+                        out.push(item.resolve().await);
+                    }
+                    Reply::Array(out)
+                }
+                other => other,
+            }
+        })
     }
 }
 
@@ -159,6 +238,22 @@ impl ReplyBuf {
             }
             Reply::Verbatim(b) => self.put_bulk(b),
             Reply::Silent => {}
+            // Resolved before encoding; should one slip through, it reads as
+            // a miss rather than as wrong bytes.
+            Reply::Pending(_) => {
+                self.scratch
+                    .extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" })
+            }
+            Reply::PrefixOf(items) => {
+                let present: Vec<&Reply> = items
+                    .iter()
+                    .take_while(|r| matches!(r, Reply::Bulk(_)))
+                    .collect();
+                self.put_header(b'*', present.len() as i64);
+                for r in present {
+                    self.encode(r, resp3);
+                }
+            }
             Reply::Nil | Reply::NilArray if resp3 => self.scratch.extend_from_slice(b"_\r\n"),
             Reply::Nil => self.scratch.extend_from_slice(b"$-1\r\n"),
             Reply::NilArray => self.scratch.extend_from_slice(b"*-1\r\n"),

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clients::ClientRegistry;
 use crate::server::Shared;
 use crate::stats::ShardStats;
+use crate::store::links::Route;
 use crate::store::Store;
 
 /// Work sent to a shard: runs on that shard's thread with its state.
@@ -109,6 +110,7 @@ impl Shard {
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent.
     pub fn deliver_links(&self) {
+        self.store.borrow_mut().flush_spill();
         loop {
             let events = self.store.borrow_mut().take_link_events();
             if events.is_empty() {
@@ -116,8 +118,8 @@ impl Shard {
             }
             for event in events {
                 let targets: Vec<usize> = match event.route() {
-                    Some(key) => vec![self.owner_of(slot::key_slot(key))],
-                    None => (0..self.count()).collect(),
+                    Route::Key(key) => vec![self.owner_of(slot::key_slot(key))],
+                    Route::All => (0..self.count()).collect(),
                 };
                 for target in targets {
                     let event = event.clone();

@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::eviction;
 use super::slab::SlotRef;
+use super::spill::DiskLoc;
 
 /// How a string is reported by OBJECT ENCODING.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,15 +28,58 @@ pub enum Value {
     Heap(Bytes),
     /// A block in the slab arena.
     Slab(SlotRef),
+    /// A block on its way to the spill tier: its record is in a write batch
+    /// (`data` is the value inside it), its place on disk reserved.
+    Writing {
+        /// The value, inside the batch's record.
+        data: Bytes,
+        /// Where the record goes.
+        loc: DiskLoc,
+    },
+    /// A block in the spill tier only: reading it takes a disk read.
+    Spilled(DiskLoc),
 }
 
 impl Value {
     /// The value as `Bytes` for a reply or another shard: a clone of the
     /// heap handle, or a lease on the slab slot (no copy either way).
-    pub fn bytes(&self) -> Bytes {
+    /// `None` for a value that is only on disk: read it through the store
+    /// (`Store::read_value`, or `Store::materialize` first).
+    pub fn bytes(&self) -> Option<Bytes> {
         match self {
-            Value::Heap(b) => b.clone(),
-            Value::Slab(r) => r.bytes(),
+            Value::Heap(b) => Some(b.clone()),
+            Value::Slab(r) => Some(r.bytes()),
+            Value::Writing { data, .. } => Some(data.clone()),
+            Value::Spilled(_) => None,
+        }
+    }
+
+    /// The value's length (known without reading a spilled block).
+    pub fn len(&self) -> usize {
+        match self {
+            Value::Heap(b) => b.len(),
+            Value::Slab(r) => r.len(),
+            Value::Writing { data, .. } => data.len(),
+            Value::Spilled(loc) => loc.value_len as usize,
+        }
+    }
+
+    /// Whether the value is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the value is in DRAM (heap or slab), so evicting it frees
+    /// memory.
+    pub fn in_dram(&self) -> bool {
+        matches!(self, Value::Heap(_) | Value::Slab(_))
+    }
+
+    /// The value's place in the spill tier, if it has one.
+    pub fn disk(&self) -> Option<&DiskLoc> {
+        match self {
+            Value::Writing { loc, .. } | Value::Spilled(loc) => Some(loc),
+            _ => None,
         }
     }
 
@@ -43,24 +87,37 @@ impl Value {
     /// a heap value's memory is freed by its last handle either way).
     pub fn is_held(&self) -> bool {
         match self {
-            Value::Heap(_) => false,
             Value::Slab(r) => r.is_held(),
+            _ => false,
         }
     }
 
-    /// Bytes of memory the value occupies (its slot or span for blocks).
+    /// Bytes of DRAM the value occupies (its slot or span for blocks; a
+    /// spilled value none).
     pub fn footprint(&self) -> usize {
         match self {
             Value::Heap(b) => b.len(),
             Value::Slab(r) => r.footprint(),
+            Value::Writing { .. } | Value::Spilled(_) => 0,
         }
     }
 
     /// The slab slot, if the value lives there.
     pub fn slot(&self) -> Option<&SlotRef> {
         match self {
-            Value::Heap(_) => None,
             Value::Slab(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The bytes, if they are in memory (borrowed; `None` when on disk
+    /// only).
+    pub fn in_memory(&self) -> Option<&[u8]> {
+        match self {
+            Value::Heap(b) => Some(b),
+            Value::Slab(r) => Some(r.as_slice()),
+            Value::Writing { data, .. } => Some(data),
+            Value::Spilled(_) => None,
         }
     }
 }
@@ -68,11 +125,11 @@ impl Value {
 impl Deref for Value {
     type Target = [u8];
 
+    /// The bytes of a value in memory. Commands that need the bytes of any
+    /// value call `Store::materialize` first, which brings a spilled block
+    /// back; a spilled value derefs to nothing.
     fn deref(&self) -> &[u8] {
-        match self {
-            Value::Heap(b) => b,
-            Value::Slab(r) => r.as_slice(),
-        }
+        self.in_memory().unwrap_or(&[])
     }
 }
 
@@ -83,6 +140,8 @@ pub enum Queue {
     Small,
     /// The main queue of keys that were reused.
     Main,
+    /// In no queue (the value is on disk).
+    Out,
 }
 
 /// One key's value and bookkeeping.
@@ -113,6 +172,11 @@ pub struct Entry {
     pub(crate) queue: Queue,
     /// Identifies this version of the entry in the eviction queues.
     pub(crate) gen: u32,
+    /// Reads since the value was stored (spill admission, promotion).
+    pub(crate) reads: u16,
+    /// The key has (or had) a record in the spill tier: a delete or an
+    /// overwrite must leave a tombstone there.
+    pub(crate) on_disk: bool,
 }
 
 impl Entry {
@@ -131,6 +195,8 @@ impl Entry {
             freq: 0,
             queue: Queue::Small,
             gen: 0,
+            reads: 0,
+            on_disk: false,
         }
     }
 
@@ -156,11 +222,12 @@ impl Entry {
 
     /// Bytes charged to the index for this entry under `key_len`: the key,
     /// index overhead, a heap value and the parent link. Slab values are
-    /// charged through the arena's mapped pages instead.
+    /// charged through the arena's mapped pages instead, spilled ones are on
+    /// disk.
     pub fn charge(&self, key_len: usize) -> usize {
         let value = match &self.value {
             Value::Heap(b) => b.len(),
-            Value::Slab(_) => 0,
+            _ => 0,
         };
         super::Store::charge(key_len, value, self.expire_at != 0)
             + self.parent.as_ref().map_or(0, |p| p.len())
@@ -170,8 +237,8 @@ impl Entry {
     pub fn memory_usage(&self, key_len: usize) -> usize {
         self.charge(key_len)
             + match &self.value {
-                Value::Heap(_) => 0,
                 Value::Slab(r) => r.footprint(),
+                _ => 0,
             }
     }
 

@@ -38,17 +38,31 @@ pub enum LinkEvent {
         /// The child's key (routes the event).
         child: Bytes,
     },
+    /// Every store drops or rewrites its records in segment `seq`, so the
+    /// segment can be deleted.
+    ReclaimSegment {
+        /// The segment.
+        seq: u64,
+    },
+}
+
+/// Where a [`LinkEvent`] goes.
+pub enum Route<'a> {
+    /// The store owning this key.
+    Key(&'a Bytes),
+    /// Every store.
+    All,
 }
 
 impl LinkEvent {
-    /// The key whose owner must apply the event (`None`: every store).
-    pub fn route(&self) -> Option<&Bytes> {
+    /// The store(s) that must apply the event.
+    pub fn route(&self) -> Route<'_> {
         match self {
             LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent } => {
-                Some(parent)
+                Route::Key(parent)
             }
-            LinkEvent::ParentGone { .. } => None,
-            LinkEvent::Orphaned { child } => Some(child),
+            LinkEvent::ParentGone { .. } | LinkEvent::ReclaimSegment { .. } => Route::All,
+            LinkEvent::Orphaned { child } => Route::Key(child),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod eviction;
 pub mod links;
 pub mod slab;
 pub mod spill;
+mod spilling;
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::ops::Range;
@@ -35,6 +36,8 @@ pub use entry::{Encoding, Entry, Queue, Value};
 pub use eviction::EvictionPolicy;
 pub use links::LinkEvent;
 use slab::{ArenaStats, NoRoom, SlabArena};
+use spilling::SpillState;
+pub use spilling::{Fetched, PostToShard, SpillConfig};
 
 use crate::protocol::request::BIG_BULK;
 use crate::shard::slot::key_slot;
@@ -143,6 +146,10 @@ struct Meta {
     /// Live entries in each S3-FIFO queue.
     small_live: usize,
     main_live: usize,
+    /// The spill directory, when the tier is on (live record counts).
+    disk: Option<Arc<spill::SpillDir>>,
+    /// Keys of this store with a record in each segment (for reclaim).
+    disk_keys: HashMap<u64, HashSet<Bytes>>,
 }
 
 impl Meta {
@@ -169,8 +176,36 @@ impl Meta {
         }
     }
 
+    fn track_disk(&mut self, key: &Bytes, loc: &spill::DiskLoc) {
+        match self.disk_keys.get_mut(&loc.segment.seq) {
+            Some(keys) => {
+                keys.insert(key.clone());
+            }
+            None => {
+                self.disk_keys
+                    .insert(loc.segment.seq, HashSet::from([key.clone()]));
+            }
+        }
+    }
+
+    /// `key` no longer points to the record at `loc`.
+    fn untrack_disk(&mut self, key: &[u8], loc: &spill::DiskLoc) {
+        if let Some(keys) = self.disk_keys.get_mut(&loc.segment.seq) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.disk_keys.remove(&loc.segment.seq);
+            }
+        }
+        if let Some(dir) = &self.disk {
+            dir.drop_live(&loc.segment);
+        }
+    }
+
     fn added(&mut self, key: &Bytes, entry: &Entry) {
         self.modified(key);
+        if let Some(loc) = entry.value.disk() {
+            self.track_disk(key, loc);
+        }
         self.index_expiry(key, entry.expire_at);
         self.used += entry.charge(key.len());
         self.keys += 1;
@@ -192,6 +227,7 @@ impl Meta {
         match entry.queue {
             Queue::Small => self.small_live += 1,
             Queue::Main => self.main_live += 1,
+            Queue::Out => {}
         }
     }
 
@@ -199,6 +235,9 @@ impl Meta {
     /// stay its children).
     fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         self.modified(key);
+        if let Some(loc) = entry.value.disk() {
+            self.untrack_disk(key, loc);
+        }
         self.unindex_expiry(key, entry.expire_at);
         self.used -= entry.charge(key.len());
         self.keys -= 1;
@@ -224,6 +263,7 @@ impl Meta {
         match entry.queue {
             Queue::Small => self.small_live -= 1,
             Queue::Main => self.main_live -= 1,
+            Queue::Out => {}
         }
     }
 }
@@ -313,6 +353,8 @@ pub struct Store {
     rng: u64,
     /// Blocked readers waiting for keys to be written.
     watchers: HashMap<Bytes, Vec<Waiter>>,
+    /// The spill tier, when configured.
+    spill: Option<SpillState>,
     /// Counters for INFO.
     pub stats: StoreStats,
 }
@@ -355,6 +397,7 @@ impl Store {
             samples: 5,
             max_value_len: 512 * 1024 * 1024,
             watchers: HashMap::new(),
+            spill: None,
             stats: StoreStats::default(),
         }
     }
@@ -466,6 +509,7 @@ impl Store {
                 self.stats.keyspace_hits += 1;
                 if touch {
                     eviction::touch(entry, policy, now);
+                    entry.reads = entry.reads.saturating_add(1);
                 }
                 Some(entry)
             }
@@ -599,6 +643,8 @@ impl Store {
                 let old = std::mem::replace(o.get_mut(), entry);
                 // Children name the key, not the value: they stay.
                 o.get_mut().children = old.children;
+                // A restart must not bring the old value back from disk.
+                o.get_mut().on_disk = old.on_disk;
                 self.meta.removed(o.key(), &old, true);
                 self.meta.added(o.key(), o.get());
                 (o.key().clone(), Some(old))
@@ -610,10 +656,14 @@ impl Store {
                 (key, None)
             }
         };
+        if old.as_ref().is_some_and(|o| o.on_disk) {
+            self.tombstone(key);
+        }
         if track {
             match queue {
                 Queue::Small => self.queues.small.push_back((stored_key, gen)),
                 Queue::Main => self.queues.main.push_back((stored_key, gen)),
+                Queue::Out => {}
             }
         }
         if !self.watchers.is_empty() {
@@ -649,7 +699,7 @@ impl Store {
             // were in; when that keeps missing this value's class, a whole
             // page is emptied for it (rebalancing).
             evictions += 1;
-            if evictions <= 64 && self.evict_one(Some(protect)).is_some() {
+            if evictions <= 64 && self.evict_one(Some(protect), true).is_some() {
                 continue;
             }
             let keep = (class != usize::MAX).then_some(class);
@@ -675,7 +725,7 @@ impl Store {
         }
         for key in keys {
             let slot = key_slot(&key);
-            if self.remove(slot, &key).is_some() {
+            if !self.evict_key(slot, &key) {
                 self.stats.evicted_keys += 1;
                 self.stats.evicted_by[EvictReason::Rebalance as usize] += 1;
             }
@@ -739,12 +789,33 @@ impl Store {
         self.watchers.len()
     }
 
-    /// Deletes `key`, returning its entry.
+    /// Deletes `key` (DEL and the like), returning its entry. A key that
+    /// had a record in the spill tier leaves a tombstone there.
     pub fn remove(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
+        let entry = self.drop_entry(slot, key)?;
+        if entry.on_disk {
+            self.tombstone(key);
+        }
+        Some(entry)
+    }
+
+    /// Removes `key` from the index without a tombstone (eviction, reclaim,
+    /// a record that failed its checksum).
+    fn drop_entry(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
         let index = self.index(slot);
         let (key, entry) = self.maps[index].remove_entry(key)?;
         self.meta.removed(&key, &entry, false);
         Some(entry)
+    }
+
+    /// Evicts `key`: to the spill tier when it is on and takes it, out of
+    /// the index otherwise. Whether the key is still indexed.
+    fn evict_key(&mut self, slot: u16, key: &[u8]) -> bool {
+        if self.spill_out(slot, key, false) {
+            return true;
+        }
+        self.drop_entry(slot, key);
+        false
     }
 
     /// Sets (or with 0 clears) the expiry of a live key; false if absent.
@@ -769,17 +840,35 @@ impl Store {
             let before = entry.charge(stored.len());
             entry.expire_at = expire_at;
             let after = entry.charge(stored.len());
+            let on_disk = entry.on_disk;
             let stored = stored.clone();
             self.meta.modified(&stored);
             self.meta.unindex_expiry(&stored, old);
             self.meta.index_expiry(&stored, expire_at);
             self.meta.used = self.meta.used - before + after;
+            // The record on disk has the old expiry: a warm restart must
+            // not bring the key back with it (a miss is fine, a key that
+            // outlives its TTL is not).
+            if on_disk {
+                self.tombstone(key);
+            }
         }
         true
     }
 
     /// Deletes every key.
     pub fn clear(&mut self) {
+        // Records in the spill tier die with their keys: drop their live
+        // counts so the segments go, and start a fresh segment.
+        if let Some(dir) = self.meta.disk.clone() {
+            for map in &self.maps {
+                for e in map.values() {
+                    if let Some(loc) = e.value.disk() {
+                        dir.drop_live(&loc.segment);
+                    }
+                }
+            }
+        }
         for map in &mut self.maps {
             *map = HashMap::new();
         }
@@ -788,12 +877,15 @@ impl Store {
         for (_, dirty) in watched.values().flatten() {
             dirty.store(true, Ordering::Release);
         }
+        let disk = self.meta.disk.take();
         self.meta = Meta {
             watched,
+            disk,
             ..Meta::default()
         };
         self.queues = PrefixQueues::default();
         self.arena.reclaim();
+        self.spill_cleared();
     }
 
     /// WATCH: sets `dirty` whenever `key` changes, until unwatched.
@@ -847,6 +939,7 @@ impl Store {
                 }
             }
             LinkEvent::Orphaned { child } => self.mark_orphan(&child),
+            LinkEvent::ReclaimSegment { seq } => self.reclaim_segment(seq),
         }
     }
 
@@ -907,10 +1000,10 @@ impl Store {
             // Evicting a block frees a slot, not always a whole page: after
             // a few tries, empty a page outright.
             misses += 1;
-            if misses <= 16 && self.evict_one(protect).is_some() {
+            if misses <= 16 && self.evict_one(protect, false).is_some() {
                 continue;
             }
-            if !self.empty_a_page(None, protect) && self.evict_one(protect).is_none() {
+            if !self.empty_a_page(None, protect) && self.evict_one(protect, false).is_none() {
                 return Err(OutOfMemory);
             }
             misses = 0;
@@ -924,27 +1017,36 @@ impl Store {
     }
 
     /// Evicts one key by policy; `None` if nothing may go.
-    fn evict_one(&mut self, protect: Option<&[u8]>) -> Option<EvictReason> {
+    /// Evicts one key by policy; `None` if nothing may go. With the spill
+    /// tier on, a block in DRAM is written to disk and stays readable.
+    /// `dram_only`: only keys whose value is in DRAM (a slot is needed).
+    fn evict_one(&mut self, protect: Option<&[u8]>, dram_only: bool) -> Option<EvictReason> {
         let (slot, key, reason) = if self.policy == EvictionPolicy::Prefix {
-            match self.prefix_victim(protect) {
+            match self.prefix_victim(protect, dram_only) {
                 Some(found) => found,
                 // Keys written before the policy changed are not queued.
                 None => {
-                    let (slot, key) = self.pick_victim(protect)?;
+                    let (slot, key) = self.pick_victim(protect, dram_only)?;
                     (slot, key, EvictReason::Leaf)
                 }
             }
         } else {
-            let (slot, key) = self.pick_victim(protect)?;
+            let (slot, key) = self.pick_victim(protect, dram_only)?;
             (slot, key, EvictReason::Policy)
         };
-        self.remove(slot, &key)?;
-        if self.policy == EvictionPolicy::Prefix {
-            let capacity = self.meta.main_live;
-            self.queues.ghost.insert(key_hash(&key), capacity);
+        let in_dram = self.maps[self.index(slot)]
+            .get(&key[..])
+            .is_some_and(|e| e.value.in_dram());
+        let kept = in_dram && self.spill_out(slot, &key, false);
+        if !kept {
+            self.drop_entry(slot, &key)?;
+            if self.policy == EvictionPolicy::Prefix {
+                let capacity = self.meta.main_live;
+                self.queues.ghost.insert(key_hash(&key), capacity);
+            }
+            self.stats.evicted_keys += 1;
+            self.stats.evicted_by[reason as usize] += 1;
         }
-        self.stats.evicted_keys += 1;
-        self.stats.evicted_by[reason as usize] += 1;
         self.arena.reclaim();
         Some(reason)
     }
@@ -953,13 +1055,21 @@ impl Store {
     /// chosen by S3-FIFO (a small probationary FIFO and a main FIFO with
     /// reinsertion of reused keys), else, when nothing but inner blocks is
     /// left, an inner block. Held values are never chosen.
-    fn prefix_victim(&mut self, protect: Option<&[u8]>) -> Option<(u16, Bytes, EvictReason)> {
+    fn prefix_victim(
+        &mut self,
+        protect: Option<&[u8]>,
+        dram_only: bool,
+    ) -> Option<(u16, Bytes, EvictReason)> {
         // 1. Orphans: unreachable by any prefix lookup.
         while let Some((key, gen)) = self.queues.orphans.pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let ok = self.maps[index].get(&key[..]).is_some_and(|e| {
-                e.gen == gen && e.orphan && !e.value.is_held() && Some(&key[..]) != protect
+                e.gen == gen
+                    && e.orphan
+                    && !e.value.is_held()
+                    && Some(&key[..]) != protect
+                    && (e.value.in_dram() || !dram_only)
             });
             if ok {
                 return Some((slot, key, EvictReason::Orphan));
@@ -986,6 +1096,20 @@ impl Store {
             };
             if e.gen != gen {
                 continue;
+            }
+            if !e.value.in_dram() {
+                // Spilled: it left DRAM, and the queues with it.
+                match e.queue {
+                    Queue::Small => self.meta.small_live -= 1,
+                    Queue::Main => self.meta.main_live -= 1,
+                    Queue::Out => {}
+                }
+                e.queue = Queue::Out;
+                e.gen = 0;
+                if dram_only {
+                    continue;
+                }
+                return Some((slot, key, EvictReason::Leaf));
             }
             let keep = e.value.is_held() || Some(&key[..]) == protect;
             if from_small {
@@ -1071,7 +1195,7 @@ impl Store {
 
     /// Redis-style sampled choice for the classic policies (held values and
     /// `protect` are skipped).
-    fn pick_victim(&mut self, protect: Option<&[u8]>) -> Option<(u16, Bytes)> {
+    fn pick_victim(&mut self, protect: Option<&[u8]>, dram_only: bool) -> Option<(u16, Bytes)> {
         let now = now_ms();
         let policy = match self.policy {
             // Keys the prefix queues do not know yet: rank by recency.
@@ -1104,7 +1228,10 @@ impl Store {
                 continue;
             }
             let entry = &self.maps[index][&key];
-            if (volatile_only && entry.expire_at == 0) || entry.value.is_held() {
+            if (volatile_only && entry.expire_at == 0)
+                || entry.value.is_held()
+                || (dram_only && !entry.value.in_dram())
+            {
                 continue;
             }
             found += 1;
@@ -1199,7 +1326,7 @@ mod tests {
 
     fn get(s: &mut Store, key: &str, now: u64) -> Option<Bytes> {
         s.read(key_slot(key.as_bytes()), key.as_bytes(), now, true)
-            .map(|e| e.value.bytes())
+            .and_then(|e| e.value.bytes())
     }
 
     #[test]
@@ -1341,7 +1468,7 @@ mod slab_tests {
                 .peek(key_slot(key.as_bytes()), key.as_bytes(), 1000)
                 .unwrap();
             assert!(e.value.slot().is_some());
-            assert_eq!(e.value.bytes(), block(i, 64 * 1024));
+            assert_eq!(e.value.bytes(), Some(block(i, 64 * 1024)));
         }
         let stats = s.arena_stats();
         assert_eq!(stats.classes[0].slot_size, 64 * 1024);
@@ -1367,7 +1494,7 @@ mod slab_tests {
             has(&mut s, "held"),
             "a block a reply holds is never evicted"
         );
-        assert_eq!(held, block(7, 64 * 1024));
+        assert_eq!(held, Some(block(7, 64 * 1024)));
         assert!(s.stats.evicted_keys > 400);
     }
 
@@ -1468,7 +1595,7 @@ mod slab_tests {
         for i in 0..80 {
             let key = format!("big{i}");
             if let Some(e) = s.peek(key_slot(key.as_bytes()), key.as_bytes(), now) {
-                assert_eq!(e.value.bytes(), block(i, 256 * 1024));
+                assert_eq!(e.value.bytes(), Some(block(i, 256 * 1024)));
                 present += 1;
             }
         }

@@ -58,8 +58,14 @@ impl Server {
     /// Starts the server with exactly `args`.
     pub fn start_with_args(args: &[&str]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvtier-server"));
+        command.args(args);
+        Self::start_command(command)
+    }
+
+    /// Starts `command` (which runs the server, perhaps through a wrapper
+    /// that execs it) and waits for its port line.
+    pub fn start_command(mut command: Command) -> Server {
         command
-            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -155,6 +161,25 @@ impl Server {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// SIGTERM, then waits for the graceful exit; the exit status.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        // SAFETY: kill(2) with our own child's pid.
+        unsafe {
+            libc::kill(self.pid() as libc::pid_t, libc::SIGTERM);
+        }
+        let status = self.wait_exit(Duration::from_secs(120));
+        self.child = None;
+        status
+    }
+
+    /// SIGKILL: no shutdown work at all.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

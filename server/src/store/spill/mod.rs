@@ -3,8 +3,8 @@
 //!
 //! * [`record`]: the on-disk record (ASCII box there).
 //! * [`SpillDir`]: the directory's segments, shared by every shard: disk
-//!   budget, live-record counts (a segment whose last live record goes is
-//!   deleted), counters for INFO and metrics.
+//!   budget, live-record counts (segments are deleted oldest first once
+//!   nothing in them is live), counters for INFO and metrics.
 //! * [`IoPool`]: dedicated I/O threads doing `pread`/`pwrite` (O_DIRECT when
 //!   the filesystem allows it); a shard's event loop never waits on disk.
 //! * [`recover`]: the warm-restart scan that rebuilds every shard's index
@@ -32,6 +32,12 @@ use record::ALIGN;
 pub const SEGMENT_SIZE: u64 = 64 << 20;
 /// A shard flushes its write batch when it reaches this size.
 pub const BATCH_SIZE: usize = 1 << 20;
+/// Bytes of write batches in flight (all shards) above which commands that
+/// add data wait for the disk: back-pressure on writers, never on readers.
+pub const QUEUE_SOFT: usize = 64 << 20;
+/// Bytes in flight above which eviction drops blocks instead of writing
+/// them (writers already in progress when the soft limit was reached).
+pub const QUEUE_HARD: usize = 256 << 20;
 
 /// One segment file.
 pub struct Segment {
@@ -45,12 +51,17 @@ pub struct Segment {
     pub size: AtomicU64,
     /// Records the index still points to.
     pub live: AtomicI64,
-    /// No more appends: deleted when `live` reaches zero.
+    /// No more appends: deleted when `live` reaches zero and every older
+    /// segment is gone.
     pub sealed: AtomicBool,
-    deleted: AtomicBool,
 }
 
 impl Segment {
+    /// The open file's descriptor (for `pwritev`).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    }
+
     fn path_for(dir: &Path, seq: u64, owner: usize) -> PathBuf {
         dir.join(format!("{seq:016x}-{owner}.seg"))
     }
@@ -114,22 +125,32 @@ pub struct SpillCounters {
     pub read_us: AtomicU64,
     /// Total write latency, microseconds.
     pub write_us: AtomicU64,
+    /// Write calls (a batch is one, or a few when very large).
+    pub write_calls: AtomicU64,
     /// Records recovered at start.
     pub recovered: AtomicU64,
+    /// Records the warm-restart scan skipped (torn tail, flipped bytes).
+    pub recovery_skipped: AtomicU64,
 }
 
 /// The spill directory: its segments and budget.
 pub struct SpillDir {
     dir: PathBuf,
-    max_bytes: u64,
+    max_bytes: AtomicU64,
     direct: bool,
     segments: Mutex<BTreeMap<u64, Arc<Segment>>>,
     next_seq: AtomicU64,
     used: AtomicU64,
+    /// The newest segment a reclaim was asked for, and when.
+    reclaim_mark: Mutex<(u64, Instant)>,
     /// Counters.
     pub counters: SpillCounters,
     /// The last I/O error, for INFO.
     pub last_error: Mutex<String>,
+    /// Bytes of write batches queued or being written.
+    in_flight: AtomicUsize,
+    /// Woken when `in_flight` drops below [`QUEUE_SOFT`].
+    drained: tokio::sync::Notify,
 }
 
 impl SpillDir {
@@ -140,13 +161,16 @@ impl SpillDir {
         let direct = probe_direct(dir);
         Ok(SpillDir {
             dir: dir.to_path_buf(),
-            max_bytes,
+            max_bytes: AtomicU64::new(max_bytes),
             direct,
             segments: Mutex::new(BTreeMap::new()),
             next_seq: AtomicU64::new(1),
             used: AtomicU64::new(0),
+            reclaim_mark: Mutex::new((0, Instant::now())),
             counters: SpillCounters::default(),
             last_error: Mutex::new(String::new()),
+            in_flight: AtomicUsize::new(0),
+            drained: tokio::sync::Notify::new(),
         })
     }
 
@@ -162,7 +186,28 @@ impl SpillDir {
 
     /// Disk budget (0: none).
     pub fn max_bytes(&self) -> u64 {
-        self.max_bytes
+        self.max_bytes.load(Relaxed)
+    }
+
+    /// Sets the disk budget (0: none).
+    pub fn set_max_bytes(&self, max: u64) {
+        self.max_bytes.store(max, Relaxed);
+    }
+
+    /// Bytes free on the directory's filesystem.
+    pub fn free_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: statvfs writes into the zeroed struct we own; `path` is a
+        // valid NUL-terminated string for the call.
+        unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(st.f_bavail as u64 * st.f_frsize as u64)
+        }
     }
 
     /// Bytes the segments take.
@@ -175,9 +220,19 @@ impl SpillDir {
         self.segments.lock().map(|s| s.len()).unwrap_or(0)
     }
 
+    /// How large a segment grows: [`SEGMENT_SIZE`], or a sixteenth of a
+    /// small budget (at least 1 MiB) so reclaim frees space in small steps.
+    pub fn segment_size(&self) -> u64 {
+        match self.max_bytes() {
+            0 => SEGMENT_SIZE,
+            max => (max / 16).clamp(1 << 20, SEGMENT_SIZE) / ALIGN as u64 * ALIGN as u64,
+        }
+    }
+
     /// Whether `bytes` more fit the budget.
     pub fn has_room(&self, bytes: u64) -> bool {
-        self.max_bytes == 0 || self.used.load(Relaxed) + bytes <= self.max_bytes
+        let max = self.max_bytes();
+        max == 0 || self.used.load(Relaxed) + bytes <= max
     }
 
     fn open_file(&self, path: &Path, create: bool) -> io::Result<File> {
@@ -202,7 +257,6 @@ impl SpillDir {
             size: AtomicU64::new(0),
             live: AtomicI64::new(0),
             sealed: AtomicBool::new(false),
-            deleted: AtomicBool::new(false),
         });
         if let Ok(mut all) = self.segments.lock() {
             all.insert(seq, Arc::clone(&segment));
@@ -230,39 +284,98 @@ impl SpillDir {
         segment.live.fetch_add(1, Relaxed);
     }
 
-    /// A record of `segment` is no longer pointed to; deletes the segment
-    /// when it was the last one of a sealed segment.
+    /// A record of `segment` is no longer pointed to.
     pub fn drop_live(&self, segment: &Arc<Segment>) {
         if segment.live.fetch_sub(1, Relaxed) == 1 && segment.sealed.load(Relaxed) {
-            self.delete(segment);
+            self.collect();
         }
     }
 
-    /// No more appends to `segment`; deleted at once if nothing is live.
+    /// No more appends to `segment`.
     pub fn seal(&self, segment: &Arc<Segment>) {
         segment.sealed.store(true, Relaxed);
         if segment.live.load(Relaxed) <= 0 {
-            self.delete(segment);
+            self.collect();
         }
     }
 
-    fn delete(&self, segment: &Arc<Segment>) {
-        if segment.deleted.swap(true, Relaxed) {
+    /// Deletes segments oldest first while the oldest is sealed with
+    /// nothing live. Never out of order: a newer segment may hold the
+    /// tombstone (or the newer record) that keeps an older segment's dead
+    /// record from coming back at the next warm restart.
+    fn collect(&self) {
+        let Ok(mut all) = self.segments.lock() else {
             return;
-        }
-        let _ = std::fs::remove_file(&segment.path);
-        self.used.fetch_sub(segment.size.load(Relaxed), Relaxed);
-        if let Ok(mut all) = self.segments.lock() {
-            all.remove(&segment.seq);
+        };
+        while let Some(entry) = all.first_entry() {
+            let s = entry.get();
+            if !s.sealed.load(Relaxed) || s.live.load(Relaxed) > 0 {
+                break;
+            }
+            let s = entry.remove();
+            let _ = std::fs::remove_file(&s.path);
+            self.used.fetch_sub(s.size.load(Relaxed), Relaxed);
         }
     }
 
-    /// The oldest sealed segment owned by `owner` (reclaim candidate).
-    pub fn oldest_sealed(&self, owner: usize) -> Option<Arc<Segment>> {
-        let all = self.segments.lock().ok()?;
-        all.values()
-            .find(|s| s.owner == owner && s.sealed.load(Relaxed) && !s.deleted.load(Relaxed))
-            .cloned()
+    /// The oldest segment, if a reclaim of it was not asked for yet: the
+    /// caller asks every shard to drop or rewrite its records there (and
+    /// its owner to seal it).
+    /// A claim that has not freed its segment after a second is made
+    /// again (a record still being written when it was asked).
+    pub fn claim_oldest(&self) -> Option<u64> {
+        let seq = *self.segments.lock().ok()?.first_key_value()?.0;
+        let mut mark = self.reclaim_mark.lock().ok()?;
+        let fresh = mark.0 < seq || (mark.0 == seq && mark.1.elapsed().as_secs() >= 1);
+        if fresh {
+            *mark = (seq, Instant::now());
+        }
+        fresh.then_some(seq)
+    }
+
+    /// Whether the segments fill more than 90% of the budget (reclaim
+    /// starts then, so rewrites still have room).
+    pub fn nearly_full(&self) -> bool {
+        let max = self.max_bytes();
+        max != 0 && self.used.load(Relaxed) > max / 10 * 9
+    }
+
+    /// Bytes of write batches in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Relaxed)
+    }
+
+    /// A batch of `bytes` was handed to the I/O threads.
+    pub fn queued(&self, bytes: usize) {
+        self.in_flight.fetch_add(bytes, Relaxed);
+    }
+
+    /// A batch of `bytes` was written (or failed).
+    pub fn written(&self, bytes: usize) {
+        let before = self.in_flight.fetch_sub(bytes, Relaxed);
+        if before >= QUEUE_SOFT && before - bytes < QUEUE_SOFT {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Whether writers should wait for the disk.
+    pub fn congested(&self) -> bool {
+        self.in_flight() >= QUEUE_SOFT
+    }
+
+    /// Waits (at most `limit`) until the write queue is below the soft
+    /// limit.
+    pub async fn drain(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.drained.notified();
+            if !self.congested() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Records an I/O error for INFO.
@@ -297,10 +410,11 @@ impl SpillDir {
         let mut buf = aligned(loc.len as usize);
         loc.segment.file.read_exact_at(&mut buf, loc.offset)?;
         let c = &self.counters;
+        let took = started.elapsed();
         c.reads.fetch_add(1, Relaxed);
         c.read_bytes.fetch_add(loc.len as u64, Relaxed);
-        c.read_us
-            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        c.read_us.fetch_add(took.as_micros() as u64, Relaxed);
+        metrics::histogram!("kvtier_spill_read_seconds").record(took.as_secs_f64());
         match record::decode(buf.freeze()) {
             Some(r) if !r.tombstone && r.value.len() == loc.value_len as usize => Ok(Some(r.value)),
             _ => {
@@ -449,7 +563,6 @@ pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
             size: AtomicU64::new(len),
             live: AtomicI64::new(0),
             sealed: AtomicBool::new(false),
-            deleted: AtomicBool::new(false),
         });
         dir.used.fetch_add(len, Relaxed);
         if let Ok(mut all) = dir.segments.lock() {
@@ -471,6 +584,7 @@ pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
         dir.seal(&s);
     }
     dir.counters.recovered.store(records.len() as u64, Relaxed);
+    dir.counters.recovery_skipped.store(skipped, Relaxed);
     Ok(Recovery { records, skipped })
 }
 
@@ -508,7 +622,7 @@ fn scan_segment(
             read_more(segment, &mut window, &mut read_to, len, CHUNK)?;
         }
         let at = (pos - window_start) as usize;
-        let bytes = window.clone().freeze().slice(at..at + rec_len as usize);
+        let bytes = Bytes::copy_from_slice(&window[at..at + rec_len as usize]);
         match record::decode(bytes) {
             Some(r) => {
                 let loc = DiskLoc {
@@ -518,13 +632,19 @@ fn scan_segment(
                     value_at: record::value_offset(h.key_len, h.parent_len) as u32,
                     value_len: h.value_len as u32,
                 };
-                let found = (!r.tombstone).then(|| Recovered {
-                    key: Bytes::copy_from_slice(&r.key),
-                    parent: r.parent.as_ref().map(|p| Bytes::copy_from_slice(p)),
-                    expire_at: r.expire_at,
-                    loc,
-                });
-                latest.insert(Bytes::copy_from_slice(&r.key), found);
+                if r.tombstone && r.key.is_empty() {
+                    for key in record::read_key_list(&r.value) {
+                        latest.insert(Bytes::copy_from_slice(&key), None);
+                    }
+                } else {
+                    let found = (!r.tombstone).then(|| Recovered {
+                        key: Bytes::copy_from_slice(&r.key),
+                        parent: r.parent.as_ref().map(|p| Bytes::copy_from_slice(p)),
+                        expire_at: r.expire_at,
+                        loc,
+                    });
+                    latest.insert(Bytes::copy_from_slice(&r.key), found);
+                }
                 pos += rec_len;
             }
             None => {

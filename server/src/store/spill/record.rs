@@ -6,6 +6,8 @@
 //!  │    0 │   4 │ magic "KVTS"                                  │
 //!  │    4 │   1 │ format version (1)                            │
 //!  │    5 │   1 │ flags: bit 0 tombstone (the key was deleted)  │
+//!  │      │     │ (a tombstone with an empty key lists keys in  │
+//!  │      │     │ its value: u16 length + key, repeated)        │
 //!  │    6 │   2 │ key length                                    │
 //!  │    8 │   2 │ parent key length (0: no CHAIN parent)        │
 //!  │   10 │   2 │ reserved (0)                                  │
@@ -129,6 +131,34 @@ pub fn header(bytes: &[u8]) -> Option<Header> {
     })
 }
 
+/// The value of a tombstone record for many keys: each key as a
+/// little-endian u16 length and its bytes.
+pub fn key_list<'a>(keys: impl IntoIterator<Item = &'a Bytes>) -> Bytes {
+    let mut out = BytesMut::new();
+    for k in keys {
+        out.put_u16_le(k.len() as u16);
+        out.put_slice(k);
+    }
+    out.freeze()
+}
+
+/// The keys of a tombstone list (a truncated tail is ignored; the CRC has
+/// already vouched for the bytes).
+pub fn read_key_list(value: &Bytes) -> Vec<Bytes> {
+    let mut keys = Vec::new();
+    let mut at = 0;
+    while at + 2 <= value.len() {
+        let len = u16::from_le_bytes([value[at], value[at + 1]]) as usize;
+        at += 2;
+        if at + len > value.len() {
+            break;
+        }
+        keys.push(value.slice(at..at + len));
+        at += len;
+    }
+    keys
+}
+
 /// Decodes a whole record (as read from disk, padding included) and checks
 /// its CRC. `None` for anything torn, flipped or not a record.
 pub fn decode(bytes: Bytes) -> Option<Record> {
@@ -176,6 +206,16 @@ mod tests {
             assert_eq!(buf.len(), record_len(6, 6, len));
             assert_eq!(decode(buf.freeze()), Some(r));
         }
+    }
+
+    #[test]
+    fn tombstone_lists_round_trip() {
+        let keys = vec![
+            Bytes::from_static(b"a"),
+            Bytes::new(),
+            Bytes::from(vec![7u8; 300]),
+        ];
+        assert_eq!(read_key_list(&key_list(&keys)), keys);
     }
 
     #[test]

@@ -1,0 +1,798 @@
+//! The store's side of the spill tier: demoting evicted blocks to disk,
+//! reading them back (checksummed, one disk read shared by concurrent
+//! readers), promoting blocks that are read again, tombstones, reclaim of
+//! old segments, and the warm-restart / shutdown paths.
+//!
+//! A block moves DRAM → `Value::Writing` (its record is in the shard's open
+//! write batch; reads are served from there) → `Value::Spilled` once the
+//! I/O thread reports the batch written. The shard's event loop never
+//! waits on the disk: writes and reads run on the I/O threads and report
+//! back through the shard's mailbox.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+use tokio::sync::oneshot;
+
+use super::spill::record::{self, Record};
+use super::spill::{
+    aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
+};
+use super::{Encoding, Entry, EvictReason, LinkEvent, Store, Value, SLAB_MIN};
+use crate::protocol::reply::PendingValue;
+use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
+use crate::shard::ShardJob;
+
+/// Reads of a spilled block after which it moves back to DRAM.
+pub const PROMOTE_AFTER: u16 = 2;
+/// Smaller values are not written to the spill tier: a record takes at
+/// least 4 KiB on disk and a whole disk read to fetch, so a 100-byte value
+/// would cost 40 times its size there. KV-cache blocks are far larger.
+pub const SPILL_MIN: usize = 1024;
+
+/// How a shard hands work back to itself (a job on its own mailbox).
+pub type PostToShard = Arc<dyn Fn(ShardJob) + Send + Sync>;
+
+/// What the spill tier needs per shard.
+pub struct SpillConfig {
+    /// The directory (shared by all shards).
+    pub dir: Arc<SpillDir>,
+    /// The I/O threads (shared).
+    pub pool: Arc<IoPool>,
+    /// Posts a job to this shard.
+    pub post: PostToShard,
+    /// This shard's index (segment ownership).
+    pub shard: usize,
+    /// Evicted blocks are written only if read at least this many times.
+    pub admission: u16,
+}
+
+/// A value for a reply: in memory now, or on its way from disk.
+#[derive(Clone)]
+pub enum Fetched {
+    /// In memory.
+    Now(Bytes),
+    /// Being read from the spill tier; `None` if it failed its checksum.
+    Later {
+        /// The read.
+        value: PendingValue,
+        /// The value's length (known from the index).
+        len: usize,
+    },
+}
+
+impl Fetched {
+    /// The value's length.
+    pub fn len(&self) -> usize {
+        match self {
+            Fetched::Now(b) => b.len(),
+            Fetched::Later { len, .. } => *len,
+        }
+    }
+
+    /// Whether the value is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The reply: a bulk string now, or one the connection awaits.
+    pub fn into_reply(self) -> Reply {
+        match self {
+            Fetched::Now(b) => Reply::Bulk(b),
+            Fetched::Later { value, .. } => Reply::Pending(value),
+        }
+    }
+}
+
+/// A write batch: records laid out for one `pwritev`.
+struct Batch {
+    segment: Arc<Segment>,
+    offset: u64,
+    /// Encoded records (each a multiple of 4096 bytes, 4096-aligned).
+    records: Vec<Bytes>,
+    bytes: usize,
+    /// Keys whose entries point into this batch (key, record offset).
+    keys: Vec<(Bytes, u64)>,
+}
+
+/// Per-shard state of the spill tier.
+pub struct SpillState {
+    config: SpillConfig,
+    active: Option<Arc<Segment>>,
+    open: Option<Batch>,
+    /// Disk reads in flight, by (segment, offset): their waiting readers.
+    reading: HashMap<(u64, u64), Vec<oneshot::Sender<Option<Bytes>>>>,
+    /// Keys needing a tombstone at the next flush.
+    tombstones: Vec<Bytes>,
+    /// Graceful shutdown: no queue limit.
+    shutting_down: bool,
+}
+
+impl SpillState {
+    /// The tier for one shard.
+    pub fn new(config: SpillConfig) -> SpillState {
+        SpillState {
+            config,
+            active: None,
+            open: None,
+            reading: HashMap::new(),
+            tombstones: Vec::new(),
+            shutting_down: false,
+        }
+    }
+
+    /// The shared directory.
+    pub fn dir(&self) -> &Arc<SpillDir> {
+        &self.config.dir
+    }
+
+    /// Places a record of `len` bytes at the end of this shard's active
+    /// segment (starting a new segment when it is full, flushing the open
+    /// batch first). `None` when the disk budget has no room.
+    fn place(&mut self, len: usize) -> Option<(Arc<Segment>, u64)> {
+        let dir = Arc::clone(&self.config.dir);
+        let needs_new = match &self.active {
+            Some(s) => {
+                s.size.load(Relaxed) + len as u64 > dir.segment_size() && s.size.load(Relaxed) > 0
+            }
+            None => true,
+        };
+        if needs_new {
+            self.flush();
+            if let Some(old) = self.active.take() {
+                dir.seal(&old);
+            }
+            match dir.new_segment(self.config.shard) {
+                Ok(s) => self.active = Some(s),
+                Err(e) => {
+                    dir.note_error(&e);
+                    return None;
+                }
+            }
+        }
+        let segment = Arc::clone(self.active.as_ref()?);
+        let offset = dir.reserve(&segment, len as u64)?;
+        Some((segment, offset))
+    }
+
+    /// Appends an encoded record to the open batch (starting one if
+    /// needed); the record must already be placed at `offset` of `segment`.
+    fn append(&mut self, segment: Arc<Segment>, offset: u64, rec: Bytes, key: Option<Bytes>) {
+        let contiguous = matches!(&self.open, Some(b) if Arc::ptr_eq(&b.segment, &segment)
+            && b.offset + b.bytes as u64 == offset
+            && b.bytes + rec.len() <= BATCH_SIZE.max(rec.len()));
+        if !contiguous {
+            self.flush();
+            self.open = Some(Batch {
+                segment,
+                offset,
+                records: Vec::new(),
+                bytes: 0,
+                keys: Vec::new(),
+            });
+        }
+        if let Some(batch) = &mut self.open {
+            batch.bytes += rec.len();
+            batch.records.push(rec);
+            if let Some(key) = key {
+                batch.keys.push((key, offset));
+            }
+        }
+        if self.open.as_ref().is_some_and(|b| b.bytes >= BATCH_SIZE) {
+            self.flush();
+        }
+    }
+
+    /// Hands the open batch to an I/O thread.
+    fn flush(&mut self) {
+        let Some(batch) = self.open.take() else {
+            return;
+        };
+        let dir = Arc::clone(&self.config.dir);
+        dir.queued(batch.bytes);
+        let post = Arc::clone(&self.config.post);
+        dir.counters.queue_depth.fetch_add(1, Relaxed);
+        self.config.pool.submit(Box::new(move || {
+            let result = write_batch(&dir, &batch);
+            dir.counters.queue_depth.fetch_sub(1, Relaxed);
+            dir.written(batch.bytes);
+            post(Box::new(move |shard| {
+                shard.store.borrow_mut().batch_written(batch, result);
+            }));
+        }));
+    }
+}
+
+/// Writes a batch's records with one `pwritev`.
+fn write_batch(dir: &SpillDir, batch: &Batch) -> std::io::Result<()> {
+    let mut offset = batch.offset;
+    // At most IOV_MAX buffers per call.
+    for chunk in batch.records.chunks(512) {
+        let iov: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|r| libc::iovec {
+                iov_base: r.as_ptr() as *mut libc::c_void,
+                iov_len: r.len(),
+            })
+            .collect();
+        let total: usize = chunk.iter().map(|r| r.len()).sum();
+        let started = std::time::Instant::now();
+        let mut done = 0usize;
+        while done == 0 {
+            // SAFETY: every iovec points into a `Bytes` record owned by
+            // `batch` for the whole call; the segment's file descriptor is
+            // open (the batch holds the segment's Arc).
+            let n = unsafe {
+                libc::pwritev(
+                    batch.segment.fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            done = n as usize;
+        }
+        if done < total {
+            // A short write: finish with plain writes of what remains
+            // (aligned: records are whole 4 KiB blocks, so is `done`
+            // unless the disk is failing, and then the write errs).
+            let rest: Vec<u8> = chunk
+                .iter()
+                .flat_map(|r| r.iter().copied())
+                .skip(done)
+                .collect();
+            let mut buf = aligned(rest.len());
+            buf.copy_from_slice(&rest);
+            dir.write(&batch.segment, offset + done as u64, &buf)?;
+        }
+        let took = started.elapsed();
+        dir.counters
+            .write_us
+            .fetch_add(took.as_micros() as u64, Relaxed);
+        dir.counters.write_calls.fetch_add(1, Relaxed);
+        metrics::histogram!("kvtier_spill_write_seconds").record(took.as_secs_f64());
+        dir.counters.writes.fetch_add(chunk.len() as u64, Relaxed);
+        dir.counters
+            .write_bytes
+            .fetch_add(done.min(total) as u64, Relaxed);
+        offset += total as u64;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Turns the spill tier on for this store.
+    pub fn enable_spill(&mut self, config: SpillConfig) {
+        self.meta.disk = Some(Arc::clone(&config.dir));
+        self.spill = Some(SpillState::new(config));
+    }
+
+    /// After FLUSHALL: no segment of the old keys stays in use.
+    pub(super) fn spill_cleared(&mut self) {
+        if let Some(spill) = &mut self.spill {
+            spill.flush();
+            spill.tombstones.clear();
+            if let Some(active) = spill.active.take() {
+                spill.config.dir.seal(&active);
+            }
+        }
+    }
+
+    /// Whether a spill tier is configured.
+    pub fn spill_enabled(&self) -> bool {
+        self.spill.is_some()
+    }
+
+    /// A value for a reply: counts a hit or miss, marks it used (unless
+    /// `touch` is false), and for a spilled block starts (or joins) the disk
+    /// read.
+    pub fn read_value(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<Fetched> {
+        self.read(slot, key, now, touch)?;
+        self.fetch(slot, key, now)
+    }
+
+    /// The value of a live key without counting or touching it (the caller
+    /// counts what it returns): in memory, or a disk read started.
+    pub fn fetch(&mut self, slot: u16, key: &[u8], now: u64) -> Option<Fetched> {
+        let value = match &self.peek(slot, key, now)?.value {
+            Value::Spilled(loc) => Err(loc.clone()),
+            v => Ok(v.bytes()),
+        };
+        match value {
+            Ok(Some(bytes)) => Some(Fetched::Now(bytes)),
+            Ok(None) => None,
+            Err(loc) => {
+                let len = loc.value_len as usize;
+                Some(Fetched::Later {
+                    value: self.start_read(key, loc),
+                    len,
+                })
+            }
+        }
+    }
+
+    /// Joins the disk read of `loc` in flight, or starts one.
+    fn start_read(&mut self, key: &[u8], loc: DiskLoc) -> PendingValue {
+        let (tx, rx) = oneshot::channel();
+        let pending = PendingValue::new(rx);
+        let Some(spill) = &mut self.spill else {
+            let _ = tx.send(None);
+            return pending;
+        };
+        let id = (loc.segment.seq, loc.offset);
+        spill.config.dir.counters.hits.fetch_add(1, Relaxed);
+        if let Some(waiters) = spill.reading.get_mut(&id) {
+            waiters.push(tx);
+            return pending;
+        }
+        spill.reading.insert(id, vec![tx]);
+        let dir = Arc::clone(&spill.config.dir);
+        let post = Arc::clone(&spill.config.post);
+        let key = Bytes::copy_from_slice(key);
+        dir.counters.queue_depth.fetch_add(1, Relaxed);
+        spill.config.pool.submit(Box::new(move || {
+            let result = dir.read(&loc);
+            dir.counters.queue_depth.fetch_sub(1, Relaxed);
+            if let Err(e) = &result {
+                dir.note_error(e);
+            }
+            post(Box::new(move |shard| {
+                shard
+                    .store
+                    .borrow_mut()
+                    .read_done(key, loc, result.ok().flatten());
+            }));
+        }));
+        pending
+    }
+
+    /// A disk read finished: answer every waiting reader; a block that
+    /// failed its checksum (or could not be read) becomes a miss; a block
+    /// read again and again moves back to DRAM.
+    fn read_done(&mut self, key: Bytes, loc: DiskLoc, value: Option<Bytes>) {
+        let id = (loc.segment.seq, loc.offset);
+        let waiters = self
+            .spill
+            .as_mut()
+            .and_then(|s| s.reading.remove(&id))
+            .unwrap_or_default();
+        for w in waiters {
+            let _ = w.send(value.clone());
+        }
+        let slot = key_slot(&key);
+        let index = self.index(slot);
+        let still_there = self.maps[index]
+            .get(&key[..])
+            .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
+        if !still_there {
+            return;
+        }
+        let Some(value) = value else {
+            // Wrong bytes are never returned: the block is gone.
+            self.drop_entry(slot, &key);
+            return;
+        };
+        let reads = self.maps[index].get(&key[..]).map_or(0, |e| e.reads);
+        if reads >= PROMOTE_AFTER {
+            self.promote(slot, &key, value, false);
+        }
+    }
+
+    /// Brings a spilled block back into DRAM with `value` (already read).
+    /// `must`: when no DRAM can be had, keep it on the heap anyway (the
+    /// caller needs the bytes in memory).
+    fn promote(&mut self, slot: u16, key: &[u8], value: Bytes, must: bool) -> bool {
+        let placed = if value.len() < SLAB_MIN {
+            Value::Heap(Bytes::copy_from_slice(&value))
+        } else {
+            match self.place_in_slab(&value, key) {
+                Ok(slot_ref) => Value::Slab(slot_ref),
+                Err(_) if must => Value::Heap(value),
+                Err(_) => return false,
+            }
+        };
+        if let Some(spill) = &self.spill {
+            spill.config.dir.counters.promotions.fetch_add(1, Relaxed);
+        }
+        self.replace_value(slot, key, placed);
+        // Back in DRAM: back in the eviction queues.
+        if self.policy == super::EvictionPolicy::Prefix {
+            self.next_gen = self.next_gen.wrapping_add(1);
+            let gen = self.next_gen;
+            let index = self.index(slot);
+            if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
+                if e.queue == super::Queue::Out {
+                    e.queue = super::Queue::Small;
+                    e.gen = gen;
+                    self.meta.small_live += 1;
+                    self.queues.small.push_back((k.clone(), gen));
+                }
+            }
+        }
+        true
+    }
+
+    /// Brings a spilled value into memory now, with a read on this thread:
+    /// for the few commands that change a value in place (APPEND, SETRANGE,
+    /// INCR...) or move it (RENAME, COPY). `false` if the key is gone or
+    /// its record failed its checksum.
+    pub fn materialize(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
+        let loc = match self.peek(slot, key, now).map(|e| &e.value) {
+            Some(Value::Spilled(loc)) => loc.clone(),
+            Some(_) => return true,
+            None => return false,
+        };
+        let Some(spill) = &self.spill else {
+            return false;
+        };
+        let dir = Arc::clone(&spill.config.dir);
+        match dir.read(&loc) {
+            Ok(Some(value)) => self.promote(slot, key, value, true),
+            Ok(None) => {
+                self.drop_entry(slot, key);
+                false
+            }
+            Err(e) => {
+                dir.note_error(&e);
+                self.drop_entry(slot, key);
+                false
+            }
+        }
+    }
+
+    /// Swaps an entry's value in place, keeping its key, links and queue
+    /// position, and keeping the counts right.
+    pub(super) fn replace_value(&mut self, slot: u16, key: &[u8], value: Value) {
+        let index = self.index(slot);
+        let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
+            return;
+        };
+        let stored = stored.clone();
+        let before = entry.charge(stored.len());
+        if let Some(old) = entry.value.slot().and_then(|s| s.page_location()) {
+            self.meta.slot_keys.remove(&old);
+        }
+        if let Some(new) = value.slot().and_then(|s| s.page_location()) {
+            self.meta.slot_keys.insert(new, stored.clone());
+        }
+        let old_disk = entry.value.disk().cloned();
+        let new_disk = value.disk().cloned();
+        if new_disk.is_some() {
+            entry.on_disk = true;
+        }
+        entry.value = value;
+        let after = entry.charge(stored.len());
+        self.meta.used = self.meta.used - before + after;
+        let same = matches!((&old_disk, &new_disk), (Some(o), Some(n)) if same_loc(o, n));
+        if !same {
+            if let Some(old) = &old_disk {
+                self.meta.untrack_disk(&stored, old);
+            }
+            if let Some(new) = &new_disk {
+                self.meta.track_disk(&stored, new);
+            }
+        }
+    }
+
+    /// Eviction's alternative to deleting: write the block to the spill
+    /// tier and keep it in the index. `false` when the tier is off, the
+    /// block not admitted (too few reads), the write queue full, or the disk
+    /// budget exhausted: the caller deletes it then.
+    /// `admit`: skip the admission check (reclaim rewrites, shutdown).
+    pub(super) fn spill_out(&mut self, slot: u16, key: &[u8], admit: bool) -> bool {
+        let index = self.index(slot);
+        let Some(spill) = &self.spill else {
+            return false;
+        };
+        let Some((stored, entry)) = self.maps[index].get_key_value(key) else {
+            return false;
+        };
+        if !entry.value.in_dram() || entry.value.is_held() || entry.value.len() < SPILL_MIN {
+            return false;
+        }
+        let dir = Arc::clone(&spill.config.dir);
+        // The record stores key lengths in 16 bits.
+        let too_long = stored.len() > u16::MAX as usize
+            || entry
+                .parent
+                .as_ref()
+                .is_some_and(|p| p.len() > u16::MAX as usize);
+        if (entry.reads < spill.config.admission && !admit)
+            || (dir.in_flight() >= QUEUE_HARD && !spill.shutting_down)
+            || too_long
+        {
+            dir.counters.dropped.fetch_add(1, Relaxed);
+            return false;
+        }
+        let value = match entry.value.bytes() {
+            Some(v) => v,
+            None => return false,
+        };
+        let rec = Record {
+            key: stored.clone(),
+            parent: entry.parent.clone(),
+            value,
+            expire_at: entry.expire_at,
+            tombstone: false,
+        };
+        let parent_len = rec.parent.as_ref().map_or(0, |p| p.len());
+        let len = record::record_len(rec.key.len(), parent_len, rec.value.len());
+        let stored = stored.clone();
+        let Some(spill) = &mut self.spill else {
+            return false;
+        };
+        let Some((segment, offset)) = spill.place(len) else {
+            dir.counters.dropped.fetch_add(1, Relaxed);
+            self.reclaim_disk();
+            return false;
+        };
+        let mut buf = aligned(len);
+        buf.clear();
+        record::encode(&mut buf, &rec);
+        let buf = buf.freeze();
+        let value_at = record::value_offset(rec.key.len(), parent_len);
+        let loc = DiskLoc {
+            segment: Arc::clone(&segment),
+            offset,
+            len: len as u32,
+            value_at: value_at as u32,
+            value_len: rec.value.len() as u32,
+        };
+        dir.add_live(&segment);
+        let data = buf.slice(value_at..value_at + rec.value.len());
+        spill.append(segment, offset, buf, Some(stored.clone()));
+        self.replace_value(slot, key, Value::Writing { data, loc });
+        if let Some(e) = self.maps[index].get_mut(key) {
+            // From here on, reads count toward promotion and reclaim's
+            // second chance.
+            e.reads = 0;
+        }
+        if dir.nearly_full() {
+            self.reclaim_disk();
+        }
+        true
+    }
+
+    /// The I/O thread finished a batch: its blocks are on disk now (or, on
+    /// failure, dropped: the tier reports the condition and DRAM keeps
+    /// serving everything else).
+    fn batch_written(&mut self, batch: Batch, result: std::io::Result<()>) {
+        if let Some(spill) = &mut self.spill {
+            if let Err(e) = &result {
+                spill.config.dir.note_error(e);
+            }
+        }
+        for (key, offset) in batch.keys {
+            let slot = key_slot(&key);
+            let index = self.index(slot);
+            let loc = match self.maps[index].get(&key[..]).map(|e| &e.value) {
+                Some(Value::Writing { loc, .. })
+                    if Arc::ptr_eq(&loc.segment, &batch.segment) && loc.offset == offset =>
+                {
+                    loc.clone()
+                }
+                _ => continue,
+            };
+            if result.is_ok() {
+                self.replace_value(slot, &key, Value::Spilled(loc));
+            } else {
+                if let Some(spill) = &self.spill {
+                    spill.config.dir.counters.dropped.fetch_add(1, Relaxed);
+                }
+                self.drop_entry(slot, &key);
+            }
+        }
+    }
+
+    /// Writes what is waiting: tombstones of deleted or overwritten keys
+    /// that had records, and the open batch. Called by the shard after each
+    /// batch of work.
+    pub fn flush_spill(&mut self) {
+        let Some(spill) = &mut self.spill else {
+            return;
+        };
+        let tombstones = std::mem::take(&mut spill.tombstones);
+        // Packed: one record lists up to ~1 MiB of keys.
+        let mut start = 0;
+        while start < tombstones.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < tombstones.len()
+                && (end == start || bytes + tombstones[end].len() + 2 <= BATCH_SIZE)
+            {
+                bytes += tombstones[end].len() + 2;
+                end += 1;
+            }
+            let rec = Record {
+                key: Bytes::new(),
+                parent: None,
+                value: record::key_list(&tombstones[start..end]),
+                expire_at: 0,
+                tombstone: true,
+            };
+            start = end;
+            let len = record::record_len(0, 0, rec.value.len());
+            let Some((segment, offset)) = spill.place(len) else {
+                continue;
+            };
+            let mut out = aligned(len);
+            out.clear();
+            record::encode(&mut out, &rec);
+            spill.append(segment, offset, out.freeze(), None);
+        }
+        spill.flush();
+    }
+
+    /// Notes that `key` (which had a record) was deleted or overwritten.
+    pub(super) fn tombstone(&mut self, key: &[u8]) {
+        if let Some(spill) = &mut self.spill {
+            spill.tombstones.push(Bytes::copy_from_slice(key));
+        }
+    }
+
+    /// Frees disk space: asks every shard to drop (or, for blocks read
+    /// since they were spilled, rewrite) its records in the oldest segment,
+    /// so that segment is deleted. Orphaned blocks are always dropped.
+    fn reclaim_disk(&mut self) {
+        let Some(spill) = &self.spill else {
+            return;
+        };
+        let dir = Arc::clone(&spill.config.dir);
+        if let Some(seq) = dir.claim_oldest() {
+            dir.counters.reclaims.fetch_add(1, Relaxed);
+            self.meta.outbox.push(LinkEvent::ReclaimSegment { seq });
+        }
+    }
+
+    /// This shard's part of reclaiming segment `seq`: seal it if it is the
+    /// shard's active segment, then drop or rewrite every record of it the
+    /// shard's keys point to.
+    pub(super) fn reclaim_segment(&mut self, seq: u64) {
+        let Some(spill) = &mut self.spill else {
+            return;
+        };
+        if spill.active.as_ref().is_some_and(|a| a.seq == seq) {
+            spill.flush();
+            if let Some(active) = spill.active.take() {
+                spill.config.dir.seal(&active);
+            }
+        }
+        let dir = Arc::clone(&spill.config.dir);
+        let keys: Vec<Bytes> = self
+            .meta
+            .disk_keys
+            .get(&seq)
+            .map(|k| k.iter().cloned().collect())
+            .unwrap_or_default();
+        for key in keys {
+            let slot = key_slot(&key);
+            let index = self.index(slot);
+            let Some(entry) = self.maps[index].get(&key[..]) else {
+                continue;
+            };
+            // Second chance for blocks read since they were written here;
+            // orphans (no prefix reaches them) and expired keys go.
+            let keep = entry.reads > 0 && !entry.orphan && !entry.expired(super::now_ms());
+            let value = match &entry.value {
+                Value::Writing { data, .. } if keep => Some(data.clone()),
+                Value::Spilled(loc) if keep && dir.has_room(loc.len as u64) => {
+                    // Synchronous: reclaim is rare, and this keeps the
+                    // record's new place ordered after the old one.
+                    dir.read(loc).ok().flatten()
+                }
+                _ => None,
+            };
+            if let Some(value) = value {
+                self.replace_value(slot, &key, Value::Heap(value));
+                // Admission already passed once: a rewrite keeps it.
+                if self.spill_out(slot, &key, true) {
+                    dir.counters.rewrites.fetch_add(1, Relaxed);
+                    continue;
+                }
+            }
+            dir.counters.dropped.fetch_add(1, Relaxed);
+            self.drop_entry(slot, &key);
+            self.stats.evicted_keys += 1;
+            self.stats.evicted_by[EvictReason::Policy as usize] += 1;
+        }
+    }
+
+    /// Graceful shutdown: writes every block still in DRAM (and waits for
+    /// the writes), so a restart loses nothing that fits on disk.
+    pub fn spill_everything(&mut self) {
+        if self.spill.is_none() {
+            return;
+        }
+        let keys: Vec<(u16, Bytes)> = self
+            .maps
+            .iter()
+            .flat_map(|m| m.iter())
+            .filter(|(_, e)| e.value.in_dram())
+            .map(|(k, _)| (key_slot(k), k.clone()))
+            .collect();
+        if let Some(spill) = &mut self.spill {
+            spill.shutting_down = true;
+        }
+        for (slot, key) in keys {
+            if let Some(e) = self.maps[self.index(slot)].get(&key[..]) {
+                if e.value.is_held() {
+                    continue;
+                }
+            }
+            self.spill_out(slot, &key, true);
+        }
+        self.flush_spill();
+        // Wait for the I/O threads: the batches report through the mailbox,
+        // which is not polled any more, so watch the queue instead.
+        if let Some(spill) = &self.spill {
+            let dir = Arc::clone(&spill.config.dir);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while dir.counters.queue_depth.load(Relaxed) > 0 && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// Warm restart: index entries for the records the scan found.
+    pub fn insert_recovered(&mut self, records: Vec<Recovered>, now: u64) {
+        for r in records {
+            if r.expire_at != 0 && r.expire_at <= now {
+                if let Some(spill) = &self.spill {
+                    spill.config.dir.drop_live(&r.loc.segment);
+                }
+                continue;
+            }
+            let slot = key_slot(&r.key);
+            let index = self.index(slot);
+            let mut entry = Entry::new(Value::Spilled(r.loc.clone()), r.expire_at, now);
+            entry.encoding = Encoding::Raw;
+            entry.parent = r.parent.clone();
+            entry.on_disk = true;
+            entry.queue = super::Queue::Out;
+            let key = r.key.clone();
+            if self.maps[index].contains_key(&key[..]) {
+                if let Some(spill) = &self.spill {
+                    spill.config.dir.drop_live(&r.loc.segment);
+                }
+                continue;
+            }
+            self.meta.added(&key, &entry);
+            self.maps[index].insert(key, entry);
+        }
+    }
+
+    /// This shard's keys with a record in the spill tier (INFO).
+    pub fn spill_keys(&self) -> usize {
+        self.meta.disk_keys.values().map(|k| k.len()).sum()
+    }
+
+    /// Sets the spill admission (0: every evicted block).
+    pub fn set_spill_admission(&mut self, reads: u16) {
+        if let Some(spill) = &mut self.spill {
+            spill.config.admission = reads;
+        }
+    }
+
+    /// The shared spill directory, if the tier is on.
+    pub fn spill_dir(&self) -> Option<&Arc<SpillDir>> {
+        self.spill.as_ref().map(|s| s.dir())
+    }
+}
+
+fn same_loc(a: &DiskLoc, b: &DiskLoc) -> bool {
+    Arc::ptr_eq(&a.segment, &b.segment) && a.offset == b.offset
+}
