@@ -1080,6 +1080,7 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                     "spill_avg_write_usec:{}",
                     avg(get(&c.write_us), get(&c.write_calls))
                 );
+                line!(o, "spill_sync_reads:{}", get(&c.sync_reads));
                 line!(o, "spill_recovered:{}", get(&c.recovered));
                 line!(o, "spill_recovery_skipped:{}", get(&c.recovery_skipped));
                 let last = dir.last_error.lock().map(|e| e.clone()).unwrap_or_default();

@@ -29,15 +29,31 @@ pub enum Value {
     /// A block in the slab arena.
     Slab(SlotRef),
     /// A block on its way to the spill tier: its record is in a write batch
-    /// (`data` is the value inside it), its place on disk reserved.
-    Writing {
-        /// The value, inside the batch's record.
-        data: Bytes,
-        /// Where the record goes.
-        loc: DiskLoc,
-    },
+    /// (reads are served from the batch), its place on disk reserved.
+    Writing(Box<InFlight>),
     /// A block in the spill tier only: reading it takes a disk read.
     Spilled(DiskLoc),
+    /// A block back in the slab arena whose record on disk is still good:
+    /// evicting it again costs no write.
+    Cached(Box<Cached>),
+}
+
+/// A block whose record is being written.
+#[derive(Debug)]
+pub struct InFlight {
+    /// The value, inside the batch's record.
+    pub data: Bytes,
+    /// Where the record goes.
+    pub loc: DiskLoc,
+}
+
+/// A block in DRAM with a clean copy on disk.
+#[derive(Debug)]
+pub struct Cached {
+    /// The DRAM copy.
+    pub slot: SlotRef,
+    /// The disk copy.
+    pub loc: DiskLoc,
 }
 
 impl Value {
@@ -49,7 +65,8 @@ impl Value {
         match self {
             Value::Heap(b) => Some(b.clone()),
             Value::Slab(r) => Some(r.bytes()),
-            Value::Writing { data, .. } => Some(data.clone()),
+            Value::Cached(c) => Some(c.slot.bytes()),
+            Value::Writing(w) => Some(w.data.clone()),
             Value::Spilled(_) => None,
         }
     }
@@ -59,7 +76,8 @@ impl Value {
         match self {
             Value::Heap(b) => b.len(),
             Value::Slab(r) => r.len(),
-            Value::Writing { data, .. } => data.len(),
+            Value::Cached(c) => c.slot.len(),
+            Value::Writing(w) => w.data.len(),
             Value::Spilled(loc) => loc.value_len as usize,
         }
     }
@@ -72,13 +90,15 @@ impl Value {
     /// Whether the value is in DRAM (heap or slab), so evicting it frees
     /// memory.
     pub fn in_dram(&self) -> bool {
-        matches!(self, Value::Heap(_) | Value::Slab(_))
+        matches!(self, Value::Heap(_) | Value::Slab(_) | Value::Cached(_))
     }
 
-    /// The value's place in the spill tier, if it has one.
+    /// The value's record in the spill tier, if it has one.
     pub fn disk(&self) -> Option<&DiskLoc> {
         match self {
-            Value::Writing { loc, .. } | Value::Spilled(loc) => Some(loc),
+            Value::Writing(w) => Some(&w.loc),
+            Value::Cached(c) => Some(&c.loc),
+            Value::Spilled(loc) => Some(loc),
             _ => None,
         }
     }
@@ -86,10 +106,7 @@ impl Value {
     /// Whether a reply or waiter still reads the value (slab values only;
     /// a heap value's memory is freed by its last handle either way).
     pub fn is_held(&self) -> bool {
-        match self {
-            Value::Slab(r) => r.is_held(),
-            _ => false,
-        }
+        self.slot().is_some_and(|r| r.is_held())
     }
 
     /// Bytes of DRAM the value occupies (its slot or span for blocks; a
@@ -98,7 +115,8 @@ impl Value {
         match self {
             Value::Heap(b) => b.len(),
             Value::Slab(r) => r.footprint(),
-            Value::Writing { .. } | Value::Spilled(_) => 0,
+            Value::Cached(c) => c.slot.footprint(),
+            Value::Writing(_) | Value::Spilled(_) => 0,
         }
     }
 
@@ -106,6 +124,7 @@ impl Value {
     pub fn slot(&self) -> Option<&SlotRef> {
         match self {
             Value::Slab(r) => Some(r),
+            Value::Cached(c) => Some(&c.slot),
             _ => None,
         }
     }
@@ -116,7 +135,8 @@ impl Value {
         match self {
             Value::Heap(b) => Some(b),
             Value::Slab(r) => Some(r.as_slice()),
-            Value::Writing { data, .. } => Some(data),
+            Value::Cached(c) => Some(c.slot.as_slice()),
+            Value::Writing(w) => Some(&w.data),
             Value::Spilled(_) => None,
         }
     }
@@ -237,8 +257,8 @@ impl Entry {
     pub fn memory_usage(&self, key_len: usize) -> usize {
         self.charge(key_len)
             + match &self.value {
-                Value::Slab(r) => r.footprint(),
-                _ => 0,
+                Value::Heap(_) => 0,
+                v => v.footprint(),
             }
     }
 
@@ -250,5 +270,16 @@ impl Entry {
     /// The LFU counter after decay, as OBJECT FREQ reports it.
     pub fn frequency(&self, now: u64) -> u8 {
         eviction::decayed(self.lfu, self.lfu_minutes, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entries_stay_small() {
+        // Every key pays for an Entry, and spilled keys outnumber DRAM ones
+        // ten to one: the disk states are boxed or no larger than a slot.
+        assert!(std::mem::size_of::<super::Value>() <= 48);
+        assert!(std::mem::size_of::<super::Entry>() <= 112);
     }
 }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hashbrown::HashMap;
 use tokio::sync::oneshot;
 
+use super::entry::{Cached, InFlight};
 use super::spill::record::{self, Record};
 use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
@@ -387,19 +388,24 @@ impl Store {
         };
         let reads = self.maps[index].get(&key[..]).map_or(0, |e| e.reads);
         if reads >= PROMOTE_AFTER {
-            self.promote(slot, &key, value, false);
+            self.promote(slot, &key, value, &loc, false);
         }
     }
 
     /// Brings a spilled block back into DRAM with `value` (already read).
     /// `must`: when no DRAM can be had, keep it on the heap anyway (the
     /// caller needs the bytes in memory).
-    fn promote(&mut self, slot: u16, key: &[u8], value: Bytes, must: bool) -> bool {
+    /// A block placed in the slab keeps its record (`Value::Cached`): if
+    /// it is evicted again before it changes, nothing is written.
+    fn promote(&mut self, slot: u16, key: &[u8], value: Bytes, loc: &DiskLoc, must: bool) -> bool {
         let placed = if value.len() < SLAB_MIN {
             Value::Heap(Bytes::copy_from_slice(&value))
         } else {
             match self.place_in_slab(&value, key) {
-                Ok(slot_ref) => Value::Slab(slot_ref),
+                Ok(slot_ref) => Value::Cached(Box::new(Cached {
+                    slot: slot_ref,
+                    loc: loc.clone(),
+                })),
                 Err(_) if must => Value::Heap(value),
                 Err(_) => return false,
             }
@@ -439,8 +445,9 @@ impl Store {
             return false;
         };
         let dir = Arc::clone(&spill.config.dir);
+        dir.counters.sync_reads.fetch_add(1, Relaxed);
         match dir.read(&loc) {
-            Ok(Some(value)) => self.promote(slot, key, value, true),
+            Ok(Some(value)) => self.promote(slot, key, value, &loc, true),
             Ok(None) => {
                 self.drop_entry(slot, key);
                 false
@@ -503,6 +510,15 @@ impl Store {
         if !entry.value.in_dram() || entry.value.is_held() || entry.value.len() < SPILL_MIN {
             return false;
         }
+        if let Value::Cached(c) = &entry.value {
+            // Its record is still good: evicting it costs no write.
+            let loc = c.loc.clone();
+            self.replace_value(slot, key, Value::Spilled(loc));
+            if let Some(e) = self.maps[index].get_mut(key) {
+                e.reads = 0;
+            }
+            return true;
+        }
         let dir = Arc::clone(&spill.config.dir);
         // The record stores key lengths in 16 bits.
         let too_long = stored.len() > u16::MAX as usize
@@ -554,7 +570,7 @@ impl Store {
         dir.add_live(&segment);
         let data = buf.slice(value_at..value_at + rec.value.len());
         spill.append(segment, offset, buf, Some(stored.clone()));
-        self.replace_value(slot, key, Value::Writing { data, loc });
+        self.replace_value(slot, key, Value::Writing(Box::new(InFlight { data, loc })));
         if let Some(e) = self.maps[index].get_mut(key) {
             // From here on, reads count toward promotion and reclaim's
             // second chance.
@@ -579,10 +595,10 @@ impl Store {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let loc = match self.maps[index].get(&key[..]).map(|e| &e.value) {
-                Some(Value::Writing { loc, .. })
-                    if Arc::ptr_eq(&loc.segment, &batch.segment) && loc.offset == offset =>
+                Some(Value::Writing(w))
+                    if Arc::ptr_eq(&w.loc.segment, &batch.segment) && w.loc.offset == offset =>
                 {
-                    loc.clone()
+                    w.loc.clone()
                 }
                 _ => continue,
             };
@@ -687,11 +703,17 @@ impl Store {
             // orphans (no prefix reaches them) and expired keys go.
             let keep = entry.reads > 0 && !entry.orphan && !entry.expired(super::now_ms());
             let value = match &entry.value {
-                Value::Writing { data, .. } if keep => Some(data.clone()),
+                Value::Writing(w) if keep => Some(w.data.clone()),
+                Value::Cached(_) => {
+                    // In DRAM anyway: only its disk copy goes.
+                    self.uncache(slot, &key);
+                    continue;
+                }
                 Value::Spilled(loc) if keep && dir.has_room(loc.len as u64) => {
-                    // Synchronous: reclaim is rare, and this keeps the
-                    // record's new place ordered after the old one.
-                    dir.read(loc).ok().flatten()
+                    // Read on an I/O thread; rewritten when it is back.
+                    let loc = loc.clone();
+                    self.start_rewrite(key, loc);
+                    continue;
                 }
                 _ => None,
             };
@@ -708,6 +730,79 @@ impl Store {
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[EvictReason::Policy as usize] += 1;
         }
+    }
+
+    /// A cached block loses its disk copy (reclaim): a plain slab value.
+    fn uncache(&mut self, slot: u16, key: &[u8]) {
+        let index = self.index(slot);
+        let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
+            return;
+        };
+        if !matches!(entry.value, Value::Cached(_)) {
+            return;
+        }
+        // Same slot, same charge: only the record is let go.
+        let Value::Cached(c) = std::mem::replace(&mut entry.value, Value::Heap(Bytes::new()))
+        else {
+            return;
+        };
+        let Cached {
+            slot: slot_ref,
+            loc,
+        } = *c;
+        entry.value = Value::Slab(slot_ref);
+        let stored = stored.clone();
+        self.meta.untrack_disk(&stored, &loc);
+    }
+
+    /// Reads a record reclaim keeps, to write it again at the log's head.
+    fn start_rewrite(&mut self, key: Bytes, loc: DiskLoc) {
+        let Some(spill) = &self.spill else {
+            return;
+        };
+        let dir = Arc::clone(&spill.config.dir);
+        let post = Arc::clone(&spill.config.post);
+        dir.counters.queue_depth.fetch_add(1, Relaxed);
+        spill.config.pool.submit(Box::new(move || {
+            let result = dir.read(&loc);
+            dir.counters.queue_depth.fetch_sub(1, Relaxed);
+            if let Err(e) = &result {
+                dir.note_error(e);
+            }
+            post(Box::new(move |shard| {
+                shard
+                    .store
+                    .borrow_mut()
+                    .rewrite_done(key, loc, result.ok().flatten());
+            }));
+        }));
+    }
+
+    /// A record reclaim keeps is read: write it again (unless the key
+    /// changed meanwhile), or drop the key if it cannot be.
+    fn rewrite_done(&mut self, key: Bytes, loc: DiskLoc, value: Option<Bytes>) {
+        let slot = key_slot(&key);
+        let index = self.index(slot);
+        let unchanged = self.maps[index]
+            .get(&key[..])
+            .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
+        if !unchanged {
+            return;
+        }
+        let Some(dir) = self.spill_dir().cloned() else {
+            return;
+        };
+        if let Some(value) = value {
+            self.replace_value(slot, &key, Value::Heap(value));
+            if self.spill_out(slot, &key, true) {
+                dir.counters.rewrites.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+        dir.counters.dropped.fetch_add(1, Relaxed);
+        self.drop_entry(slot, &key);
+        self.stats.evicted_keys += 1;
+        self.stats.evicted_by[EvictReason::Policy as usize] += 1;
     }
 
     /// Graceful shutdown: writes every block still in DRAM (and waits for

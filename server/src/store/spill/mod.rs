@@ -127,6 +127,9 @@ pub struct SpillCounters {
     pub write_us: AtomicU64,
     /// Write calls (a batch is one, or a few when very large).
     pub write_calls: AtomicU64,
+    /// Reads done on a shard thread (commands that change a spilled value
+    /// in place, or move it: APPEND, SETRANGE, INCR, RENAME...).
+    pub sync_reads: AtomicU64,
     /// Records recovered at start.
     pub recovered: AtomicU64,
     /// Records the warm-restart scan skipped (torn tail, flipped bytes).
@@ -773,6 +776,31 @@ mod tests {
         keys.sort();
         assert_eq!(keys, vec![(Bytes::from("a"), Bytes::from("new"))]);
         assert_eq!(found.skipped, 2, "the flipped record and the torn tail");
+        let _ = std::fs::remove_dir_all(&path);
+    }
+
+    #[test]
+    fn segments_go_oldest_first_so_tombstones_outlive_what_they_kill() {
+        let path = dir("order");
+        let d = SpillDir::open(&path, 0).unwrap();
+        let old = d.new_segment(0).unwrap();
+        d.add_live(&old);
+        d.seal(&old);
+        // A newer segment holding only a tombstone: nothing live in it, but
+        // it must stay while the older segment (with the dead record the
+        // tombstone stands for) is there.
+        let newer = d.new_segment(1).unwrap();
+        d.reserve(&newer, 4096).unwrap();
+        d.seal(&newer);
+        assert_eq!(d.segment_count(), 2);
+        d.drop_live(&old);
+        assert_eq!(d.segment_count(), 0, "both go once the oldest is empty");
+        assert_eq!(d.used_bytes(), 0);
+        // A reclaim claims the oldest segment once, and again only after a
+        // second without progress.
+        let s = d.new_segment(0).unwrap();
+        assert_eq!(d.claim_oldest(), Some(s.seq));
+        assert_eq!(d.claim_oldest(), None);
         let _ = std::fs::remove_dir_all(&path);
     }
 
