@@ -56,6 +56,10 @@ pub struct KvArgs {
     /// Key name prefix.
     #[arg(long, default_value = "kv:")]
     pub key_prefix: String,
+    /// Pace the load to this many requests per second in all (0: as fast
+    /// as the server answers), e.g. for a steady background load.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -73,6 +77,8 @@ struct Plan {
     weights: [u64; 3],
     mget_keys: usize,
     pipeline: usize,
+    /// Time between two requests of one connection, when paced.
+    interval: Option<Duration>,
 }
 
 impl Plan {
@@ -132,6 +138,8 @@ impl Plan {
             weights,
             mget_keys: a.mget_keys.max(1),
             pipeline: a.pipeline.max(1),
+            interval: (a.rate > 0.0)
+                .then(|| Duration::from_secs_f64(a.connections.max(1) as f64 / a.rate)),
         })
     }
 }
@@ -316,9 +324,18 @@ async fn worker(
     let mut inflight: Vec<(Op, usize, usize)> = Vec::with_capacity(plan.pipeline);
     let mut keys: Vec<usize> = Vec::new();
     let mut cmd: Vec<Bytes> = Vec::new();
+    // Paced connections start spread over one interval.
+    let mut next = tokio::time::Instant::now()
+        + plan
+            .interval
+            .map_or(Duration::ZERO, |i| i.mul_f64((id % 97) as f64 / 97.0));
     loop {
         if stop.load(Relaxed) {
             break;
+        }
+        if let Some(interval) = plan.interval {
+            tokio::time::sleep_until(next).await;
+            next += interval * plan.pipeline as u32;
         }
         let granted = remaining
             .fetch_update(Relaxed, Relaxed, |r| r.checked_sub(1))

@@ -120,6 +120,7 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
         requests: None,
         prefill: false,
         key_prefix: "skew:".into(),
+        rate: 0.0,
     };
     // Load the blocks first, outside the counters the shares come from.
     kv::prefill_keys(&kv_args).await?;
