@@ -111,3 +111,36 @@ fn metrics_can_be_disabled() {
     let info = c.run("CONFIG GET metrics-addr");
     assert_eq!(info, bulks(&["metrics-addr", "none"]));
 }
+
+#[test]
+fn spill_tier_metrics_are_exported() {
+    let metrics_port = free_port();
+    let addr = format!("127.0.0.1:{metrics_port}");
+    let dir = std::env::temp_dir().join(format!("kvtier-it-metrics-spill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = Server::start(&[
+        "--metrics-addr",
+        &addr,
+        "--maxmemory",
+        "2mb",
+        "--spill-dir",
+        dir.to_str().unwrap(),
+    ]);
+    let mut c = server.raw();
+    let block = "x".repeat(64 * 1024);
+    for i in 0..80 {
+        assert_eq!(
+            c.cmd(&[b"SET", format!("b{i}").as_bytes(), block.as_bytes()]),
+            ok()
+        );
+    }
+    let mut body = String::new();
+    let exported = eventually(Duration::from_secs(20), || {
+        body = scrape(metrics_port);
+        sample(&body, "kvtier_spill_writes_total").unwrap_or(0.0) > 0.0
+            && sample(&body, "kvtier_spill_used_bytes").unwrap_or(0.0) > 0.0
+    });
+    assert!(exported, "no spill metrics:\n{body}");
+    assert!(body.contains("kvtier_spill_write_seconds"), "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

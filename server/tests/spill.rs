@@ -471,3 +471,93 @@ fn the_disk_budget_is_never_exceeded() {
     check_blocks(&mut con, 0..n + 200);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn concurrent_reads_of_a_block_share_one_disk_read_and_replies_keep_their_order() {
+    let dir = spill_dir("share");
+    let server = Server::start(&["--maxmemory", "4mb", "--spill-dir", dir.to_str().unwrap()]);
+    let mut con = server.redis();
+    let n = 200;
+    write_blocks(&mut con, 0..n);
+    settle(&mut con);
+    let spilled: Vec<u64> = (0..n)
+        .filter(|&i| find_record(&dir, key(i).as_bytes()).is_some())
+        .take(2)
+        .collect();
+    let (a, b) = (spilled[0], spilled[1]);
+    let before = spill_info(&mut con);
+    // One pipeline: ten reads of one block on disk, mixed with other
+    // replies. They are all dispatched before the disk answers.
+    let mut pipe = redis::pipe();
+    for _ in 0..10 {
+        pipe.get(key(a));
+    }
+    pipe.cmd("PING")
+        .set("small", "v")
+        .get("small")
+        .get(key(b))
+        .get("absent");
+    type Replies = (Vec<Vec<u8>>, (String, (), String, Vec<u8>, Option<Vec<u8>>));
+    let values: Vec<redis::Value> = pipe.query(&mut con).unwrap();
+    let replies: Replies = (
+        values[..10]
+            .iter()
+            .map(|v| redis::from_redis_value(v.clone()).unwrap())
+            .collect(),
+        redis::from_redis_value(redis::Value::Array(values[10..].to_vec())).unwrap(),
+    );
+    for v in &replies.0 {
+        assert!(*v == block(a, block_len(a)));
+    }
+    assert_eq!(replies.1 .0, "PONG");
+    assert_eq!(replies.1 .2, "v");
+    assert!(replies.1 .3 == block(b, block_len(b)));
+    assert_eq!(replies.1 .4, None);
+    let after = spill_info(&mut con);
+    let reads = info_num(&after, "spill_reads") - info_num(&before, "spill_reads");
+    let hits = info_num(&after, "spill_hits") - info_num(&before, "spill_hits");
+    assert_eq!(hits, 11, "eleven reads served from disk");
+    assert_eq!(reads, 2, "ten of them shared one disk read:\n{after}");
+    // Read twice or more: it moved back to DRAM.
+    assert!(info_num(&after, "spill_promotions") >= 1);
+
+    // The settings are in CONFIG, and admission can change at run time.
+    let got: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("spill-*")
+        .query(&mut con)
+        .unwrap();
+    for name in [
+        "spill-dir",
+        "spill-max-bytes",
+        "spill-admission",
+        "spill-on-shutdown",
+        "spill-io-threads",
+    ] {
+        assert!(got.iter().any(|g| g == name), "{name} missing from {got:?}");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("spill-admission")
+        .arg("2")
+        .query(&mut con)
+        .unwrap();
+    let admission: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("spill-admission")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(admission[1], "2");
+    let bad = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("spill-admission")
+        .arg("some")
+        .query::<()>(&mut con)
+        .unwrap_err();
+    assert!(
+        err_text(&bad).contains("spill-admission"),
+        "{}",
+        err_text(&bad)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
