@@ -661,7 +661,10 @@ impl Store {
 
     /// Evicts every value in the page best suited to be emptied (fewest
     /// values, none held) and unmaps it when the value needs a span.
+    /// Returns whether it evicted anything.
     fn empty_a_page(&mut self, keep: Option<usize>, protect: Option<&[u8]>) -> bool {
+        // Slots whose last holder just let go are free, not in use.
+        self.arena.reclaim();
         let Some((page, slots)) = self.arena.page_to_empty(keep) else {
             return false;
         };
@@ -669,7 +672,7 @@ impl Store {
             .iter()
             .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
             .collect();
-        if keys.iter().any(|k| Some(&k[..]) == protect) {
+        if keys.is_empty() || keys.iter().any(|k| Some(&k[..]) == protect) {
             return false;
         }
         for key in keys {
@@ -892,6 +895,10 @@ impl Store {
     pub fn ensure_room(&mut self, extra: usize, protect: Option<&[u8]>) -> Result<(), OutOfMemory> {
         if self.budget == 0 {
             return Ok(());
+        }
+        if extra > self.budget {
+            // Evicting everything would not make room.
+            return Err(OutOfMemory);
         }
         let mut misses = 0;
         while self.used_memory() + extra > self.budget {
