@@ -137,6 +137,9 @@ struct Meta {
     slot_keys: HashMap<(u32, u32), Bytes>,
     /// Parent key → children of it stored here.
     children_of: HashMap<Bytes, Vec<Bytes>>,
+    /// Key stored here → the children (on any shard) its `children` count
+    /// counts.
+    counted: HashMap<Bytes, HashSet<Bytes>>,
     /// Link changes for other stores.
     outbox: Vec<LinkEvent>,
     /// Live entries in each S3-FIFO queue.
@@ -213,12 +216,17 @@ impl Meta {
             }
             self.outbox.push(LinkEvent::ChildRemoved {
                 parent: parent.clone(),
+                child: key.clone(),
             });
         }
-        if entry.children > 0 && !replaced {
-            self.outbox.push(LinkEvent::ParentGone {
-                parent: key.clone(),
-            });
+        if !replaced {
+            // A key written here again starts counting from zero.
+            self.counted.remove(key);
+            if entry.children > 0 {
+                self.outbox.push(LinkEvent::ParentGone {
+                    parent: key.clone(),
+                });
+            }
         }
         match entry.queue {
             Queue::Small => self.small_live -= 1,
@@ -831,15 +839,29 @@ impl Store {
         match event {
             LinkEvent::ChildAdded { parent, child } => {
                 let index = self.index(key_slot(&parent));
-                match self.maps[index].get_mut(&parent[..]) {
-                    Some(p) => p.children += 1,
+                match self.maps[index].get_key_value_mut(&parent[..]) {
+                    Some((key, p)) => {
+                        let counted = self.meta.counted.entry(key.clone()).or_default();
+                        if counted.insert(child) {
+                            p.children += 1;
+                        }
+                    }
                     None => self.meta.outbox.push(LinkEvent::Orphaned { child }),
                 }
             }
-            LinkEvent::ChildRemoved { parent } => {
+            LinkEvent::ChildRemoved { parent, child } => {
                 let index = self.index(key_slot(&parent));
-                if let Some(p) = self.maps[index].get_mut(&parent[..]) {
-                    p.children = p.children.saturating_sub(1);
+                let Some(p) = self.maps[index].get_mut(&parent[..]) else {
+                    return;
+                };
+                let Some(counted) = self.meta.counted.get_mut(&parent[..]) else {
+                    return;
+                };
+                if counted.remove(&child) {
+                    p.children -= 1;
+                    if counted.is_empty() {
+                        self.meta.counted.remove(&parent[..]);
+                    }
                 }
             }
             LinkEvent::ParentGone { parent } => {
