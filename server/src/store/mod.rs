@@ -571,12 +571,15 @@ impl Store {
         } else {
             0
         };
+        // What the index will be charged beyond what the key costs now.
+        let mut index_growth = 0;
         if self.budget != 0 {
             let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
                 + parent.as_ref().map_or(0, |p| p.len());
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
-            if new_charge > old_charge {
-                self.ensure_room(new_charge - old_charge, Some(key))?;
+            index_growth = new_charge.saturating_sub(old_charge);
+            if index_growth > 0 {
+                self.ensure_room(index_growth, Some(key))?;
             }
         }
         let stored = if value.len() < SLAB_MIN {
@@ -587,7 +590,7 @@ impl Store {
                 value
             })
         } else {
-            Value::Slab(self.place_in_slab(&value, key)?)
+            Value::Slab(self.place_in_slab(&value, key, index_growth)?)
         };
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
@@ -634,15 +637,17 @@ impl Store {
     }
 
     /// A slab slot holding `value`, evicting (never `protect`) until one is
-    /// free or a page fits the budget.
+    /// free or a page fits the budget, with `index_growth` bytes of index
+    /// charge still to come for the write.
     fn place_in_slab(
         &mut self,
         value: &[u8],
         protect: &[u8],
+        index_growth: usize,
     ) -> Result<slab::SlotRef, OutOfMemory> {
         let mut evictions = 0;
         loop {
-            let growth = self.arena.growth_for(value.len());
+            let growth = self.arena.growth_for(value.len()) + index_growth;
             let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
             let class = match self.arena.store(value, may_map) {
                 Ok(slot) => return Ok(slot),
