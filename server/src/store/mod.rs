@@ -776,6 +776,14 @@ impl Store {
         {
             return false;
         }
+        let gains_ttl =
+            expire_at != 0 && self.maps[index].get(key).is_some_and(|e| e.expire_at == 0);
+        if gains_ttl && self.budget != 0 {
+            // The expiry-set node is charged: make room for it like any
+            // write. EXPIRE never fails for memory (as in Redis), so when
+            // nothing can be evicted the budget is overdrawn by the node.
+            let _ = self.ensure_room(EXPIRE_OVERHEAD, Some(key));
+        }
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
             return false;
         };
@@ -1295,6 +1303,20 @@ mod tests {
         }
         assert_eq!(s.len(), 10);
         assert_eq!(s.stats.evicted_keys, 990);
+    }
+
+    #[test]
+    fn a_new_ttl_makes_room_for_its_charge() {
+        let each = Store::charge(4, 100, false);
+        let mut s = store(each * 10, EvictionPolicy::AllKeysLru);
+        let v = "x".repeat(100);
+        for i in 0..10 {
+            put(&mut s, &format!("k{i:03}"), &v, 0).unwrap();
+        }
+        assert_eq!(s.used_memory(), each * 10, "exactly full");
+        assert!(s.set_expire(key_slot(b"k005"), b"k005", 9000, 1000));
+        assert!(s.used_memory() <= each * 10, "{}", s.used_memory());
+        assert_eq!(s.stats.evicted_keys, 1);
     }
 
     #[test]
