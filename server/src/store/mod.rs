@@ -995,16 +995,31 @@ impl Store {
     /// reinsertion of reused keys), else, when nothing but inner blocks is
     /// left, an inner block. Held values are never chosen.
     fn prefix_victim(&mut self, protect: Option<&[u8]>) -> Option<(u16, Bytes, EvictReason)> {
-        // 1. Orphans: unreachable by any prefix lookup.
+        // 1. Orphans: unreachable by any prefix lookup. Held ones (and the
+        // key being written) stay queued: they go first once free.
+        let mut skipped = Vec::new();
+        let mut found = None;
         while let Some((key, gen)) = self.queues.orphans.pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
-            let ok = self.maps[index].get(&key[..]).is_some_and(|e| {
-                e.gen == gen && e.orphan && !e.value.is_held() && Some(&key[..]) != protect
-            });
-            if ok {
-                return Some((slot, key, EvictReason::Orphan));
+            let Some(e) = self.maps[index].get(&key[..]) else {
+                continue;
+            };
+            if e.gen != gen || !e.orphan {
+                continue;
             }
+            if e.value.is_held() || Some(&key[..]) == protect {
+                skipped.push((key, gen));
+                continue;
+            }
+            found = Some((slot, key, EvictReason::Orphan));
+            break;
+        }
+        for entry in skipped.into_iter().rev() {
+            self.queues.orphans.push_front(entry);
+        }
+        if found.is_some() {
+            return found;
         }
         // 2. S3-FIFO over the leaves; inner blocks are passed over.
         let mut budget = 2 * (self.queues.small.len() + self.queues.main.len()) + 8;
