@@ -17,6 +17,8 @@
 pub mod entry;
 pub mod eviction;
 pub mod links;
+#[cfg(test)]
+mod proptests;
 pub mod slab;
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
