@@ -38,8 +38,9 @@ pub enum LinkEvent {
         /// The departed child's key.
         child: Bytes,
     },
-    /// `parent`, which had children, went away: every store marks the
-    /// children it holds as orphans.
+    /// `parent`, which had children, went away or became an orphan itself:
+    /// every store marks the children it holds as orphans (so an orphan's
+    /// whole subtree is marked, however its blocks are spread).
     ParentGone {
         /// The departed parent's key.
         parent: Bytes,

@@ -856,6 +856,12 @@ impl Store {
                 let index = self.index(key_slot(&parent));
                 match self.maps[index].get_key_value_mut(&parent[..]) {
                     Some((key, p)) => {
+                        if p.orphan {
+                            // A child of an unreachable block is unreachable.
+                            self.meta.outbox.push(LinkEvent::Orphaned {
+                                child: child.clone(),
+                            });
+                        }
                         let counted = self.meta.counted.entry(key.clone()).or_default();
                         if counted.insert(child) {
                             p.children += 1;
@@ -889,6 +895,8 @@ impl Store {
         }
     }
 
+    /// Marks `key` unreachable; its descendants are then unreachable too,
+    /// and are told so (on whichever shard they live).
     fn mark_orphan(&mut self, key: &[u8]) {
         let index = self.index(key_slot(key));
         if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
@@ -896,6 +904,11 @@ impl Store {
                 e.orphan = true;
                 if self.policy == EvictionPolicy::Prefix {
                     self.queues.orphans.push_back((k.clone(), e.gen));
+                }
+                if e.children > 0 {
+                    self.meta
+                        .outbox
+                        .push(LinkEvent::ParentGone { parent: k.clone() });
                 }
             }
         }

@@ -575,6 +575,13 @@ impl Run {
                 .flatten()
                 .map(|(k, e)| (k, e.parent.as_ref()))
                 .collect();
+            let orphan: HashSet<&Bytes> = store
+                .maps
+                .iter()
+                .flatten()
+                .filter(|(_, e)| e.orphan)
+                .map(|(k, _)| k)
+                .collect();
             for (k, e) in store.maps.iter().flatten() {
                 let counted = store.meta.counted.get(k);
                 prop_assert_eq!(
@@ -595,6 +602,8 @@ impl Run {
                 let Some(p) = &e.parent else { continue };
                 if !present.contains(p) {
                     prop_assert!(e.orphan, "{:?}'s parent {:?} is gone", k, p);
+                } else if orphan.contains(p) {
+                    prop_assert!(e.orphan, "{:?}'s parent {:?} is an orphan", k, p);
                 } else if !e.orphan {
                     let counted = store.meta.counted.get(p).is_some_and(|c| c.contains(k));
                     prop_assert!(counted, "{:?} does not count its child {:?}", p, k);
