@@ -517,12 +517,15 @@ impl Store {
         }
     }
 
-    /// A block read as part of a prefix after its predecessor: whatever the
-    /// link events said, it is reachable.
-    pub fn mark_reachable(&mut self, slot: u16, key: &[u8]) {
+    /// A block read as part of a prefix right after `previous`: if that is
+    /// its parent, it is reachable whatever the link events said. (A
+    /// request listing keys that are not its chain proves nothing.)
+    pub fn mark_reachable(&mut self, slot: u16, key: &[u8], previous: &[u8]) {
         let index = self.index(slot);
         if let Some(e) = self.maps[index].get_mut(key) {
-            e.orphan = false;
+            if e.parent.as_deref() == Some(previous) {
+                e.orphan = false;
+            }
         }
     }
 
