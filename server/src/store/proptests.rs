@@ -120,6 +120,8 @@ enum Op {
     Links,
     /// FLUSHALL.
     Clear,
+    /// CONFIG SET maxmemory to `percent`% of the starting budget.
+    Budget { percent: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -140,6 +142,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(|which| Op::Release { which }),
         3 => Just(Op::Links),
         1 => proptest::bool::weighted(0.05).prop_map(|clear| if clear { Op::Clear } else { Op::Links }),
+        1 => (25..150u8).prop_map(|percent| Op::Budget { percent }),
     ]
 }
 
@@ -189,6 +192,11 @@ struct Held {
 struct Run {
     store: Store,
     budget: usize,
+    /// The budget the store started with.
+    initial_budget: usize,
+    /// A lowered budget could not be met (what is left is held, or the
+    /// policy is noeviction): used memory may stay above it until freed.
+    overdrawn: bool,
     model: StdMap<Bytes, Modeled>,
     held: Vec<Held>,
     now: u64,
@@ -205,6 +213,8 @@ impl Run {
         Run {
             store: Store::new(0..STORE_SLOTS, budget, policy),
             budget,
+            initial_budget: budget,
+            overdrawn: false,
             model: StdMap::new(),
             held: Vec::new(),
             now: 1_000_000,
@@ -381,6 +391,17 @@ impl Run {
                 self.store.clear();
                 self.model.clear();
             }
+            Op::Budget { percent } => {
+                if self.initial_budget != 0 {
+                    self.budget = self.initial_budget * percent as usize / 100;
+                    self.store.set_budget(self.budget);
+                    // set_budget evicts what it can; whether that sufficed:
+                    self.overdrawn = self.store.ensure_room(0, None).is_err();
+                    if !self.overdrawn {
+                        self.check_budget("after lowering the budget")?;
+                    }
+                }
+            }
         }
         self.sync()?;
         self.check_held()?;
@@ -407,7 +428,11 @@ impl Run {
             .is_some_and(|m| m.expire_at == 0 || m.expire_at > self.now)
     }
 
-    fn check_budget(&self, when: &str) -> Result<(), TestCaseError> {
+    fn check_budget(&mut self, when: &str) -> Result<(), TestCaseError> {
+        if self.overdrawn && self.store.used_memory() > self.budget {
+            return Ok(());
+        }
+        self.overdrawn = false;
         if self.budget != 0 {
             // EXPIRE cannot fail for memory: under noeviction a new TTL may
             // overdraw the budget by its expiry-set node.
