@@ -384,9 +384,12 @@ fn leading(values: Vec<Option<Fetched>>, max_bytes: Option<u64>) -> Vec<Fetched>
 /// Counts the returned blocks as keyspace hits and, unless `touch` is false
 /// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
 fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
-    let mut per_shard: Vec<Vec<(usize, Bytes)>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    // Each key with the one returned before it.
+    type Work = Vec<(Bytes, Option<Bytes>)>;
+    let mut per_shard: Vec<Work> = (0..shard.count()).map(|_| Vec::new()).collect();
     for (pos, key) in keys.iter().enumerate() {
-        per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
+        let previous = pos.checked_sub(1).map(|p| keys[p].clone());
+        per_shard[shard.owner_of(key_slot(key))].push((key.clone(), previous));
     }
     for (target, work) in per_shard.into_iter().enumerate() {
         if work.is_empty() {
@@ -395,12 +398,12 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
         let job = move |s: &Shard| {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
-            for (pos, key) in work {
+            for (key, previous) in work {
                 store.read(key_slot(&key), &key, now, touch);
-                if pos > 0 {
-                    // Read right after its predecessor: reachable, whatever
-                    // the link events said.
-                    store.mark_reachable(key_slot(&key), &key);
+                if let Some(previous) = previous {
+                    // Read right after its parent: reachable, whatever the
+                    // link events said.
+                    store.mark_reachable(key_slot(&key), &key, &previous);
                 }
             }
         };
@@ -687,6 +690,7 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     };
     let mut total = 0u64;
     let mut out = Vec::new();
+    let mut previous: Option<&Bytes> = None;
     for key in &op.args[2..read.end] {
         let Some(len) = store.peek(key_slot(key), key, now).map(|e| e.value.len()) else {
             break;
@@ -699,9 +703,10 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         if let Some(value) = store.read_value(key_slot(key), key, now, op.touch) {
             out.push(value.into_reply());
         }
-        if out.len() > 1 {
-            store.mark_reachable(key_slot(key), key);
+        if let Some(previous) = previous {
+            store.mark_reachable(key_slot(key), key, previous);
         }
+        previous = Some(key);
     }
     Reply::PrefixOf(out)
 }

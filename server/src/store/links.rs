@@ -8,6 +8,13 @@
 //! that owns the key it names (all stores for [`LinkEvent::ParentGone`]),
 //! where [`super::Store::apply_link`] updates the counts. The counts are
 //! eventually consistent: eviction only ranks by them.
+//!
+//! A parent's store remembers *which* children it counted, not only how
+//! many: a child stored while its parent was absent (or before the parent
+//! was deleted and written again) was never counted by the parent that is
+//! there now, and its removal must not take a count away from a child that
+//! was (that parent would look like a leaf and be evicted, stranding the
+//! child).
 
 use bytes::Bytes;
 
@@ -22,13 +29,18 @@ pub enum LinkEvent {
         /// The new child's key.
         child: Bytes,
     },
-    /// A block naming `parent` went away: one child fewer.
+    /// `child`, which names `parent`, went away: one child fewer, if the
+    /// parent counted it (it did not when it was absent at the time, or
+    /// has been deleted and written again since).
     ChildRemoved {
         /// The parent's key (routes the event).
         parent: Bytes,
+        /// The departed child's key.
+        child: Bytes,
     },
-    /// `parent`, which had children, went away: every store marks the
-    /// children it holds as orphans.
+    /// `parent`, which had children, went away or became an orphan itself:
+    /// every store marks the children it holds as orphans (so an orphan's
+    /// whole subtree is marked, however its blocks are spread).
     ParentGone {
         /// The departed parent's key.
         parent: Bytes,
@@ -58,7 +70,7 @@ impl LinkEvent {
     /// The store(s) that must apply the event.
     pub fn route(&self) -> Route<'_> {
         match self {
-            LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent } => {
+            LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent, .. } => {
                 Route::Key(parent)
             }
             LinkEvent::ParentGone { .. } | LinkEvent::ReclaimSegment { .. } => Route::All,

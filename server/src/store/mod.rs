@@ -17,6 +17,8 @@
 pub mod entry;
 pub mod eviction;
 pub mod links;
+#[cfg(test)]
+mod proptests;
 pub mod slab;
 pub mod spill;
 mod spilling;
@@ -141,6 +143,9 @@ struct Meta {
     slot_keys: HashMap<(u32, u32), Bytes>,
     /// Parent key → children of it stored here.
     children_of: HashMap<Bytes, Vec<Bytes>>,
+    /// Key stored here → the children (on any shard) its `children` count
+    /// counts.
+    counted: HashMap<Bytes, HashSet<Bytes>>,
     /// Link changes for other stores.
     outbox: Vec<LinkEvent>,
     /// Live entries in each S3-FIFO queue.
@@ -253,12 +258,17 @@ impl Meta {
             }
             self.outbox.push(LinkEvent::ChildRemoved {
                 parent: parent.clone(),
+                child: key.clone(),
             });
         }
-        if entry.children > 0 && !replaced {
-            self.outbox.push(LinkEvent::ParentGone {
-                parent: key.clone(),
-            });
+        if !replaced {
+            // A key written here again starts counting from zero.
+            self.counted.remove(key);
+            if entry.children > 0 {
+                self.outbox.push(LinkEvent::ParentGone {
+                    parent: key.clone(),
+                });
+            }
         }
         match entry.queue {
             Queue::Small => self.small_live -= 1,
@@ -552,12 +562,15 @@ impl Store {
         }
     }
 
-    /// A block read as part of a prefix after its predecessor: whatever the
-    /// link events said, it is reachable.
-    pub fn mark_reachable(&mut self, slot: u16, key: &[u8]) {
+    /// A block read as part of a prefix right after `previous`: if that is
+    /// its parent, it is reachable whatever the link events said. (A
+    /// request listing keys that are not its chain proves nothing.)
+    pub fn mark_reachable(&mut self, slot: u16, key: &[u8], previous: &[u8]) {
         let index = self.index(slot);
         if let Some(e) = self.maps[index].get_mut(key) {
-            e.orphan = false;
+            if e.parent.as_deref() == Some(previous) {
+                e.orphan = false;
+            }
         }
     }
 
@@ -608,12 +621,15 @@ impl Store {
         } else {
             0
         };
+        // What the index will be charged beyond what the key costs now.
+        let mut index_growth = 0;
         if self.budget != 0 {
             let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
                 + parent.as_ref().map_or(0, |p| p.len());
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
-            if new_charge > old_charge {
-                self.ensure_room(new_charge - old_charge, Some(key))?;
+            index_growth = new_charge.saturating_sub(old_charge);
+            if index_growth > 0 {
+                self.ensure_room(index_growth, Some(key))?;
             }
         }
         let stored = if value.len() < SLAB_MIN {
@@ -624,7 +640,7 @@ impl Store {
                 value
             })
         } else {
-            Value::Slab(self.place_in_slab(&value, key)?)
+            Value::Slab(self.place_in_slab(&value, key, index_growth)?)
         };
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
@@ -677,15 +693,17 @@ impl Store {
     }
 
     /// A slab slot holding `value`, evicting (never `protect`) until one is
-    /// free or a page fits the budget.
+    /// free or a page fits the budget, with `index_growth` bytes of index
+    /// charge still to come for the write.
     fn place_in_slab(
         &mut self,
         value: &[u8],
         protect: &[u8],
+        index_growth: usize,
     ) -> Result<slab::SlotRef, OutOfMemory> {
         let mut evictions = 0;
         loop {
-            let growth = self.arena.growth_for(value.len());
+            let growth = self.arena.growth_for(value.len()) + index_growth;
             let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
             let class = match self.arena.store(value, may_map) {
                 Ok(slot) => return Ok(slot),
@@ -712,7 +730,10 @@ impl Store {
 
     /// Evicts every value in the page best suited to be emptied (fewest
     /// values, none held) and unmaps it when the value needs a span.
+    /// Returns whether it evicted anything.
     fn empty_a_page(&mut self, keep: Option<usize>, protect: Option<&[u8]>) -> bool {
+        // Slots whose last holder just let go are free, not in use.
+        self.arena.reclaim();
         let Some((page, slots)) = self.arena.page_to_empty(keep) else {
             return false;
         };
@@ -720,7 +741,7 @@ impl Store {
             .iter()
             .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
             .collect();
-        if keys.iter().any(|k| Some(&k[..]) == protect) {
+        if keys.is_empty() || keys.iter().any(|k| Some(&k[..]) == protect) {
             return false;
         }
         for key in keys {
@@ -832,6 +853,14 @@ impl Store {
         {
             return false;
         }
+        let gains_ttl =
+            expire_at != 0 && self.maps[index].get(key).is_some_and(|e| e.expire_at == 0);
+        if gains_ttl && self.budget != 0 {
+            // The expiry-set node is charged: make room for it like any
+            // write. EXPIRE never fails for memory (as in Redis), so when
+            // nothing can be evicted the budget is overdrawn by the node.
+            let _ = self.ensure_room(EXPIRE_OVERHEAD, Some(key));
+        }
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
             return false;
         };
@@ -921,15 +950,35 @@ impl Store {
         match event {
             LinkEvent::ChildAdded { parent, child } => {
                 let index = self.index(key_slot(&parent));
-                match self.maps[index].get_mut(&parent[..]) {
-                    Some(p) => p.children += 1,
+                match self.maps[index].get_key_value_mut(&parent[..]) {
+                    Some((key, p)) => {
+                        if p.orphan {
+                            // A child of an unreachable block is unreachable.
+                            self.meta.outbox.push(LinkEvent::Orphaned {
+                                child: child.clone(),
+                            });
+                        }
+                        let counted = self.meta.counted.entry(key.clone()).or_default();
+                        if counted.insert(child) {
+                            p.children += 1;
+                        }
+                    }
                     None => self.meta.outbox.push(LinkEvent::Orphaned { child }),
                 }
             }
-            LinkEvent::ChildRemoved { parent } => {
+            LinkEvent::ChildRemoved { parent, child } => {
                 let index = self.index(key_slot(&parent));
-                if let Some(p) = self.maps[index].get_mut(&parent[..]) {
-                    p.children = p.children.saturating_sub(1);
+                let Some(p) = self.maps[index].get_mut(&parent[..]) else {
+                    return;
+                };
+                let Some(counted) = self.meta.counted.get_mut(&parent[..]) else {
+                    return;
+                };
+                if counted.remove(&child) {
+                    p.children -= 1;
+                    if counted.is_empty() {
+                        self.meta.counted.remove(&parent[..]);
+                    }
                 }
             }
             LinkEvent::ParentGone { parent } => {
@@ -943,6 +992,8 @@ impl Store {
         }
     }
 
+    /// Marks `key` unreachable; its descendants are then unreachable too,
+    /// and are told so (on whichever shard they live).
     fn mark_orphan(&mut self, key: &[u8]) {
         let index = self.index(key_slot(key));
         if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
@@ -950,6 +1001,11 @@ impl Store {
                 e.orphan = true;
                 if self.policy == EvictionPolicy::Prefix {
                     self.queues.orphans.push_back((k.clone(), e.gen));
+                }
+                if e.children > 0 {
+                    self.meta
+                        .outbox
+                        .push(LinkEvent::ParentGone { parent: k.clone() });
                 }
             }
         }
@@ -986,6 +1042,10 @@ impl Store {
     pub fn ensure_room(&mut self, extra: usize, protect: Option<&[u8]>) -> Result<(), OutOfMemory> {
         if self.budget == 0 {
             return Ok(());
+        }
+        if extra > self.budget {
+            // Evicting everything would not make room.
+            return Err(OutOfMemory);
         }
         let mut misses = 0;
         while self.used_memory() + extra > self.budget {
@@ -1060,20 +1120,32 @@ impl Store {
         protect: Option<&[u8]>,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
-        // 1. Orphans: unreachable by any prefix lookup.
+        // 1. Orphans: unreachable by any prefix lookup. Held ones (and the
+        // key being written, and blocks on disk when a slot is needed) stay
+        // queued: they go first once free.
+        let mut skipped = Vec::new();
+        let mut found = None;
         while let Some((key, gen)) = self.queues.orphans.pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
-            let ok = self.maps[index].get(&key[..]).is_some_and(|e| {
-                e.gen == gen
-                    && e.orphan
-                    && !e.value.is_held()
-                    && Some(&key[..]) != protect
-                    && (e.value.in_dram() || !dram_only)
-            });
-            if ok {
-                return Some((slot, key, EvictReason::Orphan));
+            let Some(e) = self.maps[index].get(&key[..]) else {
+                continue;
+            };
+            if e.gen != gen || !e.orphan {
+                continue;
             }
+            if e.value.is_held() || Some(&key[..]) == protect || (dram_only && !e.value.in_dram()) {
+                skipped.push((key, gen));
+                continue;
+            }
+            found = Some((slot, key, EvictReason::Orphan));
+            break;
+        }
+        for entry in skipped.into_iter().rev() {
+            self.queues.orphans.push_front(entry);
+        }
+        if found.is_some() {
+            return found;
         }
         // 2. S3-FIFO over the leaves; inner blocks are passed over.
         let mut budget = 2 * (self.queues.small.len() + self.queues.main.len()) + 8;
@@ -1389,6 +1461,20 @@ mod tests {
         }
         assert_eq!(s.len(), 10);
         assert_eq!(s.stats.evicted_keys, 990);
+    }
+
+    #[test]
+    fn a_new_ttl_makes_room_for_its_charge() {
+        let each = Store::charge(4, 100, false);
+        let mut s = store(each * 10, EvictionPolicy::AllKeysLru);
+        let v = "x".repeat(100);
+        for i in 0..10 {
+            put(&mut s, &format!("k{i:03}"), &v, 0).unwrap();
+        }
+        assert_eq!(s.used_memory(), each * 10, "exactly full");
+        assert!(s.set_expire(key_slot(b"k005"), b"k005", 9000, 1000));
+        assert!(s.used_memory() <= each * 10, "{}", s.used_memory());
+        assert_eq!(s.stats.evicted_keys, 1);
     }
 
     #[test]

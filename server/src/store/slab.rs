@@ -605,14 +605,21 @@ impl SlabArena {
     }
 
     /// The best page to empty for another use: of a class other than
-    /// `keep` (any class when `None`), with the fewest values in use;
-    /// returns its id and the slots in use.
+    /// `keep` (any class when `None`), with the fewest values in use and
+    /// none of them leased (a page a reader holds cannot be reused however
+    /// many keys are evicted from it); returns its id and the slots in use.
     pub fn page_to_empty(&self, keep: Option<usize>) -> Option<(u32, Vec<u32>)> {
         self.pages
             .iter()
             .flatten()
             .filter(|p| p.class.is_some() && p.class != keep)
             .filter(|p| (p.free.len() as u32) < p.slots)
+            .filter(|p| {
+                !p.mem
+                    .states
+                    .iter()
+                    .any(|s| s.load(Ordering::Acquire) & !STORED != 0)
+            })
             .min_by_key(|p| p.slots as usize - p.free.len())
             .map(|p| {
                 let mut in_use = vec![true; p.slots as usize];

@@ -401,7 +401,7 @@ impl Store {
         let placed = if value.len() < SLAB_MIN {
             Value::Heap(Bytes::copy_from_slice(&value))
         } else {
-            match self.place_in_slab(&value, key) {
+            match self.place_in_slab(&value, key, 0) {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
                     slot: slot_ref,
                     loc: loc.clone(),
