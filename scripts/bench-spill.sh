@@ -95,38 +95,53 @@ if [[ " $PARTS " == *" read "* ]]; then
 fi
 
 if [[ " $PARTS " == *" p99 "* ]]; then
-  port=$(free_port)
-  start_kvtier "$port" "$BASE/kv" --maxmemory "${MAXMEM}mb"
   cold=$(( MAXMEM * 3 * 1024 * 1024 / block ))
-  # Cold blocks: most of them on disk.
-  target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 0:1 --keys "$cold" \
-    --key-prefix cold: --value-size 256KiB --connections 4 --prefill --requests 1 >/dev/null
-  hot() { # json-out
-    target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 0:1 --keys 64 --key-prefix hot: \
-      --value-size 64KiB --connections 4 --client-threads 1 --prefill --duration "$SECONDS_RUN" --json "$1" >/dev/null
+  p99_run() { # tag spill(yes/no) -> fills $BASE/<tag>-idle.json, $BASE/<tag>-busy.json, W/R deltas
+    local tag=$1 port; port=$(free_port)
+    if [[ $2 == yes ]]; then
+      start_kvtier "$port" "$BASE/kv" --maxmemory "${MAXMEM}mb"
+    else
+      target/release/kvtier-server --port "$port" --metrics-addr none --maxmemory "${MAXMEM}mb" \
+        >"$BASE/server.log" 2>&1 &
+      KV_PID=$!; PIDS+=("$KV_PID")
+      for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    fi
+    # Cold blocks: with the tier, most of them on disk.
+    target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 0:1 --keys "$cold" \
+      --key-prefix cold: --value-size 256KiB --connections 4 --prefill --requests 1 >/dev/null
+    hot() {
+      target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 0:1 --keys 64 --key-prefix hot: \
+        --value-size 64KiB --connections 4 --client-threads 1 --prefill --duration "$SECONDS_RUN" --json "$1" >/dev/null
+    }
+    hot "$BASE/$tag-idle.json"
+    W0=$(info "$port" spill_writes); R0=$(info "$port" spill_reads)
+    # The busy tier: writes of new blocks (evictions to disk) and reads of
+    # cold ones (disk reads), from a second client, for longer than the
+    # measurement.
+    target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 1:1 --keys $(( cold * 2 )) \
+      --key-prefix cold: --value-size 256KiB --connections 4 --client-threads 1 --rate "$BG_RATE" \
+      --duration $(( SECONDS_RUN + 4 )) >/dev/null &
+    BG=$!; PIDS+=("$BG")
+    sleep 2
+    hot "$BASE/$tag-busy.json"
+    W1=$(info "$port" spill_writes); R1=$(info "$port" spill_reads)
+    wait "$BG" || true
+    stop_kvtier "$port"
   }
-  hot "$BASE/idle.json"
-  w0=$(info "$port" spill_writes); r0=$(info "$port" spill_reads)
-  # The busy tier: writes of new blocks (evictions to disk) and reads of
-  # cold ones (disk reads), from a second client, for longer than the
-  # measurement.
-  target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 1:1 --keys $(( cold * 2 )) \
-    --key-prefix cold: --value-size 256KiB --connections 4 --client-threads 1 --rate "$BG_RATE" \
-    --duration $(( SECONDS_RUN + 4 )) >/dev/null &
-  BG=$!; PIDS+=("$BG")
-  sleep 2
-  hot "$BASE/busy.json"
-  w1=$(info "$port" spill_writes); r1=$(info "$port" spill_reads)
-  wait "$BG" || true
-  stop_kvtier "$port"
-  idle=$(json "$BASE/idle.json" "r['latency']['get']['p99_us']")
-  busy=$(json "$BASE/busy.json" "r['latency']['get']['p99_us']")
+  p99_run tier yes
+  writes=$(( ${W1:-0} - ${W0:-0} )); reads=$(( ${R1:-0} - ${R0:-0} ))
+  p99_run dram no
+  p() { json "$BASE/$1.json" "r['latency']['get']['p99_us']"; }
+  idle=$(p tier-idle); busy=$(p tier-busy); ref=$(p dram-busy); ref_idle=$(p dram-idle)
   echo "## p99: GETs of 64 DRAM-resident 64 KiB blocks (4 connections), tier idle vs busy ($BG_RATE req/s of 256 KiB, 1:1 SET:GET)"
-  echo "| tier | p99 µs | spill writes | spill reads |"
-  echo "|---|---|---|---|"
-  echo "| idle | $idle | - | - |"
-  echo "| busy | $busy | $(( w1 - w0 )) | $(( r1 - r0 )) |"
-  python3 -c "print(f'| **busy / idle** | **{${busy} / ${idle}:.2f}** | | |')"
+  echo "| server | load | p99 µs | spill writes | spill reads |"
+  echo "|---|---|---|---|---|"
+  echo "| with spill tier | idle | $idle | - | - |"
+  echo "| with spill tier | busy | $busy | $writes | $reads |"
+  echo "| DRAM only (reference) | idle | $ref_idle | - | - |"
+  echo "| DRAM only (reference) | same load, evictions drop | $ref | - | - |"
+  python3 -c "print(f'| **busy / idle, with the tier** | | **{${busy} / ${idle}:.2f}** | | |')"
+  python3 -c "print(f'| busy with the tier / same load without it | | {${busy} / ${ref}:.2f} | | |')"
   echo
 fi
 
