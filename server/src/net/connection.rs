@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::debug;
 
@@ -164,7 +164,7 @@ impl Connection {
                 }
             }
             self.finish(batch).await;
-            if let Some(e) = fatal {
+            if let Some(e) = &fatal {
                 debug!("protocol error from client {}: {}", self.client.id(), e.0);
                 let reply = Reply::error(format!("ERR {}", e.0));
                 self.count_error(&reply);
@@ -177,6 +177,9 @@ impl Connection {
                 self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
             }
             if self.client.close_after_reply {
+                if fatal.is_some() {
+                    self.linger().await;
+                }
                 return Ok(());
             }
             if cut_short {
@@ -225,6 +228,29 @@ impl Connection {
             }
             self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
         }
+    }
+
+    /// Closes after a protocol error the way HTTP servers do: the write side
+    /// is shut (the client reads the error, then EOF) and what the client is
+    /// still sending is read and dropped for a bounded time, so the close
+    /// does not turn into a reset that destroys the error before it is read.
+    async fn linger(&mut self) {
+        const LINGER: Duration = Duration::from_millis(500);
+        const LINGER_BYTES: usize = 64 << 20;
+        if self.stream.shutdown().await.is_err() {
+            return;
+        }
+        let mut sink = vec![0u8; READ_CHUNK];
+        let mut drained = 0;
+        let _ = tokio::time::timeout(LINGER, async {
+            while drained < LINGER_BYTES {
+                match self.stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => drained += n,
+                }
+            }
+        })
+        .await;
     }
 
     /// Looks up, checks and runs (or queues) one command.

@@ -301,27 +301,29 @@ impl Store {
     /// `touch` is false), and for a spilled block starts (or joins) the disk
     /// read.
     pub fn read_value(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<Fetched> {
-        self.read(slot, key, now, touch)?;
-        self.fetch(slot, key, now)
+        // One lookup: this is every GET's path.
+        let loc = match &self.read(slot, key, now, touch)?.value {
+            Value::Spilled(loc) => loc.clone(),
+            v => return v.bytes().map(Fetched::Now),
+        };
+        Some(self.later(key, loc))
     }
 
     /// The value of a live key without counting or touching it (the caller
     /// counts what it returns): in memory, or a disk read started.
     pub fn fetch(&mut self, slot: u16, key: &[u8], now: u64) -> Option<Fetched> {
-        let value = match &self.peek(slot, key, now)?.value {
-            Value::Spilled(loc) => Err(loc.clone()),
-            v => Ok(v.bytes()),
+        let loc = match &self.peek(slot, key, now)?.value {
+            Value::Spilled(loc) => loc.clone(),
+            v => return v.bytes().map(Fetched::Now),
         };
-        match value {
-            Ok(Some(bytes)) => Some(Fetched::Now(bytes)),
-            Ok(None) => None,
-            Err(loc) => {
-                let len = loc.value_len as usize;
-                Some(Fetched::Later {
-                    value: self.start_read(key, loc),
-                    len,
-                })
-            }
+        Some(self.later(key, loc))
+    }
+
+    fn later(&mut self, key: &[u8], loc: DiskLoc) -> Fetched {
+        let len = loc.value_len as usize;
+        Fetched::Later {
+            value: self.start_read(key, loc),
+            len,
         }
     }
 
