@@ -117,6 +117,35 @@ pub struct Config {
     /// requests in flight at once).
     #[arg(long, default_value_t = 8)]
     pub spill_io_threads: usize,
+
+    /// The cluster's members, `ID@HOST:PORT[,ID@HOST:PORT...]`: the same list
+    /// on every node, in any order. Unset: a plain single server.
+    #[arg(long, value_name = "LIST")]
+    pub cluster_nodes: Option<String>,
+
+    /// This node's id in --cluster-nodes (default: the member whose port is
+    /// this one on a local address).
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+
+    /// Answer `-MOVED slot host:port` for keys of other nodes (yes), as Redis
+    /// Cluster does, instead of forwarding the command to the owner (no).
+    #[arg(long, default_value = "no", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
+    pub cluster_redirect: bool,
+
+    /// Milliseconds of silence after which a peer counts as failed and its
+    /// slots pass to the next node in rendezvous order.
+    #[arg(long, default_value_t = 2000)]
+    pub cluster_node_timeout: u64,
+
+    /// Reads per second that make a key hot: its owner copies it to the
+    /// next --hot-key-replicas nodes (0: no copies).
+    #[arg(long, default_value_t = 1000)]
+    pub hot_key_threshold: u64,
+
+    /// Extra nodes a hot key is copied to.
+    #[arg(long, default_value_t = 2)]
+    pub hot_key_replicas: usize,
 }
 
 /// `all` (0) or a read count.
@@ -325,6 +354,21 @@ impl LiveConfig {
                 ("spill-max-bytes", config.spill_max_bytes.to_string()),
                 ("spill-io-threads", config.spill_io_threads.to_string()),
                 (
+                    "cluster-nodes",
+                    config.cluster_nodes.clone().unwrap_or_default(),
+                ),
+                ("node-id", config.node_id.clone().unwrap_or_default()),
+                (
+                    "cluster-redirect",
+                    if config.cluster_redirect { "yes" } else { "no" }.into(),
+                ),
+                (
+                    "cluster-node-timeout",
+                    config.cluster_node_timeout.to_string(),
+                ),
+                ("hot-key-threshold", config.hot_key_threshold.to_string()),
+                ("hot-key-replicas", config.hot_key_replicas.to_string()),
+                (
                     "hugepages",
                     if config.hugepages { "yes" } else { "no" }.into(),
                 ),
@@ -348,6 +392,12 @@ impl LiveConfig {
                 ),
             ],
         }
+    }
+
+    /// The password peers send (requirepass), if one is set.
+    pub fn password(&self) -> Option<String> {
+        let pass = self.requirepass.read().unwrap_or_else(|e| e.into_inner());
+        (!pass.is_empty()).then(|| pass.clone())
     }
 
     /// The eviction policy.

@@ -11,6 +11,7 @@
 //! * [`long_double`]: INCRBYFLOAT's x87 extended-precision arithmetic.
 
 pub mod clients;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod glob;

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::LocalSet;
 use tracing::{info, warn};
 
+use crate::cluster::Cluster;
 use crate::config::{Config, LiveConfig};
 use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
 use crate::store::spill::{self, IoPool, Recovered, SpillDir};
@@ -51,6 +52,8 @@ pub struct Shared {
     pub active_expire: AtomicBool,
     /// The NVMe spill tier, when configured.
     pub spill: Option<SpillTier>,
+    /// The cluster this node belongs to (`--cluster-nodes`).
+    pub cluster: Option<Arc<Cluster>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -161,6 +164,9 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
+        let cluster = Cluster::from_config(config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map(Arc::new);
         let (shutdown, _) = watch::channel(false);
         let started_unix = crate::store::now_ms() / 1000;
         let shared = Arc::new(Shared {
@@ -184,6 +190,7 @@ impl Server {
             memory_peak: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
             spill,
+            cluster,
             shutdown,
         });
         let cpus = allowed_cpus();
@@ -196,6 +203,21 @@ impl Server {
                 .name(format!("kvtier-shard-{id}"))
                 .spawn(move || run_shard(id, shared, listener, rx, cpu))?;
             threads.push(handle);
+        }
+        if let Some(cluster) = &shared.cluster {
+            threads.push(crate::cluster::start_gossip(Arc::clone(&shared))?);
+            let view = cluster.view();
+            info!(
+                "cluster node {} of {} ({}), {}",
+                cluster.me,
+                view.nodes.len(),
+                crate::cluster::topology::format_nodes(&view.nodes),
+                if cluster.redirect {
+                    "answering MOVED"
+                } else {
+                    "forwarding"
+                }
+            );
         }
         info!(
             "kvtier {} listening on {addr} with {shards} shard(s)",
@@ -415,6 +437,11 @@ async fn cron(shard: Rc<Shard>) {
                 .memory_peak
                 .fetch_max(store.used_memory() as u64 * shared.shards as u64, Relaxed);
             crate::stats::export_store(shard.id, &store, shard.clients.borrow().len());
+            drop(store);
+            drop(stats);
+            if let Some(cluster) = &shared.cluster {
+                hot_window(&shard, cluster);
+            }
             if shard.id == 0 {
                 if let Some(tier) = &shared.spill {
                     crate::stats::export_spill(&tier.dir);
@@ -425,6 +452,23 @@ async fn cron(shard: Rc<Shard>) {
                     .set(crate::commands::server::rss_bytes() as f64);
             }
         }
+    }
+}
+
+/// Ends a hot-key window: this shard's counts go to the node; shard 0
+/// then copies the hot keys out (in the background).
+fn hot_window(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
+    if cluster.hot_threshold == 0 {
+        return;
+    }
+    let top = shard.hot.borrow_mut().rotate();
+    cluster.report_hot(shard.id, shard.shared.shards, top);
+    shard.copies.borrow_mut().purge(Instant::now());
+    if shard.id == 0 {
+        let (shard, cluster) = (Rc::clone(shard), Arc::clone(cluster));
+        tokio::task::spawn_local(async move {
+            crate::cluster::hot::replicate_hot(&shard, &cluster).await;
+        });
     }
 }
 

@@ -103,7 +103,11 @@ pub const COMMANDS: &[CommandSpec] = &[
 
 /// Reads `numkeys` (args[1]) and checks that `numkeys * step` arguments
 /// follow. Returns the count and the index of the first option.
-fn parse_count(args: &[Bytes], step: usize, what: &str) -> Result<(usize, usize), Reply> {
+pub(crate) fn parse_count(
+    args: &[Bytes],
+    step: usize,
+    what: &str,
+) -> Result<(usize, usize), Reply> {
     let n = parse_int(&args[1]).ok_or_else(not_integer)?;
     if n < 1 {
         return Err(Reply::error(format!("ERR {what} should be greater than 0")));
@@ -123,14 +127,16 @@ fn gone() -> Reply {
 
 // ---- MSETBLOCK ---------------------------------------------------------------
 
-struct SetOptions {
-    expire_at: u64,
-    chain: bool,
-    parent: Option<Bytes>,
-    replace: bool,
+/// MSETBLOCK's options.
+pub(crate) struct SetOptions {
+    pub(crate) expire_at: u64,
+    pub(crate) chain: bool,
+    pub(crate) parent: Option<Bytes>,
+    pub(crate) replace: bool,
 }
 
-fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOptions, Reply> {
+/// Parses MSETBLOCK's options from `args[from..]`.
+pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOptions, Reply> {
     let mut opts = SetOptions {
         expire_at: 0,
         chain: false,
@@ -451,14 +457,16 @@ impl Drop for WatchGuard {
 static NEXT_WAITER: AtomicU64 = AtomicU64::new(1);
 
 /// MGETPREFIX's arguments.
-struct PrefixRead {
-    end: usize,
-    max_bytes: Option<u64>,
-    block_ms: Option<u64>,
-    min: usize,
+/// MGETPREFIX's arguments.
+pub(crate) struct PrefixRead {
+    pub(crate) end: usize,
+    pub(crate) max_bytes: Option<u64>,
+    pub(crate) block_ms: Option<u64>,
+    pub(crate) min: usize,
 }
 
-fn parse_prefix_read(args: &[Bytes]) -> Result<PrefixRead, Reply> {
+/// Parses MGETPREFIX's count and options.
+pub(crate) fn parse_prefix_read(args: &[Bytes]) -> Result<PrefixRead, Reply> {
     let (n, end) = parse_count(args, 1, "numkeys")?;
     let mut read = PrefixRead {
         end,

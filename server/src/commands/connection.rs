@@ -222,6 +222,7 @@ fn quit(client: &mut Client, _args: &[Bytes]) -> Reply {
 fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
     client.resp3 = false;
     client.no_touch = false;
+    client.readonly = false;
     client.multi = None;
     client.watching.clear();
     client.authenticated = !client.shard.shared.config.auth_required();

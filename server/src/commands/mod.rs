@@ -12,6 +12,7 @@
 
 pub mod block;
 pub mod client;
+pub mod cluster;
 pub mod connection;
 pub mod docs;
 pub mod keyspace;
@@ -296,6 +297,7 @@ impl CommandTable {
             keyspace::COMMANDS,
             connection::COMMANDS,
             client::COMMANDS,
+            cluster::COMMANDS,
             server::COMMANDS,
             transaction::COMMANDS,
         ] {
@@ -390,6 +392,11 @@ pub struct Client {
     pub multi: Option<transaction::Transaction>,
     /// Keys under WATCH.
     pub watching: transaction::Watching,
+    /// READONLY: reads may be answered by a replica of the slot.
+    pub readonly: bool,
+    /// A cluster peer (`CLUSTER PEER`): its commands run here, never
+    /// forwarded again.
+    pub peer: bool,
 }
 
 impl Client {

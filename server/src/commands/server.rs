@@ -960,8 +960,43 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                     line!(o, "errorstat_{code}:count={n}");
                 }
             }),
-            "cluster" => section("Cluster", &mut |o| {
-                line!(o, "cluster_enabled:0");
+            "cluster" => section("Cluster", &mut |o| match &shared.cluster {
+                None => line!(o, "cluster_enabled:0"),
+                Some(cluster) => {
+                    let view = cluster.view();
+                    let st = &cluster.stats;
+                    let n = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
+                    line!(o, "cluster_enabled:1");
+                    line!(o, "cluster_node_id:{}", cluster.me);
+                    line!(o, "cluster_epoch:{}", view.epoch);
+                    line!(o, "cluster_known_nodes:{}", view.nodes.len());
+                    line!(
+                        o,
+                        "cluster_live_nodes:{}",
+                        view.alive.iter().filter(|a| **a).count()
+                    );
+                    line!(
+                        o,
+                        "cluster_mode:{}",
+                        if cluster.redirect {
+                            "redirect"
+                        } else {
+                            "forward"
+                        }
+                    );
+                    line!(o, "cluster_forwarded:{}", n(&st.forwarded));
+                    line!(o, "cluster_moved:{}", n(&st.moved));
+                    line!(o, "cluster_coordinated:{}", n(&st.coordinated));
+                    line!(o, "cluster_replica_hits:{}", n(&st.replica_hits));
+                    line!(o, "cluster_replica_misses:{}", n(&st.replica_misses));
+                    line!(o, "cluster_copies_sent:{}", n(&st.copies_sent));
+                    line!(o, "cluster_copies_received:{}", n(&st.copies_received));
+                    line!(
+                        o,
+                        "cluster_replicated_keys:{}",
+                        cluster.replicated_count.load(Relaxed)
+                    );
+                }
             }),
             "keyspace" => section("Keyspace", &mut |o| {
                 let keys = sum(|r| r.keys as u64);

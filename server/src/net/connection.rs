@@ -26,6 +26,8 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::clients::ClientInfo;
+use crate::cluster::route::{self, Decision};
+use crate::cluster::Cluster;
 use crate::commands::transaction::Watching;
 use crate::commands::{
     arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
@@ -69,6 +71,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             resp3: false,
             authenticated,
             no_touch: false,
+            readonly: false,
+            peer: false,
             close_after_reply: false,
             multi: None,
             watching: Watching::new(Rc::clone(&shard), id),
@@ -100,6 +104,14 @@ struct Connection {
     last_lookup: Option<(Bytes, usize, &'static CommandSpec)>,
     /// Unix milliseconds for the commands of the current batch.
     now_ms: u64,
+}
+
+/// Where [`Connection::route`] sends a command.
+enum Routed {
+    /// Run here, with the command's handler or the one given.
+    Here(Option<Handler>),
+    /// Answered without running here.
+    Done(Reply),
 }
 
 /// A reply slot of the current batch, encoded in the protocol that was in
@@ -268,6 +280,25 @@ impl Connection {
                 return;
             }
         };
+        // In a cluster, keys of other nodes are forwarded, redirected or
+        // coordinated (see cluster::route); writes to keys with copies
+        // elsewhere drop the copies before they reply.
+        let mut handler = spec.handler;
+        let mut rerouted = false;
+        if let Some(cluster) = self.client.shard.shared.cluster.clone() {
+            match self.route(&cluster, spec, &args) {
+                Routed::Here(None) => {}
+                Routed::Here(Some(h)) => (handler, rerouted) = (h, true),
+                Routed::Done(reply) => {
+                    if let Some(tx) = &mut self.client.multi {
+                        tx.failed = true;
+                    }
+                    self.record(id, &reply);
+                    self.ready(batch, reply, resp3);
+                    return;
+                }
+            }
+        }
         if let Some(tx) = &mut self.client.multi {
             if !matches!(
                 spec.name,
@@ -294,7 +325,7 @@ impl Connection {
         // A multi-key command whose keys all live on one shard runs there like
         // a single-key command: batched with the pipeline, inline when the
         // shard is this one, atomic in every case.
-        if let (Handler::Async(_), Some(one)) = (spec.handler, spec.one_shard) {
+        if let (false, Handler::Async(_), Some(one)) = (rerouted, spec.handler, spec.one_shard) {
             if (one.applies)(&args) {
                 if let Some((owner, first, slot)) = self.single_owner(spec, &args) {
                     self.run_on(owner, id, one.run, args, first, slot, batch);
@@ -302,7 +333,7 @@ impl Connection {
                 }
             }
         }
-        match spec.handler {
+        match handler {
             Handler::Key(f) => self.run_keyed(spec, id, f, args, batch),
             Handler::Sync(f) => {
                 let reply = f(&mut self.client, &args);
@@ -338,6 +369,86 @@ impl Connection {
                 self.ready(batch, unknown_subcommand(spec.name, &args[0]), resp3);
             }
         }
+    }
+
+    /// Where a command runs in a cluster: here (with its own handler, or
+    /// one that also drops copies of hot keys it writes, or the
+    /// coordinator of keys on several nodes), or answered now (MOVED,
+    /// CROSSSLOT, or a reply forwarded from the owner).
+    fn route(
+        &mut self,
+        cluster: &Arc<Cluster>,
+        spec: &'static CommandSpec,
+        args: &[Bytes],
+    ) -> Routed {
+        let decision = if self.client.peer {
+            Decision::Local
+        } else {
+            let view = self.client.shard.view();
+            route::decide(&self.client, cluster, &view, spec, args)
+        };
+        let in_multi = self.client.multi.is_some();
+        match decision {
+            Decision::Local => {}
+            Decision::Reply(reply) => return Routed::Done(reply),
+            _ if in_multi => {
+                return Routed::Done(Reply::error(
+                    "CROSSSLOT a transaction can only use keys of the node it runs on",
+                ))
+            }
+            Decision::Forward(node) => {
+                let view = self.client.shard.view();
+                let blocking = route::blocks(spec, args);
+                let reply = route::forward(
+                    &self.client.shard,
+                    cluster,
+                    &view,
+                    node,
+                    self.client.resp3,
+                    args.to_vec(),
+                    blocking,
+                );
+                return Routed::Done(reply);
+            }
+            Decision::Coordinate => return Routed::Here(Some(Handler::Async(route::coordinate))),
+        }
+        // Runs here: count reads for hot-key detection; writes to keys with
+        // copies elsewhere (and flushes) drop the copies before replying.
+        if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
+            if let Some(keys) = spec.key_indexes(args) {
+                let mut hot = self.client.shard.hot.borrow_mut();
+                for i in keys {
+                    hot.record(&args[i]);
+                }
+            }
+        } else if matches!(spec.name, "flushall" | "flushdb") {
+            return Routed::Here(Some(Handler::Async(route::flush_through)));
+        } else if spec.has(flags::WRITE) && cluster.has_replicated() {
+            let replicated = spec
+                .key_indexes(args)
+                .is_some_and(|keys| keys.iter().any(|&i| cluster.is_replicated(&args[i])));
+            if replicated && !in_multi {
+                return Routed::Here(Some(Handler::Async(route::write_through)));
+            }
+            if replicated {
+                // Queued in MULTI: the copies go now, ahead of EXEC.
+                let taken: Vec<(Bytes, Vec<String>)> = spec
+                    .key_indexes(args)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|i| {
+                        cluster
+                            .take_replicated(&args[i])
+                            .map(|n| (args[i].clone(), n))
+                    })
+                    .collect();
+                let (shard, cluster) = (Rc::clone(&self.client.shard), Arc::clone(cluster));
+                tokio::task::spawn_local(async move {
+                    crate::cluster::hot::uncopy(&shard, &cluster, taken).await;
+                });
+            }
+        }
+        Routed::Here(None)
     }
 
     /// Finds the command (or subcommand) and checks arity and AUTH, with

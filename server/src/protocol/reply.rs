@@ -55,6 +55,48 @@ pub enum Reply {
     /// An array of values of which only the leading present ones count
     /// (MGETPREFIX): after resolving, it is cut at the first nil.
     PrefixOf(Vec<Reply>),
+    /// The reply of a command forwarded to another cluster node; the
+    /// connection awaits it, in order with the rest.
+    Remote(RemoteReply),
+}
+
+/// A reply on its way from a peer node.
+#[derive(Clone)]
+pub struct RemoteReply(Arc<Mutex<Option<RemoteWait>>>);
+
+/// The receiving end of a forwarded command and the peer's name.
+type RemoteWait = (oneshot::Receiver<Reply>, String);
+
+impl RemoteReply {
+    /// Wraps the receiving end of a forwarded command; `node` names the
+    /// peer in the error a lost connection gives.
+    pub fn new(rx: oneshot::Receiver<Reply>, node: String) -> RemoteReply {
+        RemoteReply(Arc::new(Mutex::new(Some((rx, node)))))
+    }
+
+    /// The peer's reply, or an error if it never came.
+    pub async fn wait(&self) -> Reply {
+        let Some((rx, node)) = self.0.lock().ok().and_then(|mut g| g.take()) else {
+            return Reply::error("ERR cluster: reply already taken");
+        };
+        rx.await.unwrap_or_else(|_| {
+            Reply::error(format!(
+                "TRYAGAIN cluster node {node} did not answer; the command may or may not have run"
+            ))
+        })
+    }
+}
+
+impl std::fmt::Debug for RemoteReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemoteReply")
+    }
+}
+
+impl PartialEq for RemoteReply {
+    fn eq(&self, other: &RemoteReply) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// A value on its way from disk: shared so a reply can be cloned, taken
@@ -126,7 +168,7 @@ impl Reply {
     /// Whether part of the reply still waits for the disk.
     pub fn has_pending(&self) -> bool {
         match self {
-            Reply::Pending(_) | Reply::PrefixOf(_) => true,
+            Reply::Pending(_) | Reply::PrefixOf(_) | Reply::Remote(_) => true,
             Reply::Array(items) | Reply::Set(items) => items.iter().any(Reply::has_pending),
             Reply::Map(pairs) => pairs
                 .iter()
@@ -140,6 +182,7 @@ impl Reply {
         Box::pin(async move {
             match self {
                 Reply::Pending(p) => p.wait().await.map_or(Reply::Nil, Reply::Bulk),
+                Reply::Remote(r) => r.wait().await,
                 Reply::PrefixOf(items) => {
                     let mut out = Vec::with_capacity(items.len());
                     for item in items {
@@ -240,7 +283,7 @@ impl ReplyBuf {
             Reply::Silent => {}
             // Resolved before encoding; should one slip through, it reads as
             // a miss rather than as wrong bytes.
-            Reply::Pending(_) => {
+            Reply::Pending(_) | Reply::Remote(_) => {
                 self.scratch
                     .extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" })
             }

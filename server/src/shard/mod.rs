@@ -18,6 +18,9 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clients::ClientRegistry;
+use crate::cluster::hot::{Copies, HotCounter};
+use crate::cluster::peer::PeerPool;
+use crate::cluster::topology::View;
 use crate::server::Shared;
 use crate::stats::ShardStats;
 use crate::store::links::Route;
@@ -45,6 +48,14 @@ pub struct Shard {
     pub clients: RefCell<ClientRegistry>,
     /// Counters for INFO and metrics.
     pub stats: RefCell<ShardStats>,
+    /// Connections to the other cluster nodes.
+    pub peers: PeerPool,
+    /// The cluster view last seen, by version.
+    pub view_cache: RefCell<Option<(u64, Arc<View>)>>,
+    /// Reads counted for hot-key detection.
+    pub hot: RefCell<HotCounter>,
+    /// Copies of other nodes' hot keys.
+    pub copies: RefCell<Copies>,
 }
 
 impl Shard {
@@ -57,6 +68,28 @@ impl Shard {
             store: RefCell::new(store),
             clients: RefCell::new(ClientRegistry::default()),
             stats: RefCell::new(ShardStats::new(commands)),
+            peers: PeerPool::default(),
+            view_cache: RefCell::new(None),
+            hot: RefCell::new(HotCounter::default()),
+            copies: RefCell::new(Copies::default()),
+        }
+    }
+
+    /// The cluster view (a cached handle; cluster mode only).
+    pub fn view(&self) -> Arc<View> {
+        match &self.shared.cluster {
+            Some(cluster) => crate::cluster::route::shard_view(self, cluster),
+            None => Arc::new(View::new(0, Vec::new(), Vec::new(), None)),
+        }
+    }
+
+    /// Whether this node owns `key` (always, outside a cluster).
+    pub fn node_owns(&self, key: &[u8]) -> bool {
+        match &self.shared.cluster {
+            Some(cluster) => {
+                crate::cluster::route::shard_view(self, cluster).owns(slot::key_slot(key))
+            }
+            None => true,
         }
     }
 
@@ -118,6 +151,9 @@ impl Shard {
             }
             for event in events {
                 let targets: Vec<usize> = match event.route() {
+                    // A parent on another node is not tracked (it is
+                    // neither counted nor an orphan here).
+                    Route::Key(key) if !self.node_owns(key) => Vec::new(),
                     Route::Key(key) => vec![self.owner_of(slot::key_slot(key))],
                     Route::All => (0..self.count()).collect(),
                 };

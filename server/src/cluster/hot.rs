@@ -1,0 +1,516 @@
+//! Hot keys: counted in bounded memory, copied to extra nodes, served there.
+//!
+//! * Counting. Each shard counts the reads it executes in a count-min
+//!   sketch (4 rows × 4096 counters) and keeps the top [`TOP_K`] keys by
+//!   estimate, over one-second windows. At the end of a window each shard
+//!   publishes its top keys; the node adds the shards' counts up, and a key
+//!   at or above `--hot-key-threshold` reads/s is hot.
+//! * Copying. For a hot key it owns, the node sends `CLUSTER COPY key value
+//!   pttl lease` to the next `--hot-key-replicas` nodes of the slot's
+//!   rendezvous order, then renews the lease every window while the key
+//!   stays hot (`CLUSTER LEASE`; a replica that lost the copy answers 0
+//!   and gets the value again). Once a key is replicated, the replicas take
+//!   their share of its reads, so it stays hot down to a lower rate (the
+//!   threshold divided by the nodes that serve it), with no flapping.
+//! * Serving. A node asked for a key it does not own serves its copy (if
+//!   it has a live one) instead of forwarding: GET, MGET, EXISTS, STRLEN,
+//!   GETRANGE and the read dialect, when every key has a copy.
+//! * Invalidation. A write to a replicated key (DEL, SET, REPLACE, EXPIRE,
+//!   ...) runs, then `CLUSTER UNCOPY` reaches every copy, and only then is
+//!   the reply sent: once DEL returns, no node serves the key. A replica
+//!   keeps a short tombstone so a copy already on its way cannot come back.
+//!   FLUSHALL drops what the node copied out and what it holds. Copies
+//!   carry the owner's expiry and a lease, so a copy never outlives either.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::topology::View;
+use super::Cluster;
+use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
+use crate::shard::Shard;
+
+/// Keys each shard tracks per window.
+pub const TOP_K: usize = 64;
+const ROWS: usize = 4;
+const WIDTH: usize = 4096;
+/// How long a copy lives without a renewal.
+pub const LEASE: Duration = Duration::from_secs(5);
+/// How long an invalidated key refuses new copies.
+const TOMBSTONE: Duration = Duration::from_secs(2);
+/// Bounds of one shard's copies.
+const MAX_COPIES: usize = 4096;
+const MAX_COPY_BYTES: usize = 512 << 20;
+
+fn row_hash(key: &[u8], row: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for &b in key {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 29;
+    (h as usize) % WIDTH
+}
+
+/// Read counts of one shard for the current window.
+pub struct HotCounter {
+    sketch: Vec<u32>,
+    top: HashMap<Bytes, u32>,
+    started: Instant,
+}
+
+impl Default for HotCounter {
+    fn default() -> HotCounter {
+        HotCounter {
+            sketch: vec![0; ROWS * WIDTH],
+            top: HashMap::new(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl HotCounter {
+    /// Counts one read of `key`.
+    pub fn record(&mut self, key: &Bytes) {
+        let mut estimate = u32::MAX;
+        for row in 0..ROWS {
+            let c = &mut self.sketch[row * WIDTH + row_hash(key, row)];
+            *c = c.saturating_add(1);
+            estimate = estimate.min(*c);
+        }
+        if let Some(count) = self.top.get_mut(key) {
+            *count = estimate;
+            return;
+        }
+        if self.top.len() < TOP_K {
+            self.top.insert(key.clone(), estimate);
+            return;
+        }
+        // Replace the smallest candidate if this key now beats it.
+        if let Some((min_key, &min)) = self.top.iter().min_by_key(|(_, c)| **c) {
+            if estimate > min {
+                let min_key = min_key.clone();
+                self.top.remove(&min_key);
+                self.top.insert(key.clone(), estimate);
+            }
+        }
+    }
+
+    /// Ends the window: the top keys with their reads per second.
+    pub fn rotate(&mut self) -> Vec<(Bytes, f64)> {
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let out = self
+            .top
+            .drain()
+            .map(|(k, c)| (k, c as f64 / secs))
+            .collect();
+        self.sketch.iter_mut().for_each(|c| *c = 0);
+        self.started = Instant::now();
+        out
+    }
+}
+
+/// A copy of another node's hot key.
+struct Copy {
+    value: Bytes,
+    /// Unix ms of the owner's expiry (0: none).
+    expire_at: u64,
+    lease_until: Instant,
+}
+
+/// One shard's copies of other nodes' hot keys.
+#[derive(Default)]
+pub struct Copies {
+    map: HashMap<Bytes, Copy>,
+    tombstones: HashMap<Bytes, Instant>,
+    bytes: usize,
+}
+
+impl Copies {
+    /// Stores a copy unless the key was just invalidated or the bounds are
+    /// reached.
+    pub fn insert(&mut self, key: Bytes, value: Bytes, expire_at: u64, lease: Duration) -> bool {
+        let now = Instant::now();
+        if self.tombstones.get(&key).is_some_and(|t| *t > now) {
+            return false;
+        }
+        self.remove(&key);
+        if self.map.len() >= MAX_COPIES || self.bytes + value.len() > MAX_COPY_BYTES {
+            self.purge(now);
+            if self.map.len() >= MAX_COPIES || self.bytes + value.len() > MAX_COPY_BYTES {
+                return false;
+            }
+        }
+        self.bytes += value.len();
+        self.map.insert(
+            key,
+            Copy {
+                value,
+                expire_at,
+                lease_until: now + lease,
+            },
+        );
+        true
+    }
+
+    /// Extends a copy's lease; false if there is no live copy.
+    pub fn renew(&mut self, key: &[u8], lease: Duration) -> bool {
+        match self.map.get_mut(key) {
+            Some(c) => {
+                c.lease_until = Instant::now() + lease;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops a copy and refuses new ones for a moment.
+    pub fn invalidate(&mut self, key: &Bytes) {
+        self.remove(key);
+        let now = Instant::now();
+        self.tombstones.retain(|_, t| *t > now);
+        self.tombstones.insert(key.clone(), now + TOMBSTONE);
+    }
+
+    /// Drops every copy.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(c) = self.map.remove(key) {
+            self.bytes -= c.value.len();
+        }
+    }
+
+    /// Drops expired copies and lapsed leases.
+    pub fn purge(&mut self, now: Instant) {
+        let unix = crate::store::now_ms();
+        let mut freed = 0;
+        self.map.retain(|_, c| {
+            let live = c.lease_until > now && (c.expire_at == 0 || c.expire_at > unix);
+            if !live {
+                freed += c.value.len();
+            }
+            live
+        });
+        self.bytes -= freed;
+    }
+
+    /// The live copy of `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&Bytes> {
+        let c = self.map.get(key)?;
+        let live = c.lease_until > Instant::now()
+            && (c.expire_at == 0 || c.expire_at > crate::store::now_ms());
+        live.then_some(&c.value)
+    }
+
+    /// Number of copies held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no copy is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Bytes of values held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Commands a copy can answer.
+pub fn served_by_copies(name: &str) -> bool {
+    matches!(
+        name,
+        "get"
+            | "mget"
+            | "exists"
+            | "strlen"
+            | "getrange"
+            | "substr"
+            | "mexists"
+            | "prefixlen"
+            | "mgetprefix"
+    )
+}
+
+/// Answers a read from this shard's copies, if every key has one.
+pub fn answer_from_copies(
+    copies: &Copies,
+    name: &str,
+    args: &[Bytes],
+    keys: &[usize],
+) -> Option<Reply> {
+    let values: Vec<&Bytes> = keys
+        .iter()
+        .map(|&i| copies.get(&args[i]))
+        .collect::<Option<Vec<_>>>()?;
+    let reply = match name {
+        "get" => Reply::Bulk(values[0].clone()),
+        "mget" => Reply::Array(values.into_iter().map(|v| Reply::Bulk(v.clone())).collect()),
+        "exists" => Reply::Int(values.len() as i64),
+        "strlen" => Reply::Int(values[0].len() as i64),
+        "mexists" => Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()),
+        "prefixlen" => Reply::Int(values.len() as i64),
+        "mgetprefix" => {
+            // Options after the keys: only MAXBYTES can be answered here
+            // (BLOCK has nothing to wait for when every key is present).
+            let read = crate::commands::block::parse_prefix_read(args).ok()?;
+            let mut total = 0u64;
+            let items = values
+                .into_iter()
+                .take_while(|v| {
+                    total += v.len() as u64;
+                    read.max_bytes.is_none_or(|m| total <= m)
+                })
+                .map(|v| Reply::Bulk(v.clone()))
+                .collect();
+            Reply::Array(items)
+        }
+        // GETRANGE's index arithmetic is the command's own: read through.
+        _ => return None,
+    };
+    Some(reply)
+}
+
+/// What the node knows of hot keys: the shards' latest counts, and which of
+/// its keys are copied where.
+#[derive(Default)]
+pub struct HotState {
+    /// Each shard's top keys of its last window.
+    reports: Vec<Vec<(Bytes, f64)>>,
+    /// Hot keys and their rates, from the last aggregation.
+    pub hot: Vec<(Bytes, f64)>,
+    /// Keys this node owns that have copies, and the nodes holding them.
+    pub replicated: HashMap<Bytes, Vec<String>>,
+}
+
+impl Cluster {
+    /// A shard's counts for the window that ended.
+    pub fn report_hot(&self, shard: usize, shards: usize, top: Vec<(Bytes, f64)>) {
+        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        hot.reports.resize_with(shards, Vec::new);
+        hot.reports[shard] = top;
+    }
+
+    /// Adds the shards' reports up into the hot set (keys at or above the
+    /// threshold, or above the lower renewal threshold when already
+    /// replicated), hottest first.
+    pub fn aggregate_hot(&self) -> Vec<(Bytes, f64)> {
+        let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rates: HashMap<Bytes, f64> = HashMap::new();
+        for report in &state.reports {
+            for (k, r) in report {
+                *rates.entry(k.clone()).or_default() += r;
+            }
+        }
+        let threshold = self.hot_threshold as f64;
+        let keep = threshold / (1 + self.hot_replicas) as f64 / 2.0;
+        let mut hot: Vec<(Bytes, f64)> = rates
+            .into_iter()
+            .filter(|(k, r)| *r >= threshold || (state.replicated.contains_key(k) && *r >= keep))
+            .collect();
+        hot.sort_by(|a, b| b.1.total_cmp(&a.1));
+        state.hot = hot.clone();
+        hot
+    }
+
+    /// The nodes holding copies of `key`, removed from the record.
+    pub fn take_replicated(&self, key: &[u8]) -> Option<Vec<String>> {
+        if self.replicated_count.load(Relaxed) == 0 {
+            return None;
+        }
+        let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = state.replicated.remove(key);
+        self.replicated_count.store(state.replicated.len(), Relaxed);
+        nodes
+    }
+
+    /// Whether `key` has copies on other nodes.
+    pub fn is_replicated(&self, key: &[u8]) -> bool {
+        self.has_replicated()
+            && self
+                .hot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replicated
+                .contains_key(key)
+    }
+
+    /// Whether any of this node's keys has copies.
+    pub fn has_replicated(&self) -> bool {
+        self.replicated_count.load(Relaxed) > 0
+    }
+
+    /// Everything replicated, removed from the record (FLUSHALL).
+    pub fn take_all_replicated(&self) -> HashMap<Bytes, Vec<String>> {
+        let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        self.replicated_count.store(0, Relaxed);
+        std::mem::take(&mut state.replicated)
+    }
+
+    fn note_replicated(&self, key: Bytes, nodes: Vec<String>) {
+        let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        state.replicated.insert(key, nodes);
+        self.replicated_count.store(state.replicated.len(), Relaxed);
+    }
+
+    fn forget_replicated(&self, keep: &[Bytes]) {
+        let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        state.replicated.retain(|k, _| keep.contains(k));
+        self.replicated_count.store(state.replicated.len(), Relaxed);
+    }
+
+    /// The current hot keys with their rates (CLUSTER HOTKEYS).
+    pub fn hot_keys(&self) -> Vec<(Bytes, f64, Vec<String>)> {
+        let state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .hot
+            .iter()
+            .map(|(k, r)| {
+                let copies = state.replicated.get(k).cloned().unwrap_or_default();
+                (k.clone(), *r, copies)
+            })
+            .collect()
+    }
+}
+
+/// Once a window, on shard 0: copies the node's hot keys to their replicas
+/// and renews the leases of those still hot.
+pub async fn replicate_hot(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
+    let hot = cluster.aggregate_hot();
+    let view = shard.view();
+    let mine: Vec<Bytes> = hot
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| view.owns(key_slot(k)))
+        .collect();
+    // Keys no longer hot: their copies lapse with the lease.
+    cluster.forget_replicated(&mine);
+    for key in mine {
+        copy_key(shard, cluster, &view, key).await;
+    }
+}
+
+fn arg(s: impl Into<Bytes>) -> Bytes {
+    s.into()
+}
+
+async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: Bytes) {
+    let slot = key_slot(&key);
+    let targets: Vec<usize> = view.replicas(slot, cluster.hot_replicas);
+    if targets.is_empty() {
+        return;
+    }
+    let lease = arg(LEASE.as_millis().to_string());
+    let password = shard.shared.config.password();
+    // Renew where a copy is held; send the value where it is not.
+    let mut missing = Vec::new();
+    for &t in &targets {
+        let addr = view.nodes[t].addr();
+        let rx = shard.peers.send(
+            &addr,
+            false,
+            password.clone(),
+            &cluster.me,
+            &[arg("CLUSTER"), arg("LEASE"), key.clone(), lease.clone()],
+        );
+        if !matches!(rx.await, Ok(Reply::Int(1))) {
+            missing.push(t);
+        }
+    }
+    if !missing.is_empty() {
+        let owner = shard.owner_of(slot);
+        let k = key.clone();
+        let now = crate::store::now_ms();
+        let found = shard
+            .call(owner, move |s| {
+                let mut store = s.store.borrow_mut();
+                let expire_at = store.peek(slot, &k, now).map(|e| e.expire_at)?;
+                let value = match store.fetch(slot, &k, now)? {
+                    crate::store::Fetched::Now(v) => v,
+                    // On disk: not copied this window (the read promotes it).
+                    _ => return None,
+                };
+                Some((value, expire_at))
+            })
+            .await
+            .ok()
+            .flatten();
+        let Some((value, expire_at)) = found else {
+            return;
+        };
+        for t in missing {
+            let rx = shard.peers.send(
+                &view.nodes[t].addr(),
+                false,
+                password.clone(),
+                &cluster.me,
+                &[
+                    arg("CLUSTER"),
+                    arg("COPY"),
+                    key.clone(),
+                    value.clone(),
+                    arg(expire_at.to_string()),
+                    lease.clone(),
+                ],
+            );
+            if matches!(rx.await, Ok(Reply::Int(1))) {
+                cluster.stats.copies_sent.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    cluster.note_replicated(
+        key,
+        targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
+    );
+}
+
+/// Tells every node holding a copy of one of `keys` to drop it, and waits
+/// for their answers.
+pub async fn uncopy(shard: &Rc<Shard>, cluster: &Cluster, keys: Vec<(Bytes, Vec<String>)>) {
+    let view = shard.view();
+    let password = shard.shared.config.password();
+    let mut waits = Vec::new();
+    for (key, nodes) in keys {
+        for id in nodes {
+            let Some(i) = view.index_of(&id) else {
+                continue;
+            };
+            waits.push(shard.peers.send(
+                &view.nodes[i].addr(),
+                false,
+                password.clone(),
+                &cluster.me,
+                &[arg("CLUSTER"), arg("UNCOPY"), key.clone()],
+            ));
+        }
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+}
+
+/// Applies `f` to every shard's copies (a copy is served by whichever
+/// shard the reading client is on).
+pub async fn on_all_copies(
+    shard: &Shard,
+    f: impl Fn(&mut Copies) -> bool + Send + Sync + 'static,
+) -> bool {
+    let f = Arc::new(f);
+    let results = shard
+        .call_all(move |s| f(&mut s.copies.borrow_mut()))
+        .await
+        .unwrap_or_default();
+    results.into_iter().any(|r| r)
+}

@@ -1,0 +1,618 @@
+//! CLUSTER and its subcommands, READONLY, READWRITE and ASKING: the
+//! topology cluster-aware clients read (SLOTS, SHARDS, NODES, ...), the
+//! administration of the node list (SETNODES), hot keys (HOTKEYS), and the
+//! internal messages between nodes (PING, PEER, COPY, LEASE, UNCOPY).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::flags::*;
+use super::keyspace::help_reply;
+use super::{parse_int, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS};
+use crate::cluster::hot;
+use crate::cluster::topology::View;
+use crate::cluster::Cluster;
+use crate::protocol::Reply;
+use crate::shard::slot::{key_slot, SLOTS};
+
+const SUB: CommandSpec = CommandSpec {
+    name: "",
+    arity: 2,
+    flags: STALE,
+    keys: NO_KEYS,
+    group: "cluster",
+    since: "3.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "",
+    handler: Handler::Parent,
+    subcommands: &[],
+    one_shard: None,
+};
+
+/// CLUSTER, READONLY, READWRITE, ASKING.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "cluster",
+        arity: -2,
+        flags: 0,
+        summary: "A container for Redis Cluster commands.",
+        complexity: "Depends on subcommand.",
+        subcommands: &[
+            CommandSpec {
+                name: "cluster|slots",
+                since: "3.0.0",
+                summary: "Returns the mapping of cluster slots to nodes.",
+                complexity: "O(N) where N is the total number of Cluster nodes",
+                handler: Handler::Sync(slots),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|shards",
+                since: "7.0.0",
+                summary: "Returns the mapping of cluster slots to shards.",
+                complexity: "O(N) where N is the total number of cluster nodes",
+                handler: Handler::Sync(shards),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|nodes",
+                summary: "Returns the cluster configuration for a node.",
+                complexity: "O(N) where N is the total number of Cluster nodes",
+                handler: Handler::Sync(nodes),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|myid",
+                summary: "Returns the ID of a node.",
+                handler: Handler::Sync(myid),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|myshardid",
+                since: "7.2.0",
+                summary: "Returns the shard ID of a node.",
+                handler: Handler::Sync(myid),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|info",
+                summary: "Returns information about the state of a node.",
+                handler: Handler::Sync(info),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|keyslot",
+                arity: 3,
+                summary: "Returns the hash slot for a key.",
+                complexity: "O(N) where N is the number of bytes in the key",
+                syntax: "key",
+                handler: Handler::Sync(keyslot),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|countkeysinslot",
+                arity: 3,
+                summary: "Returns the number of keys in a hash slot.",
+                syntax: "slot:integer",
+                handler: Handler::Async(countkeysinslot),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|getkeysinslot",
+                arity: 4,
+                summary: "Returns the key names in a hash slot.",
+                complexity: "O(N) where N is the number of requested keys",
+                syntax: "slot:integer count:integer",
+                handler: Handler::Async(getkeysinslot),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|setnodes",
+                arity: 4,
+                flags: ADMIN | STALE,
+                since: "0.1.0",
+                summary: "Sets the cluster's node list (ID@HOST:PORT,...) under a higher epoch; it spreads to every node.",
+                syntax: "nodes epoch:integer",
+                handler: Handler::Sync(setnodes),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|hotkeys",
+                since: "0.1.0",
+                summary: "Lists the hot keys this node counted, with reads per second and the nodes holding copies.",
+                handler: Handler::Sync(hotkeys),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|ping",
+                arity: 5,
+                flags: STALE | FAST,
+                since: "0.1.0",
+                summary: "Internal: a peer's liveness ping carrying its epoch and node list.",
+                syntax: "node-id epoch:integer nodes",
+                handler: Handler::Sync(ping),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|peer",
+                arity: 3,
+                since: "0.1.0",
+                summary: "Internal: marks the connection as a peer's (its commands run here, never forwarded).",
+                syntax: "node-id",
+                handler: Handler::Sync(peer),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|copy",
+                arity: 6,
+                since: "0.1.0",
+                summary: "Internal: stores a copy of an owner's hot key.",
+                syntax: "key value expire-at-ms:integer lease-ms:integer",
+                handler: Handler::Async(copy),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|lease",
+                arity: 4,
+                since: "0.1.0",
+                summary: "Internal: renews the lease of a hot key's copy.",
+                syntax: "key lease-ms:integer",
+                handler: Handler::Async(lease),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|uncopy",
+                arity: -3,
+                since: "0.1.0",
+                summary: "Internal: drops copies of keys that were written or deleted.",
+                syntax: "key [key ...]",
+                handler: Handler::Async(uncopy),
+                ..SUB
+            },
+            CommandSpec {
+                name: "cluster|help",
+                since: "5.0.0",
+                summary: "Returns helpful text about the different subcommands.",
+                handler: Handler::Sync(help),
+                ..SUB
+            },
+        ],
+        ..SUB
+    },
+    CommandSpec {
+        name: "readonly",
+        arity: 1,
+        flags: FAST | LOADING | STALE,
+        group: "cluster",
+        summary: "Enables read-only queries for a connection to a Redis Cluster replica node.",
+        handler: Handler::Sync(readonly),
+        ..SUB
+    },
+    CommandSpec {
+        name: "readwrite",
+        arity: 1,
+        flags: FAST | LOADING | STALE,
+        group: "cluster",
+        summary: "Enables read-write queries for a connection to a Redis Cluster replica node.",
+        handler: Handler::Sync(readwrite),
+        ..SUB
+    },
+    CommandSpec {
+        name: "asking",
+        arity: 1,
+        flags: FAST,
+        group: "cluster",
+        summary: "Signals that a cluster client is following an -ASK redirect.",
+        handler: Handler::Sync(asking),
+        ..SUB
+    },
+];
+
+fn disabled() -> Reply {
+    Reply::error("ERR This instance has cluster support disabled")
+}
+
+fn cluster(client: &Client) -> Option<Arc<Cluster>> {
+    client.shard.shared.cluster.clone()
+}
+
+macro_rules! with_cluster {
+    ($client:expr) => {
+        match cluster($client) {
+            Some(c) => (c, $client.shard.view()),
+            None => return disabled(),
+        }
+    };
+}
+
+/// `[host, port, id]` as CLUSTER SLOTS lists a node.
+fn node_entry(view: &View, i: usize) -> Reply {
+    let n = &view.nodes[i];
+    Reply::Array(vec![
+        Reply::bulk(&n.host),
+        Reply::Int(n.port as i64),
+        Reply::bulk(&n.id),
+        Reply::Map(Vec::new()),
+    ])
+}
+
+fn slots(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    Reply::Array(
+        view.ranges(cluster.hot_replicas)
+            .into_iter()
+            .map(|(first, last, holders)| {
+                let mut entry = vec![Reply::Int(first as i64), Reply::Int(last as i64)];
+                entry.extend(holders.iter().map(|&i| node_entry(&view, i)));
+                Reply::Array(entry)
+            })
+            .collect(),
+    )
+}
+
+/// Slot ranges per owner, and the nodes that replicate some of them.
+/// One owner's slot ranges and the nodes replicating some of them.
+type Holdings = (Vec<(u16, u16)>, Vec<usize>);
+
+fn by_owner(cluster: &Cluster, view: &View) -> Vec<Holdings> {
+    let mut out: Vec<Holdings> = vec![(Vec::new(), Vec::new()); view.nodes.len()];
+    for (first, last, holders) in view.ranges(cluster.hot_replicas) {
+        let (ranges, replicas) = &mut out[holders[0]];
+        match ranges.last_mut() {
+            Some((_, l)) if *l + 1 == first => *l = last,
+            _ => ranges.push((first, last)),
+        }
+        for &r in &holders[1..] {
+            if !replicas.contains(&r) {
+                replicas.push(r);
+            }
+        }
+    }
+    out
+}
+
+fn shards(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    let node = |i: usize, role: &'static str| {
+        let n = &view.nodes[i];
+        Reply::Map(vec![
+            (Reply::bulk("id"), Reply::bulk(&n.id)),
+            (Reply::bulk("port"), Reply::Int(n.port as i64)),
+            (Reply::bulk("ip"), Reply::bulk(&n.host)),
+            (Reply::bulk("endpoint"), Reply::bulk(&n.host)),
+            (Reply::bulk("role"), Reply::bulk(role)),
+            (Reply::bulk("replication-offset"), Reply::Int(0)),
+            (
+                Reply::bulk("health"),
+                Reply::bulk(if view.alive[i] { "online" } else { "failed" }),
+            ),
+        ])
+    };
+    Reply::Array(
+        by_owner(&cluster, &view)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (ranges, _))| !ranges.is_empty())
+            .map(|(owner, (ranges, replicas))| {
+                let slots = ranges
+                    .iter()
+                    .flat_map(|&(f, l)| [Reply::Int(f as i64), Reply::Int(l as i64)])
+                    .collect();
+                let mut nodes = vec![node(owner, "master")];
+                nodes.extend(replicas.into_iter().map(|r| node(r, "replica")));
+                Reply::Map(vec![
+                    (Reply::bulk("slots"), Reply::Array(slots)),
+                    (Reply::bulk("nodes"), Reply::Array(nodes)),
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    let seen = cluster.last_seen();
+    let now_ms = crate::store::now_ms();
+    let mut out = String::new();
+    for (i, (ranges, _)) in by_owner(&cluster, &view).into_iter().enumerate() {
+        let n = &view.nodes[i];
+        let mut flags = Vec::new();
+        if view.me == Some(i) {
+            flags.push("myself");
+        }
+        flags.push("master");
+        if !view.alive[i] {
+            flags.push("fail");
+        }
+        let pong = seen
+            .get(&n.id)
+            .map_or(0, |d| now_ms.saturating_sub(d.as_millis() as u64));
+        let mut line = format!(
+            "{} {}:{}@0 {} - 0 {} {} {}",
+            n.id,
+            n.host,
+            n.port,
+            flags.join(","),
+            if view.me == Some(i) { 0 } else { pong },
+            view.epoch,
+            if view.alive[i] {
+                "connected"
+            } else {
+                "disconnected"
+            }
+        );
+        for (f, l) in ranges {
+            if f == l {
+                line.push_str(&format!(" {f}"));
+            } else {
+                line.push_str(&format!(" {f}-{l}"));
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    Reply::Verbatim(Bytes::from(out))
+}
+
+fn myid(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, _) = with_cluster!(client);
+    Reply::bulk(&cluster.me)
+}
+
+fn info(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    let live = view.alive.iter().filter(|a| **a).count();
+    let owners = view.slot_counts().iter().filter(|&&c| c > 0).count();
+    let failed = view.alive.iter().filter(|a| !**a).count();
+    let text = format!(
+        "cluster_state:ok\r\n\
+         cluster_slots_assigned:{SLOTS}\r\n\
+         cluster_slots_ok:{SLOTS}\r\n\
+         cluster_slots_pfail:0\r\n\
+         cluster_slots_fail:0\r\n\
+         cluster_known_nodes:{}\r\n\
+         cluster_live_nodes:{live}\r\n\
+         cluster_failed_nodes:{failed}\r\n\
+         cluster_size:{owners}\r\n\
+         cluster_current_epoch:{}\r\n\
+         cluster_my_epoch:{}\r\n\
+         cluster_placement:rendezvous\r\n\
+         cluster_mode:{}\r\n\
+         cluster_node_timeout:{}\r\n\
+         cluster_uptime_in_seconds:{}\r\n",
+        view.nodes.len(),
+        view.epoch,
+        view.epoch,
+        if cluster.redirect {
+            "redirect"
+        } else {
+            "forward"
+        },
+        cluster.node_timeout.as_millis(),
+        cluster.uptime().as_secs(),
+    );
+    Reply::Verbatim(Bytes::from(text))
+}
+
+fn keyslot(client: &mut Client, args: &[Bytes]) -> Reply {
+    let _ = with_cluster!(client);
+    Reply::Int(key_slot(&args[2]) as i64)
+}
+
+fn parse_slot(arg: &Bytes) -> Result<u16, Reply> {
+    match parse_int(arg) {
+        Some(s) if (0..SLOTS as i64).contains(&s) => Ok(s as u16),
+        Some(_) => Err(Reply::error("ERR Invalid slot")),
+        None => Err(Reply::error("ERR Invalid slot")),
+    }
+}
+
+fn countkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if cluster(client).is_none() {
+            return disabled();
+        }
+        let slot = match parse_slot(&args[2]) {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let owner = client.shard.owner_of(slot);
+        let now = crate::store::now_ms();
+        client
+            .shard
+            .call(owner, move |s| {
+                s.store.borrow().count_in_slot(slot as usize, now) as i64
+            })
+            .await
+            .map_or_else(|_| Reply::error("ERR server is shutting down"), Reply::Int)
+    })
+}
+
+fn getkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if cluster(client).is_none() {
+            return disabled();
+        }
+        let slot = match parse_slot(&args[2]) {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let count = match parse_int(&args[3]) {
+            Some(c) if c >= 0 => c as usize,
+            _ => return Reply::error("ERR Invalid number of keys"),
+        };
+        let owner = client.shard.owner_of(slot);
+        let now = crate::store::now_ms();
+        client
+            .shard
+            .call(owner, move |s| {
+                let mut store = s.store.borrow_mut();
+                let (keys, _) = store.scan(slot as usize, usize::MAX, |_, _| true, now);
+                // `scan` visits whole slots from `slot` on: keep this one's.
+                keys.into_iter()
+                    .filter(|k| key_slot(k) == slot)
+                    .take(count)
+                    .map(Reply::Bulk)
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_or_else(
+                |_| Reply::error("ERR server is shutting down"),
+                Reply::Array,
+            )
+    })
+}
+
+fn setnodes(client: &mut Client, args: &[Bytes]) -> Reply {
+    let (cluster, _) = with_cluster!(client);
+    let Some(epoch) = parse_int(&args[3]).filter(|&e| e >= 0) else {
+        return Reply::error("ERR Invalid epoch");
+    };
+    match cluster.set_nodes(&String::from_utf8_lossy(&args[2]), epoch as u64) {
+        Ok(()) => Reply::ok(),
+        Err(e) => Reply::error(format!("ERR {e}")),
+    }
+}
+
+fn hotkeys(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, _) = with_cluster!(client);
+    Reply::Array(
+        cluster
+            .hot_keys()
+            .into_iter()
+            .map(|(key, rate, copies)| {
+                Reply::Array(vec![
+                    Reply::Bulk(key),
+                    Reply::Int(rate.round() as i64),
+                    Reply::Array(copies.iter().map(Reply::bulk).collect()),
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn ping(client: &mut Client, args: &[Bytes]) -> Reply {
+    let (cluster, _) = with_cluster!(client);
+    let Some(epoch) = parse_int(&args[3]).filter(|&e| e >= 0) else {
+        return Reply::error("ERR Invalid epoch");
+    };
+    let (epoch, list) = cluster.gossip(
+        &String::from_utf8_lossy(&args[2]),
+        epoch as u64,
+        &String::from_utf8_lossy(&args[4]),
+    );
+    Reply::Array(vec![Reply::Int(epoch as i64), Reply::bulk(list)])
+}
+
+fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
+    let _ = with_cluster!(client);
+    client.peer = true;
+    Reply::ok()
+}
+
+fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let Some(cluster) = cluster(client) else {
+            return disabled();
+        };
+        if !client.peer {
+            return Reply::error("ERR CLUSTER COPY is for cluster peers");
+        }
+        let (Some(expire_at), Some(lease)) = (
+            parse_int(&args[4]).filter(|&n| n >= 0),
+            parse_int(&args[5]).filter(|&n| n > 0),
+        ) else {
+            return Reply::error("ERR value is not an integer or out of range");
+        };
+        let (key, value) = (args[2].clone(), args[3].clone());
+        let lease = Duration::from_millis(lease as u64);
+        let stored = hot::on_all_copies(&client.shard, move |c| {
+            c.insert(key.clone(), value.clone(), expire_at as u64, lease)
+        })
+        .await;
+        if stored {
+            cluster.stats.copies_received.fetch_add(1, Relaxed);
+        }
+        Reply::Int(stored as i64)
+    })
+}
+
+fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if cluster(client).is_none() {
+            return disabled();
+        }
+        let Some(lease) = parse_int(&args[3]).filter(|&n| n > 0) else {
+            return Reply::error("ERR value is not an integer or out of range");
+        };
+        let key = args[2].clone();
+        let lease = Duration::from_millis(lease as u64);
+        let renewed = hot::on_all_copies(&client.shard, move |c| c.renew(&key, lease)).await;
+        Reply::Int(renewed as i64)
+    })
+}
+
+fn uncopy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if cluster(client).is_none() {
+            return disabled();
+        }
+        let keys: Vec<Bytes> = args[2..].to_vec();
+        let n = keys.len() as i64;
+        hot::on_all_copies(&client.shard, move |c| {
+            keys.iter().for_each(|k| c.invalidate(k));
+            true
+        })
+        .await;
+        Reply::Int(n)
+    })
+}
+
+fn help(_: &mut Client, _: &[Bytes]) -> Reply {
+    help_reply(
+        "CLUSTER",
+        &[
+            "SLOTS",
+            "    Return information about slots range mappings (rendezvous placement).",
+            "SHARDS",
+            "    Return information about slot ranges and the nodes holding them.",
+            "NODES",
+            "    Return cluster configuration seen by node.",
+            "MYID",
+            "    Return the node id.",
+            "INFO",
+            "    Return information about the cluster.",
+            "KEYSLOT <key>",
+            "    Return the hash slot for <key>.",
+            "COUNTKEYSINSLOT <slot>",
+            "    Return the number of keys in <slot>.",
+            "GETKEYSINSLOT <slot> <count>",
+            "    Return key names stored by current node in a slot.",
+            "SETNODES <id@host:port,...> <epoch>",
+            "    Set the node list for the whole cluster (the highest epoch wins).",
+            "HOTKEYS",
+            "    List hot keys with their reads per second and the nodes holding copies.",
+        ],
+    )
+}
+
+fn readonly(client: &mut Client, _: &[Bytes]) -> Reply {
+    let _ = with_cluster!(client);
+    client.readonly = true;
+    Reply::ok()
+}
+
+fn readwrite(client: &mut Client, _: &[Bytes]) -> Reply {
+    let _ = with_cluster!(client);
+    client.readonly = false;
+    Reply::ok()
+}
+
+fn asking(client: &mut Client, _: &[Bytes]) -> Reply {
+    let _ = with_cluster!(client);
+    Reply::ok()
+}

@@ -1,0 +1,574 @@
+//! A kvtier cluster of real processes on loopback ports: topology replies,
+//! forwarding and MOVED, cross-node multi-key commands and the dialect, the
+//! `redis` crate's cluster client and `redis-cli -c`, node loss and rejoin,
+//! CLUSTER SETNODES, and hot-key copies.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::Commands;
+
+/// Nodes of a test cluster, `n1`..`nN` on free loopback ports.
+struct Cluster {
+    ports: Vec<u16>,
+    nodes: Vec<Option<Server>>,
+    extra: Vec<String>,
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+fn node_list(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("n{}@127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Cluster {
+    fn start(n: usize, extra: &[&str]) -> Cluster {
+        let ports = free_ports(n);
+        let mut c = Cluster {
+            nodes: (0..n).map(|_| None).collect(),
+            ports,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for i in 0..n {
+            c.start_node(i, &node_list(&c.ports.clone()));
+        }
+        c
+    }
+
+    fn start_node(&mut self, i: usize, list: &str) {
+        let port = self.ports[i].to_string();
+        let id = format!("n{}", i + 1);
+        let mut args = vec![
+            "--port",
+            &port,
+            "--threads",
+            "2",
+            "--metrics-addr",
+            "none",
+            "--cluster-nodes",
+            list,
+            "--node-id",
+            &id,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        self.nodes[i] = Some(Server::start_with_args(&args));
+    }
+
+    fn raw(&self, i: usize) -> RawConn {
+        RawConn::connect(self.ports[i])
+    }
+
+    fn redis(&self, i: usize) -> redis::Connection {
+        connect_redis(&format!("redis://127.0.0.1:{}/", self.ports[i]))
+    }
+
+    /// Node index owning `key`, by CLUSTER SLOTS as node `asked` tells it.
+    fn owner_by_slots(&self, asked: usize, key: &str) -> usize {
+        let slot = self.raw(asked).run(&format!("CLUSTER KEYSLOT {key}")).int();
+        let slots = self.raw(asked).run("CLUSTER SLOTS");
+        for range in slots.items() {
+            let r = range.items();
+            if r[0].int() <= slot && slot <= r[1].int() {
+                let port = r[2].items()[1].int() as u16;
+                return self
+                    .ports
+                    .iter()
+                    .position(|&p| p == port)
+                    .expect("known port");
+            }
+        }
+        panic!("slot {slot} not in CLUSTER SLOTS");
+    }
+}
+
+fn info_field(conn: &mut RawConn, section: &str, field: &str) -> i64 {
+    let text = conn.run(&format!("INFO {section}")).text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} not in INFO {section}:\n{text}"))
+}
+
+#[test]
+fn topology_and_plain_clients_on_every_node() {
+    let c = Cluster::start(3, &[]);
+    let mut n0 = c.raw(0);
+    assert_eq!(info_field(&mut n0, "cluster", "cluster_enabled"), 1);
+    let info = n0.run("CLUSTER INFO").text();
+    assert!(info.contains("cluster_state:ok"), "{info}");
+    assert!(info.contains("cluster_known_nodes:3"), "{info}");
+    assert!(info.contains("cluster_slots_assigned:16384"), "{info}");
+    assert_eq!(n0.run("CLUSTER MYID"), bulk("n1"));
+    assert_eq!(c.raw(2).run("CLUSTER MYID"), bulk("n3"));
+    // Every node describes the same map.
+    let slots = n0.run("CLUSTER SLOTS");
+    for i in 1..3 {
+        assert_eq!(c.raw(i).run("CLUSTER SLOTS"), slots);
+    }
+    // A plain client on each node in turn writes, and reads every key back
+    // through every node.
+    let keys: Vec<String> = (0..300).map(|i| format!("key:{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let mut con = c.redis(i % 3);
+        let _: () = con.set(k, format!("v{i}")).unwrap();
+    }
+    for node in 0..3 {
+        let mut con = c.redis(node);
+        for (i, k) in keys.iter().enumerate().step_by(7) {
+            let v: String = con.get(k).unwrap();
+            assert_eq!(v, format!("v{i}"));
+        }
+    }
+    // Each key lives where CLUSTER SLOTS says, and nowhere else.
+    let mut per_node = [0; 3];
+    for k in keys.iter().take(60) {
+        let owner = c.owner_by_slots(1, k);
+        per_node[owner] += 1;
+        let slot = n0.run(&format!("CLUSTER KEYSLOT {k}")).int();
+        for node in 0..3 {
+            let mut conn = c.raw(node);
+            let count = conn.run(&format!("CLUSTER COUNTKEYSINSLOT {slot}")).int();
+            let listed = conn
+                .run(&format!("CLUSTER GETKEYSINSLOT {slot} 100"))
+                .items();
+            if node == owner {
+                assert!(count >= 1, "{k} not counted on its owner");
+                assert!(listed.contains(&bulk(k)), "{k} not listed on its owner");
+            } else {
+                assert_eq!(count, 0, "{k}'s slot has keys on node {node}");
+            }
+        }
+    }
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+    // CLUSTER NODES and SHARDS name every node.
+    let nodes = n0.run("CLUSTER NODES").text();
+    assert_eq!(nodes.lines().count(), 3, "{nodes}");
+    assert!(nodes
+        .lines()
+        .any(|l| l.starts_with("n1 ") && l.contains("myself,master")));
+    let shards = n0.run("CLUSTER SHARDS").items();
+    assert_eq!(shards.len(), 3);
+
+    // Multi-key commands across nodes, from any node.
+    let mut con = c.redis(1);
+    let got: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&keys[0])
+        .arg("missing")
+        .arg(&keys[1])
+        .arg(&keys[2])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![
+            Some("v0".into()),
+            None,
+            Some("v1".into()),
+            Some("v2".into())
+        ]
+    );
+    let _: () = redis::cmd("MSET")
+        .arg("m1")
+        .arg("a")
+        .arg("m2")
+        .arg("b")
+        .arg("m3")
+        .arg("c")
+        .query(&mut con)
+        .unwrap();
+    let n: i64 = redis::cmd("EXISTS")
+        .arg("m1")
+        .arg("m2")
+        .arg("m3")
+        .arg("nope")
+        .query(&mut c.redis(2))
+        .unwrap();
+    assert_eq!(n, 3);
+    let n: i64 = redis::cmd("DEL")
+        .arg("m1")
+        .arg("m2")
+        .arg("m3")
+        .query(&mut c.redis(0))
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(
+        c.raw(0).run(&format!("RENAME {} {}", keys[0], keys[1])),
+        err("CROSSSLOT Keys in request don't hash to the same slot")
+    );
+}
+
+/// Blocks with chain keys spread over every node.
+fn chain(n: usize, tag: &str) -> Vec<String> {
+    (0..n).map(|i| format!("{tag}:block:{i}")).collect()
+}
+
+#[test]
+fn the_dialect_across_nodes() {
+    let c = Cluster::start(3, &[]);
+    let keys = chain(24, "prompt");
+    let owners: Vec<usize> = keys.iter().map(|k| c.owner_by_slots(0, k)).collect();
+    assert!(
+        (0..3).all(|n| owners.contains(&n)),
+        "chain not spread: {owners:?}"
+    );
+    let mut writer = c.raw(0);
+    let mut args: Vec<Vec<u8>> = vec![b"MSETBLOCK".to_vec(), b"24".to_vec()];
+    for (i, k) in keys.iter().enumerate() {
+        args.push(k.clone().into_bytes());
+        args.push(format!("value-{i}").into_bytes());
+    }
+    args.push(b"CHAIN".to_vec());
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    assert_eq!(writer.cmd(&refs), array(vec![int(1); 24]));
+    // Stored again: left as they are.
+    assert_eq!(writer.cmd(&refs), array(vec![int(0); 24]));
+
+    let list = keys.join(" ");
+    for node in 0..3 {
+        let mut r = c.raw(node);
+        assert_eq!(r.run(&format!("PREFIXLEN 24 {list}")), int(24));
+        let values = r.run(&format!("MGETPREFIX 24 {list}")).items();
+        assert_eq!(values.len(), 24);
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(v, &bulk(format!("value-{i}")));
+        }
+        let flags = r.run(&format!("MEXISTS 25 {list} absent")).items();
+        assert_eq!(flags.len(), 25);
+        assert_eq!(flags[24], int(0));
+        // MAXBYTES applies to the merged prefix (each value is 7-8 bytes).
+        let capped = r.run(&format!("MGETPREFIX 24 {list} MAXBYTES 40")).items();
+        assert_eq!(capped.len(), 5);
+    }
+    // A hole in the middle, on whichever node holds block 9: every node
+    // stops there.
+    assert_eq!(c.raw(1).run(&format!("DEL {}", keys[9])), int(1));
+    for node in 0..3 {
+        let mut r = c.raw(node);
+        assert_eq!(r.run(&format!("PREFIXLEN 24 {list}")), int(9));
+        assert_eq!(r.run(&format!("MGETPREFIX 24 {list}")).items().len(), 9);
+    }
+
+    // BLOCK: a reader on one node waits for a chain written through another.
+    let next = chain(12, "handoff");
+    let next_list = next.join(" ");
+    let port = c.ports[1];
+    let reader = std::thread::spawn(move || {
+        let mut r = RawConn::connect(port);
+        r.run(&format!("MGETPREFIX 12 {next_list} BLOCK 10000"))
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let mut args: Vec<Vec<u8>> = vec![b"MSETBLOCK".to_vec(), b"12".to_vec()];
+    for k in &next {
+        args.push(k.clone().into_bytes());
+        args.push(b"kv".to_vec());
+    }
+    args.push(b"CHAIN".to_vec());
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    assert_eq!(c.raw(2).cmd(&refs), array(vec![int(1); 12]));
+    let got = reader.join().unwrap();
+    assert_eq!(got.items().len(), 12, "{got:?}");
+    // BLOCK with MIN on a prefix that never completes times out with what
+    // is there.
+    let started = Instant::now();
+    let partial = c.raw(0).run(&format!(
+        "MGETPREFIX 3 {} {} never BLOCK 300 MIN 3",
+        next[0], next[1]
+    ));
+    assert_eq!(partial.items().len(), 2);
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // Errors are the command's own.
+    assert_eq!(c.raw(0).run("MSETBLOCK 2 a 1 b"), err("ERR syntax error"));
+    assert_eq!(
+        c.raw(0)
+            .run(&format!("MGETPREFIX 2 {} {} BOGUS", next[0], next[5])),
+        err("ERR syntax error")
+    );
+}
+
+#[test]
+fn redis_crate_cluster_client() {
+    let c = Cluster::start(3, &[]);
+    let urls: Vec<String> = c
+        .ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}/"))
+        .collect();
+    let client = redis::cluster::ClusterClient::new(urls).expect("cluster client");
+    let mut con = client.get_connection().expect("cluster connection");
+    for i in 0..200 {
+        let _: () = con.set(format!("rc:{i}"), i).unwrap();
+    }
+    for i in 0..200 {
+        let v: i64 = con.get(format!("rc:{i}")).unwrap();
+        assert_eq!(v, i);
+    }
+    let n: i64 = con.incr("rc:counter", 5).unwrap();
+    assert_eq!(n, 5);
+    let _: () = con.expire("rc:1", 100).unwrap();
+    let ttl: i64 = con.ttl("rc:1").unwrap();
+    assert!(ttl > 0 && ttl <= 100);
+    // The dialect through the cluster client: the node it lands on
+    // coordinates the keys of every other node.
+    let keys = chain(10, "rc");
+    let mut cmd = redis::cmd("MSETBLOCK");
+    cmd.arg(10);
+    for k in &keys {
+        cmd.arg(k).arg("x");
+    }
+    cmd.arg("CHAIN");
+    let stored: Vec<i64> = cmd.query(&mut con).unwrap();
+    assert_eq!(stored, vec![1; 10]);
+    let mut cmd = redis::cmd("PREFIXLEN");
+    cmd.arg(10).arg(&keys);
+    let n: i64 = cmd.query(&mut con).unwrap();
+    assert_eq!(n, 10);
+    // Keys really are spread: each node holds some of them.
+    let mut counts = [0; 3];
+    for i in 0..200 {
+        counts[c.owner_by_slots(0, &format!("rc:{i}"))] += 1;
+    }
+    assert!(counts.iter().all(|&n| n > 30), "{counts:?}");
+}
+
+#[test]
+fn redirect_mode_answers_moved_and_redis_cli_follows() {
+    let c = Cluster::start(3, &["--cluster-redirect", "yes"]);
+    let key = "redirected";
+    let owner = c.owner_by_slots(0, key);
+    let other = (owner + 1) % 3;
+    let slot = c.raw(0).run(&format!("CLUSTER KEYSLOT {key}")).int();
+    assert_eq!(
+        c.raw(other).run(&format!("SET {key} v")),
+        err(&format!("MOVED {slot} 127.0.0.1:{}", c.ports[owner]))
+    );
+    assert_eq!(c.raw(owner).run(&format!("SET {key} v")), ok());
+    // redis-cli -c follows the redirection.
+    let out = Command::new("redis-cli")
+        .args(["-c", "-p", &c.ports[other].to_string(), "GET", key])
+        .output()
+        .expect("redis-cli (apt-get install redis-tools)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v");
+    let out = Command::new("redis-cli")
+        .args([
+            "-c",
+            "-p",
+            &c.ports[other].to_string(),
+            "SET",
+            "cli-key",
+            "w",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    let cli_owner = c.owner_by_slots(1, "cli-key");
+    assert_eq!(c.raw(cli_owner).run("GET cli-key"), bulk("w"));
+    // Multi-key commands spanning nodes are still coordinated.
+    assert_eq!(
+        c.raw(other).run(&format!("MGET {key} cli-key nope")),
+        array(vec![bulk("v"), bulk("w"), nil()])
+    );
+    // READONLY on a replica of the slot reads through instead of MOVED.
+    let slots = c.raw(0).run("CLUSTER SLOTS");
+    let range = slots
+        .items()
+        .into_iter()
+        .find(|r| r.items()[0].int() <= slot && slot <= r.items()[1].int())
+        .unwrap();
+    let replica_port = range.items()[3].items()[1].int() as u16;
+    let replica = c.ports.iter().position(|&p| p == replica_port).unwrap();
+    let mut r = c.raw(replica);
+    assert_eq!(r.run("READONLY"), ok());
+    assert_eq!(r.run(&format!("GET {key}")), bulk("v"));
+    assert_eq!(r.run("READWRITE"), ok());
+    assert_eq!(
+        r.run(&format!("GET {key}")),
+        err(&format!("MOVED {slot} 127.0.0.1:{}", c.ports[owner]))
+    );
+}
+
+#[test]
+fn node_loss_and_rejoin() {
+    let mut c = Cluster::start(3, &["--cluster-node-timeout", "500"]);
+    let keys: Vec<String> = (0..90).map(|i| format!("loss:{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.raw(0).run(&format!("SET {k} before")), ok());
+    }
+    let before = c.raw(0).run("CLUSTER SLOTS");
+    let lost: Vec<&String> = keys
+        .iter()
+        .filter(|k| c.owner_by_slots(0, k) == 2)
+        .collect();
+    assert!(!lost.is_empty());
+    c.nodes[2].take().unwrap().kill9();
+    let killed = Instant::now();
+    // Within node-timeout + 1 s every command against the survivors
+    // succeeds (the lost node's keys are misses).
+    std::thread::sleep(Duration::from_millis(1500));
+    for node in 0..2 {
+        let mut r = c.raw(node);
+        for k in &keys {
+            let got = r.run(&format!("GET {k}"));
+            assert!(!got.is_error(), "GET {k} on node {node}: {got:?}");
+            assert_eq!(r.run(&format!("SET {k} after")), ok());
+        }
+        assert_eq!(r.run(&format!("MGET {}", keys.join(" "))).items().len(), 90);
+        let info = r.run("CLUSTER INFO").text();
+        assert!(info.contains("cluster_live_nodes:2"), "{info}");
+    }
+    assert!(killed.elapsed() < Duration::from_secs(30));
+    // Restarted, it rejoins and owns its slots again.
+    let list = node_list(&c.ports);
+    c.start_node(2, &list);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            c.raw(0).run("CLUSTER SLOTS") == before && c.raw(1).run("CLUSTER SLOTS") == before
+        }),
+        "the node did not rejoin"
+    );
+    let mut r = c.raw(2);
+    for k in &lost {
+        // Its keys were written to the survivors meanwhile and are its own
+        // again now: a fresh node has none of them.
+        assert_eq!(r.run(&format!("SET {k} back")), ok());
+        assert_eq!(c.raw(0).run(&format!("GET {k}")), bulk("back"));
+    }
+    let slot = r.run(&format!("CLUSTER KEYSLOT {}", lost[0])).int();
+    assert!(r.run(&format!("CLUSTER COUNTKEYSINSLOT {slot}")).int() >= 1);
+}
+
+#[test]
+fn setnodes_adds_a_fourth_node() {
+    let ports = free_ports(4);
+    let three = node_list(&ports[..3]);
+    let four = node_list(&ports);
+    let mut c = Cluster {
+        ports: ports.clone(),
+        nodes: (0..4).map(|_| None).collect(),
+        extra: Vec::new(),
+    };
+    for i in 0..3 {
+        c.start_node(i, &three);
+    }
+    let owners_before: Vec<usize> = slot_owners(&mut c.raw(0), &ports);
+    c.start_node(3, &four);
+    assert_eq!(c.raw(1).run(&format!("CLUSTER SETNODES {four} 1")), ok());
+    assert!(
+        c.raw(1)
+            .run(&format!("CLUSTER SETNODES {three} 1"))
+            .is_error(),
+        "an epoch that is not higher is refused"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            (0..4).all(|i| {
+                c.raw(i)
+                    .run("CLUSTER INFO")
+                    .text()
+                    .contains("cluster_current_epoch:1")
+            })
+        }),
+        "the epoch did not spread"
+    );
+    let after = slot_owners(&mut c.raw(0), &ports);
+    for i in 1..4 {
+        assert_eq!(
+            slot_owners(&mut c.raw(i), &ports),
+            after,
+            "node {i} disagrees"
+        );
+    }
+    let mut moved = 0;
+    for (s, (&b, &a)) in owners_before.iter().zip(&after).enumerate() {
+        if a != b {
+            assert_eq!(a, 3, "slot {s} moved between old nodes");
+            moved += 1;
+        }
+    }
+    // About a quarter of the slots move, all to the newcomer.
+    assert!((3000..5200).contains(&moved), "{moved} slots moved");
+}
+
+/// The owner (index into `ports`) of every slot, from CLUSTER SLOTS.
+fn slot_owners(conn: &mut RawConn, ports: &[u16]) -> Vec<usize> {
+    let mut owners = vec![usize::MAX; 16384];
+    for range in conn.run("CLUSTER SLOTS").items() {
+        let r = range.items();
+        let port = r[2].items()[1].int() as u16;
+        let owner = ports.iter().position(|&p| p == port).unwrap();
+        for s in r[0].int()..=r[1].int() {
+            owners[s as usize] = owner;
+        }
+    }
+    assert!(owners.iter().all(|&o| o != usize::MAX));
+    owners
+}
+
+#[test]
+fn hot_keys_are_copied_served_and_invalidated() {
+    let c = Cluster::start(
+        3,
+        &["--hot-key-threshold", "300", "--hot-key-replicas", "2"],
+    );
+    let key = "system-prompt:block:0";
+    assert_eq!(c.raw(0).run(&format!("SET {key} shared-prefix")), ok());
+    let owner = c.owner_by_slots(0, key);
+    // Read it hard, through every node, until the owner calls it hot and
+    // both other nodes hold a copy.
+    let mut readers: Vec<RawConn> = (0..3).map(|i| c.raw(i)).collect();
+    let get = encode(&[b"GET", key.as_bytes()]);
+    let copied = eventually(Duration::from_secs(15), || {
+        for r in readers.iter_mut() {
+            let batch: Vec<u8> = get.iter().copied().cycle().take(get.len() * 200).collect();
+            r.send(&batch);
+            for _ in 0..200 {
+                assert_eq!(r.read(), bulk("shared-prefix"));
+            }
+        }
+        (0..3)
+            .filter(|&i| i != owner)
+            .all(|i| info_field(&mut c.raw(i), "cluster", "cluster_copies_received") >= 1)
+    });
+    assert!(copied, "no copies made");
+    let hot = c.raw(owner).run("CLUSTER HOTKEYS").items();
+    assert!(
+        hot.iter()
+            .any(|h| h.items()[0] == bulk(key) && h.items()[2].items().len() == 2),
+        "{hot:?}"
+    );
+    // Replicas answer from their copy, counted.
+    let replica = (owner + 1) % 3;
+    let hits = info_field(&mut c.raw(replica), "cluster", "cluster_replica_hits");
+    for _ in 0..10 {
+        assert_eq!(
+            c.raw(replica).run(&format!("GET {key}")),
+            bulk("shared-prefix")
+        );
+    }
+    assert!(info_field(&mut c.raw(replica), "cluster", "cluster_replica_hits") >= hits + 10);
+    // After DEL returns, no node serves it.
+    assert_eq!(c.raw(replica).run(&format!("DEL {key}")), int(1));
+    for i in 0..3 {
+        assert_eq!(c.raw(i).run(&format!("GET {key}")), nil(), "node {i}");
+    }
+    // A write replaces the value everywhere too.
+    assert_eq!(c.raw(0).run(&format!("SET {key} v2")), ok());
+    for i in 0..3 {
+        assert_eq!(c.raw(i).run(&format!("GET {key}")), bulk("v2"), "node {i}");
+    }
+}
