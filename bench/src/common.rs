@@ -10,7 +10,9 @@ use crate::resp::{Client, Value};
 /// Where to send load and where to put the results.
 #[derive(Args, Debug, Clone)]
 pub struct Output {
-    /// Server to measure: `redis://host:port` or `host:port` (any RESP server).
+    /// Server to measure: `redis://host:port` or `host:port` (any RESP
+    /// server). Several, comma-separated (the nodes of a cluster): the
+    /// connections are spread over them in turn.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub target: String,
     /// Write every figure of the run as JSON to this file.
@@ -22,14 +24,36 @@ pub struct Output {
 }
 
 impl Output {
-    /// `host:port` of the target.
+    /// `host:port` of the (first) target.
     pub fn addr(&self) -> String {
-        let t = self.target.trim();
-        let t = t
-            .strip_prefix("redis://")
-            .or_else(|| t.strip_prefix("tcp://"))
-            .unwrap_or(t);
-        t.trim_end_matches('/').to_string()
+        self.addrs().swap_remove(0)
+    }
+
+    /// `host:port` of every target.
+    pub fn addrs(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .target
+            .split(',')
+            .map(|t| {
+                let t = t.trim();
+                let t = t
+                    .strip_prefix("redis://")
+                    .or_else(|| t.strip_prefix("tcp://"))
+                    .unwrap_or(t);
+                t.trim_end_matches('/').to_string()
+            })
+            .filter(|t| !t.is_empty())
+            .collect();
+        if out.is_empty() {
+            out.push("127.0.0.1:6379".into());
+        }
+        out
+    }
+
+    /// The target connection `i` uses (round robin over the targets).
+    pub fn addr_for(&self, i: usize) -> String {
+        let all = self.addrs();
+        all[i % all.len()].clone()
     }
 }
 

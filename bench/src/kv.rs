@@ -149,8 +149,8 @@ impl Plan {
 pub async fn prefill_keys(a: &KvArgs) -> std::io::Result<()> {
     let plan = Arc::new(Plan::new(a)?);
     let mut clients = Vec::new();
-    for _ in 0..a.connections.clamp(1, 16) {
-        clients.push(Client::connect(&a.out.addr()).await?);
+    for i in 0..a.connections.clamp(1, 16) {
+        clients.push(Client::connect(&a.out.addr_for(i)).await?);
     }
     prefill(&plan, &mut clients).await
 }
@@ -159,11 +159,11 @@ pub async fn prefill_keys(a: &KvArgs) -> std::io::Result<()> {
 /// Verification failures are in the summary, not an error: the caller
 /// decides (`common::check_verified`).
 pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json::Value> {
-    let addr = a.out.addr();
+    let addr = a.out.target.clone();
     let plan = Arc::new(Plan::new(&a)?);
     let mut clients = Vec::with_capacity(a.connections);
-    for _ in 0..a.connections.max(1) {
-        clients.push(Client::connect(&addr).await?);
+    for i in 0..a.connections.max(1) {
+        clients.push(Client::connect(&a.out.addr_for(i)).await?);
     }
     if a.prefill {
         prefill(&plan, &mut clients).await?;

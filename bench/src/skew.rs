@@ -42,6 +42,8 @@ struct ShardLoad {
     reads: Vec<u64>,
     /// Commands issued by connections each shard's thread serves.
     commands: Vec<u64>,
+    /// Reads a cluster node answered from its copies of hot keys.
+    replica_hits: u64,
 }
 
 /// Reads a `name=value` field of an `INFO shards` line.
@@ -63,8 +65,16 @@ async fn shard_load(addr: &str) -> std::io::Result<ShardLoad> {
         .lines()
         .filter(|l| l.starts_with("shard") && l.contains("keys="))
         .collect();
+    let stat = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let replica_hits = stat("cluster_replica_hits");
     if !shard_lines.is_empty() {
         return Ok(ShardLoad {
+            replica_hits,
             reads: shard_lines
                 .iter()
                 .map(|l| {
@@ -78,13 +88,8 @@ async fn shard_load(addr: &str) -> std::io::Result<ShardLoad> {
                 .collect(),
         });
     }
-    let stat = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
     Ok(ShardLoad {
+        replica_hits,
         reads: vec![stat("keyspace_hits") + stat("keyspace_misses")],
         commands: vec![stat("total_commands_processed")],
     })
@@ -101,7 +106,6 @@ fn delta(after: &[u64], before: &[u64]) -> Vec<u64> {
 
 /// Runs the scenario.
 pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
-    let addr = a.out.addr();
     let kv_args = KvArgs {
         out: Output {
             target: a.out.target.clone(),
@@ -124,15 +128,44 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
     };
     // Load the blocks first, outside the counters the shares come from.
     kv::prefill_keys(&kv_args).await?;
-    let before = shard_load(&addr).await?;
+    let nodes = a.out.addrs();
+    let mut before = Vec::new();
+    for n in &nodes {
+        before.push(shard_load(n).await?);
+    }
     let summary = kv::run(kv_args, client_threads).await?;
-    let after = shard_load(&addr).await?;
-    let reads = delta(&after.reads, &before.reads);
-    let commands = delta(&after.commands, &before.commands);
+    let mut after = Vec::new();
+    for n in &nodes {
+        after.push(shard_load(n).await?);
+    }
+    // One server: the load per shard. Several (a cluster): per node, the
+    // reads it executed for keys it owns plus those its copies answered.
+    let unit = if nodes.len() > 1 { "node" } else { "shard" };
+    let (reads, commands) = if nodes.len() > 1 {
+        let node_reads = |l: &ShardLoad| l.reads.iter().sum::<u64>() + l.replica_hits;
+        let node_cmds = |l: &ShardLoad| l.commands.iter().sum::<u64>();
+        (
+            after
+                .iter()
+                .zip(&before)
+                .map(|(x, y)| node_reads(x).saturating_sub(node_reads(y)))
+                .collect::<Vec<u64>>(),
+            after
+                .iter()
+                .zip(&before)
+                .map(|(x, y)| node_cmds(x).saturating_sub(node_cmds(y)))
+                .collect::<Vec<u64>>(),
+        )
+    } else {
+        (
+            delta(&after[0].reads, &before[0].reads),
+            delta(&after[0].commands, &before[0].commands),
+        )
+    };
     let total: u64 = reads.iter().sum::<u64>().max(1);
     let shares: Vec<f64> = reads.iter().map(|&r| r as f64 / total as f64).collect();
-    println!("load per shard (reads of the keys each shard owns, during the run):");
-    println!("| shard | reads | share | commands its connections issued |");
+    println!("load per {unit} (reads each {unit} served, during the run):");
+    println!("| {unit} | reads | share | commands its connections issued |");
     println!("|---|---|---|---|");
     for (i, (r, share)) in reads.iter().zip(&shares).enumerate() {
         println!(
@@ -142,15 +175,17 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
         );
     }
     let max_share = shares.iter().copied().fold(0.0, f64::max);
+    let busiest_over_mean = max_share * reads.len() as f64;
     println!(
-        "hottest shard carries {:.1}% of the reads (even split: {:.1}%)",
+        "hottest {unit} carries {:.1}% of the reads (even split: {:.1}%): {:.2}x the mean",
         max_share * 100.0,
-        100.0 / reads.len() as f64
+        100.0 / reads.len() as f64,
+        busiest_over_mean
     );
     if let Some(path) = &a.out.json {
         let report = json!({
             "scenario": "skew",
-            "target": addr,
+            "target": a.out.target,
             "zipf": a.zipf,
             "keys": a.keys,
             "block_size": a.block_size,
@@ -158,11 +193,13 @@ pub async fn run(a: SkewArgs, client_threads: usize) -> std::io::Result<()> {
             "duration": a.duration,
             "ops_per_sec": summary["ops_per_sec"],
             "kv": summary,
+            "unit": unit,
             "shards": reads.len(),
             "shard_reads": reads,
             "shard_read_shares": shares,
             "shard_commands": commands,
             "hottest_shard_share": max_share,
+            "busiest_over_mean": busiest_over_mean,
         });
         report::write_json(path, &report)?;
     }

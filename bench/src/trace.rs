@@ -233,8 +233,8 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     let total = replay.requests.len() as u64;
     let bar = report::progress(total, total as f64 / 200.0);
     let mut tasks = Vec::new();
-    for _ in 0..a.concurrency.max(1) {
-        let client = Client::connect(&addr).await?;
+    for i in 0..a.concurrency.max(1) {
+        let client = Client::connect(&a.out.addr_for(i)).await?;
         let (replay, shared) = (Arc::clone(&replay), Arc::clone(&shared));
         tasks.push(tokio::spawn(async move {
             worker(client, replay, shared, start).await

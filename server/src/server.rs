@@ -446,6 +446,9 @@ async fn cron(shard: Rc<Shard>) {
                 if let Some(tier) = &shared.spill {
                     crate::stats::export_spill(&tier.dir);
                 }
+                if let Some(cluster) = &shared.cluster {
+                    crate::stats::export_cluster(cluster);
+                }
                 metrics::gauge!("kvtier_maxmemory_bytes")
                     .set(shared.config.maxmemory.load(Relaxed) as f64);
                 metrics::gauge!("kvtier_process_resident_memory_bytes")

@@ -263,6 +263,31 @@ pub fn export_spill(dir: &crate::store::spill::SpillDir) {
     }
 }
 
+/// Exports the cluster's counters and node health (shard 0, once a second).
+pub fn export_cluster(cluster: &crate::cluster::Cluster) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = &cluster.stats;
+    let counters = [
+        ("kvtier_cluster_forwarded_total", &st.forwarded),
+        ("kvtier_cluster_moved_total", &st.moved),
+        ("kvtier_cluster_coordinated_total", &st.coordinated),
+        ("kvtier_cluster_replica_hits_total", &st.replica_hits),
+        ("kvtier_cluster_replica_misses_total", &st.replica_misses),
+        ("kvtier_cluster_copies_sent_total", &st.copies_sent),
+        ("kvtier_cluster_copies_received_total", &st.copies_received),
+    ];
+    for (name, value) in counters {
+        counter!(name).absolute(value.load(Relaxed));
+    }
+    let view = cluster.view();
+    gauge!("kvtier_cluster_epoch").set(view.epoch as f64);
+    gauge!("kvtier_cluster_replicated_keys").set(cluster.replicated_count.load(Relaxed) as f64);
+    gauge!("kvtier_cluster_hot_keys").set(cluster.hot_keys().len() as f64);
+    for (node, alive) in view.nodes.iter().zip(&view.alive) {
+        gauge!("kvtier_cluster_node_up", "node" => node.id.clone()).set(*alive as u8 as f64);
+    }
+}
+
 /// Declares every metric once, with its unit and help text.
 pub fn describe_metrics() {
     describe_counter!(
@@ -341,6 +366,50 @@ pub fn describe_metrics() {
     describe_counter!(
         "kvtier_keyspace_misses_total",
         "Key lookups that missed, by shard."
+    );
+    describe_counter!(
+        "kvtier_cluster_forwarded_total",
+        "Commands forwarded to the node owning their keys."
+    );
+    describe_counter!(
+        "kvtier_cluster_moved_total",
+        "MOVED redirections answered (--cluster-redirect yes)."
+    );
+    describe_counter!(
+        "kvtier_cluster_coordinated_total",
+        "Multi-key commands spread over several nodes by this node."
+    );
+    describe_counter!(
+        "kvtier_cluster_replica_hits_total",
+        "Reads answered from this node's copies of other nodes' hot keys."
+    );
+    describe_counter!(
+        "kvtier_cluster_replica_misses_total",
+        "Reads of keys with copies here that had to read through to the owner."
+    );
+    describe_counter!(
+        "kvtier_cluster_copies_sent_total",
+        "Copies of this node's hot keys sent to replicas."
+    );
+    describe_counter!(
+        "kvtier_cluster_copies_received_total",
+        "Copies of other nodes' hot keys stored here."
+    );
+    describe_gauge!(
+        "kvtier_cluster_epoch",
+        "Configuration epoch of the cluster's node list."
+    );
+    describe_gauge!(
+        "kvtier_cluster_replicated_keys",
+        "Keys of this node that have copies on other nodes."
+    );
+    describe_gauge!(
+        "kvtier_cluster_hot_keys",
+        "Keys read above --hot-key-threshold in the last window."
+    );
+    describe_gauge!(
+        "kvtier_cluster_node_up",
+        "1 while a cluster node answers pings, 0 once it is marked failed, by node."
     );
 }
 

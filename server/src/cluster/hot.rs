@@ -36,8 +36,10 @@ use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
+/// One read in this many is counted.
+pub const SAMPLE: u64 = 16;
 /// Keys each shard tracks per window.
-pub const TOP_K: usize = 64;
+pub const TOP_K: usize = 256;
 const ROWS: usize = 4;
 const WIDTH: usize = 4096;
 /// How long a copy lives without a renewal.
@@ -62,6 +64,10 @@ fn row_hash(key: &[u8], row: usize) -> usize {
 pub struct HotCounter {
     sketch: Vec<u32>,
     top: HashMap<Bytes, u32>,
+    /// The smallest count in `top` (recomputed when it may have changed).
+    min: Option<(Bytes, u32)>,
+    /// Reads seen; one in [`SAMPLE`] is counted.
+    seen: u64,
     started: Instant,
 }
 
@@ -70,14 +76,22 @@ impl Default for HotCounter {
         HotCounter {
             sketch: vec![0; ROWS * WIDTH],
             top: HashMap::new(),
+            min: None,
+            seen: 0,
             started: Instant::now(),
         }
     }
 }
 
 impl HotCounter {
-    /// Counts one read of `key`.
+    /// Counts one read of `key` (one read in [`SAMPLE`], in fact: a hot key
+    /// is read thousands of times a second, so the sample finds it at a
+    /// sixteenth of the cost).
     pub fn record(&mut self, key: &Bytes) {
+        self.seen = self.seen.wrapping_add(1);
+        if self.seen % SAMPLE != 0 {
+            return;
+        }
         let mut estimate = u32::MAX;
         for row in 0..ROWS {
             let c = &mut self.sketch[row * WIDTH + row_hash(key, row)];
@@ -86,18 +100,29 @@ impl HotCounter {
         }
         if let Some(count) = self.top.get_mut(key) {
             *count = estimate;
+            if self.min.as_ref().is_some_and(|(k, _)| k == key) {
+                self.min = None;
+            }
             return;
         }
         if self.top.len() < TOP_K {
             self.top.insert(key.clone(), estimate);
+            self.min = None;
             return;
         }
         // Replace the smallest candidate if this key now beats it.
-        if let Some((min_key, &min)) = self.top.iter().min_by_key(|(_, c)| **c) {
-            if estimate > min {
-                let min_key = min_key.clone();
-                self.top.remove(&min_key);
+        if self.min.is_none() {
+            self.min = self
+                .top
+                .iter()
+                .min_by_key(|(_, c)| **c)
+                .map(|(k, c)| (k.clone(), *c));
+        }
+        if let Some((min_key, min)) = &self.min {
+            if estimate > *min {
+                self.top.remove(min_key);
                 self.top.insert(key.clone(), estimate);
+                self.min = None;
             }
         }
     }
@@ -108,9 +133,10 @@ impl HotCounter {
         let out = self
             .top
             .drain()
-            .map(|(k, c)| (k, c as f64 / secs))
+            .map(|(k, c)| (k, (c as u64 * SAMPLE) as f64 / secs))
             .collect();
         self.sketch.iter_mut().for_each(|c| *c = 0);
+        self.min = None;
         self.started = Instant::now();
         out
     }
@@ -225,6 +251,66 @@ impl Copies {
     /// Bytes of values held.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_the_heaviest_keys_in_bounded_memory() {
+        let mut c = HotCounter::default();
+        // Key i is read 20000 / (i + 1) times, among 60000 one-off keys.
+        for round in 0..20_000u32 {
+            for i in 0..20u32 {
+                if round % (i + 1) == 0 {
+                    c.record(&Bytes::from(format!("hot:{i}")));
+                }
+            }
+            for j in 0..3 {
+                c.record(&Bytes::from(format!("cold:{round}:{j}")));
+            }
+        }
+        let top = c.rotate();
+        assert!(top.len() <= TOP_K);
+        for i in 0..20 {
+            let key = Bytes::from(format!("hot:{i}"));
+            assert!(top.iter().any(|(k, _)| *k == key), "hot:{i} missing");
+        }
+        assert!(c.rotate().is_empty(), "a new window starts empty");
+    }
+
+    #[test]
+    fn copies_expire_with_their_lease_and_refuse_after_invalidation() {
+        let mut c = Copies::default();
+        let k = Bytes::from_static(b"k");
+        assert!(c.insert(
+            k.clone(),
+            Bytes::from_static(b"v"),
+            0,
+            Duration::from_secs(5)
+        ));
+        assert_eq!(c.get(b"k"), Some(&Bytes::from_static(b"v")));
+        assert!(c.renew(b"k", Duration::from_millis(0)));
+        assert_eq!(c.get(b"k"), None, "lapsed lease");
+        c.invalidate(&k);
+        assert!(
+            !c.insert(k.clone(), Bytes::from_static(b"v"), 0, LEASE),
+            "tombstoned"
+        );
+        assert_eq!(c.bytes(), 0);
+        // The owner's expiry bounds the copy too.
+        let past = crate::store::now_ms() - 1;
+        assert!(c.insert(
+            Bytes::from_static(b"e"),
+            Bytes::from_static(b"x"),
+            past,
+            LEASE
+        ));
+        assert_eq!(c.get(b"e"), None);
+        c.purge(Instant::now());
+        assert!(c.is_empty());
     }
 }
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# A three-node kvtier cluster on loopback ports, measured in one run
+# (kvtier-bench as the client, its connections spread over the three nodes):
+#
+#  skew   Zipf-skewed reads of a set of hot blocks (kvtier-bench skew), with
+#         hot-block copies on (--hot-key-threshold $HOT) and off (0): total
+#         throughput, and the busiest node's share of the reads against the
+#         mean. Goal with copies: busiest <= 1.3x the mean, throughput
+#         >= 1.5x copies off.
+#  trace  The Mooncake synthetic trace (dialect) through the cluster and
+#         against a single node with the same total memory: block hit rate
+#         (must match) and the latency forwarding adds (p50/p99 of lookup,
+#         fetch, store).
+#
+#   scripts/bench-cluster.sh
+#   PARTS=skew SKEW_SECS=5 scripts/bench-cluster.sh
+#
+# Environment: PARTS ("skew trace"), REPS (3: runs alternate, medians
+# reported), SKEW_SECS (8), SKEW_KEYS (1000), SKEW_BLOCK (64KiB), SKEW_CONNS
+# (48), HOT (200 reads/s), THREADS per node (1), TRACE, TRACE_LIMIT (2000
+# requests), TRACE_BLOCK (64KiB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PARTS=${PARTS:-"skew trace"}
+REPS=${REPS:-3}
+SKEW_SECS=${SKEW_SECS:-8}
+SKEW_KEYS=${SKEW_KEYS:-1000}
+SKEW_BLOCK=${SKEW_BLOCK:-64KiB}
+SKEW_CONNS=${SKEW_CONNS:-48}
+HOT=${HOT:-200}
+THREADS=${THREADS:-1}
+TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE_LIMIT=${TRACE_LIMIT:-2000}
+TRACE_BLOCK=${TRACE_BLOCK:-64KiB}
+MAXMEM_MB=${MAXMEM_MB:-3072}
+
+for tool in redis-cli python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool"; exit 1; }
+done
+cargo build --release -q -p kvtier-server -p kvtier-bench
+BIN=target/release/kvtier-server
+BENCH=target/release/kvtier-bench
+WORK=$(mktemp -d -t kvtier-bench-cluster.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done; echo "node on $1 did not start"; exit 1; }
+
+# start_cluster EXTRA...: three nodes; sets PORTS and TARGETS.
+start_cluster() {
+  PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
+  local list="n1@127.0.0.1:${PORTS[0]},n2@127.0.0.1:${PORTS[1]},n3@127.0.0.1:${PORTS[2]}"
+  for i in 0 1 2; do
+    "$BIN" --port "${PORTS[$i]}" --threads "$THREADS" --metrics-addr none \
+      --maxmemory "$((MAXMEM_MB / 3))mb" --cluster-nodes "$list" --node-id "n$((i + 1))" "$@" \
+      >"$WORK/n$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for p in "${PORTS[@]}"; do wait_up "$p"; done
+  TARGETS="127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}"
+}
+stop_all() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+}
+
+if [[ " $PARTS " == *" skew "* ]]; then
+  echo "== skew: $SKEW_KEYS blocks of $SKEW_BLOCK, zipf 0.99, $SKEW_CONNS connections over 3 nodes, ${SKEW_SECS}s, $REPS round(s)"
+  declare -A OPS SHARE
+  for rep in $(seq "$REPS"); do
+    for mode in on off; do
+      hot=$HOT; [[ $mode == off ]] && hot=0
+      start_cluster --hot-key-threshold "$hot"
+      out=$WORK/skew-$mode-$rep.json
+      "$BENCH" skew --target "$TARGETS" --keys "$SKEW_KEYS" --block-size "$SKEW_BLOCK" \
+        --connections "$SKEW_CONNS" --duration "$SKEW_SECS" --json "$out" >"$WORK/skew-$mode-$rep.log" 2>&1 \
+        || { cat "$WORK/skew-$mode-$rep.log"; exit 1; }
+      OPS[$mode]+=" $(json "$out" 'r["ops_per_sec"]')"
+      SHARE[$mode]+=" $(json "$out" 'r["busiest_over_mean"]')"
+      printf '  round %s copies %-3s %10.0f reads/s  busiest node %.2fx the mean  (%s)\n' "$rep" "$mode" \
+        "$(json "$out" 'r["ops_per_sec"]')" "$(json "$out" 'r["busiest_over_mean"]')" \
+        "$(json "$out" '" ".join(str(x) for x in r["shard_reads"])')"
+      stop_all
+    done
+  done
+  on=$(median ${OPS[on]}); off=$(median ${OPS[off]})
+  echo
+  echo "| copies | reads/s (median) | busiest node / mean (median) |"
+  echo "|---|---|---|"
+  printf '| on (threshold %s/s) | %.0f | %.2fx |\n' "$HOT" "$on" "$(median ${SHARE[on]})"
+  printf '| off | %.0f | %.2fx |\n' "$off" "$(median ${SHARE[off]})"
+  python3 -c "import sys; print(f'throughput with copies / without: {float(sys.argv[1])/float(sys.argv[2]):.2f}x')" "$on" "$off"
+fi
+
+if [[ " $PARTS " == *" trace "* ]]; then
+  [[ -f $TRACE ]] || { echo "no trace at $TRACE (set TRACE)" >&2; exit 1; }
+  echo "== trace: $TRACE_LIMIT requests of the Mooncake synthetic trace, blocks of $TRACE_BLOCK, dialect, 8 in flight"
+  TARGS=(trace "$TRACE" --protocol dialect --block-bytes "$TRACE_BLOCK" --concurrency 8 --limit "$TRACE_LIMIT" --as-fast-as-possible)
+  declare -A RES
+  for rep in $(seq "$REPS"); do
+    for mode in single cluster; do
+      if [[ $mode == single ]]; then
+        port=$(free_port)
+        "$BIN" --port "$port" --threads "$THREADS" --metrics-addr none --maxmemory "${MAXMEM_MB}mb" >"$WORK/single.log" 2>&1 &
+        PIDS+=($!); wait_up "$port"; target=127.0.0.1:$port
+      else
+        start_cluster; target=$TARGETS
+      fi
+      out=$WORK/trace-$mode-$rep.json
+      "$BENCH" "${TARGS[@]}" --target "$target" --json "$out" >"$WORK/trace-$mode-$rep.log" 2>&1 \
+        || { cat "$WORK/trace-$mode-$rep.log"; exit 1; }
+      RES[$mode]+="$out "
+      printf '  round %s %-7s hit rate %.4f  lookup p50 %6.0f µs p99 %6.0f µs  fetch p50 %6.0f µs p99 %6.0f µs  store p50 %6.0f µs p99 %6.0f µs  failures %s\n' \
+        "$rep" "$mode" "$(json "$out" 'r["block_hit_rate"]')" \
+        "$(json "$out" 'r["latency"]["lookup"]["p50_us"]')" "$(json "$out" 'r["latency"]["lookup"]["p99_us"]')" \
+        "$(json "$out" 'r["latency"]["fetch"]["p50_us"]')" "$(json "$out" 'r["latency"]["fetch"]["p99_us"]')" \
+        "$(json "$out" 'r["latency"]["store"]["p50_us"]')" "$(json "$out" 'r["latency"]["store"]["p99_us"]')" \
+        "$(json "$out" 'r["verification_failures"]')"
+      stop_all
+    done
+  done
+  echo
+  echo "| | block hit rate | lookup p50 / p99 µs | fetch p50 / p99 µs | store p50 / p99 µs |"
+  echo "|---|---|---|---|---|"
+  for mode in single cluster; do
+    python3 - "$mode" ${RES[$mode]} <<'EOF'
+import json, statistics, sys
+mode, files = sys.argv[1], sys.argv[2:]
+runs = [json.load(open(f)) for f in files]
+m = lambda f: statistics.median(f(r) for r in runs)
+lat = lambda op, q: m(lambda r: r["latency"][op][q])
+print(f"| {mode} | {m(lambda r: r['block_hit_rate']):.4f} | "
+      + " | ".join(f"{lat(op, 'p50_us'):.0f} / {lat(op, 'p99_us'):.0f}" for op in ("lookup", "fetch", "store")) + " |")
+EOF
+  done
+fi
