@@ -89,7 +89,7 @@ impl HotCounter {
     /// sixteenth of the cost).
     pub fn record(&mut self, key: &Bytes) {
         self.seen = self.seen.wrapping_add(1);
-        if self.seen % SAMPLE != 0 {
+        if !self.seen.is_multiple_of(SAMPLE) {
             return;
         }
         let mut estimate = u32::MAX;
