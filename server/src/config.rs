@@ -128,6 +128,12 @@ pub struct Config {
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
 
+    /// Epoch of --cluster-nodes. Nodes adopt the list with the highest
+    /// epoch they hear of; restart with a higher one to change the list by
+    /// flags (CLUSTER SETNODES does it at run time).
+    #[arg(long, default_value_t = 0)]
+    pub cluster_epoch: u64,
+
     /// Answer `-MOVED slot host:port` for keys of other nodes (yes), as Redis
     /// Cluster does, instead of forwarding the command to the owner (no).
     #[arg(long, default_value = "no", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
@@ -358,6 +364,7 @@ impl LiveConfig {
                     config.cluster_nodes.clone().unwrap_or_default(),
                 ),
                 ("node-id", config.node_id.clone().unwrap_or_default()),
+                ("cluster-epoch", config.cluster_epoch.to_string()),
                 (
                     "cluster-redirect",
                     if config.cluster_redirect { "yes" } else { "no" }.into(),

@@ -211,6 +211,18 @@ fn topology_and_plain_clients_on_every_node() {
         c.raw(0).run(&format!("RENAME {} {}", keys[0], keys[1])),
         err("CROSSSLOT Keys in request don't hash to the same slot")
     );
+    // A transaction may only use this node's keys.
+    let mine = keys.iter().find(|k| c.owner_by_slots(0, k) == 0).unwrap();
+    let theirs = keys.iter().find(|k| c.owner_by_slots(0, k) != 0).unwrap();
+    let mut t = c.raw(0);
+    assert_eq!(t.run("MULTI"), ok());
+    assert_eq!(t.run(&format!("SET {mine} tx")), status("QUEUED"));
+    assert!(t.run(&format!("SET {theirs} tx")).is_error());
+    assert!(t.run("EXEC").is_error(), "EXECABORT");
+    assert_eq!(t.run("MULTI"), ok());
+    assert_eq!(t.run(&format!("SET {mine} tx")), status("QUEUED"));
+    assert_eq!(t.run("EXEC"), array(vec![ok()]));
+    assert_eq!(c.raw(2).run(&format!("GET {mine}")), bulk("tx"));
 }
 
 /// Blocks with chain keys spread over every node.

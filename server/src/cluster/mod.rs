@@ -103,7 +103,7 @@ impl Cluster {
         }
         let started = Instant::now();
         let members = Members {
-            epoch: 0,
+            epoch: config.cluster_epoch,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
         };
