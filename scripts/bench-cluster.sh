@@ -9,19 +9,21 @@
 #         >= 1.5x copies off.
 #  trace  The Mooncake synthetic trace (dialect) through the cluster and
 #         against a single node with the same total memory: block hit rate
-#         (must match) and the latency forwarding adds (p50/p99 of lookup,
-#         fetch, store).
+#         (must match) and p50/p99 of lookup, fetch, store.
+#  hop    The latency one forwarding hop adds: GETs of 4 KiB values, one
+#         connection, no pipelining, against a single node and against one
+#         cluster node (two thirds of the keys live on the other nodes).
 #
 #   scripts/bench-cluster.sh
 #   PARTS=skew SKEW_SECS=5 scripts/bench-cluster.sh
 #
-# Environment: PARTS ("skew trace"), REPS (3: runs alternate, medians
+# Environment: PARTS ("skew trace hop"), REPS (3: runs alternate, medians
 # reported), SKEW_SECS (8), SKEW_KEYS (1000), SKEW_BLOCK (64KiB), SKEW_CONNS
 # (48), HOT (200 reads/s), THREADS per node (1), TRACE, TRACE_LIMIT (2000
 # requests), TRACE_BLOCK (64KiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PARTS=${PARTS:-"skew trace"}
+PARTS=${PARTS:-"skew trace hop"}
 REPS=${REPS:-3}
 SKEW_SECS=${SKEW_SECS:-8}
 SKEW_KEYS=${SKEW_KEYS:-1000}
@@ -141,4 +143,33 @@ print(f"| {mode} | {m(lambda r: r['block_hit_rate']):.4f} | "
       + " | ".join(f"{lat(op, 'p50_us'):.0f} / {lat(op, 'p99_us'):.0f}" for op in ("lookup", "fetch", "store")) + " |")
 EOF
   done
+fi
+
+if [[ " $PARTS " == *" hop "* ]]; then
+  echo "== hop: GET of 4 KiB values (1000 keys), 1 connection, pipeline 1, 5 s"
+  declare -A P50 P99
+  for rep in $(seq "$REPS"); do
+    for mode in single cluster; do
+      if [[ $mode == single ]]; then
+        port=$(free_port)
+        "$BIN" --port "$port" --threads "$THREADS" --metrics-addr none >"$WORK/single.log" 2>&1 &
+        PIDS+=($!); wait_up "$port"; target=127.0.0.1:$port
+      else
+        start_cluster; target=127.0.0.1:${PORTS[0]}
+      fi
+      out=$WORK/hop-$mode-$rep.json
+      "$BENCH" kv --target "$target" --ratio 0:1 --keys 1000 --value-size 4KiB --prefill \
+        --connections 1 --pipeline 1 --duration 5 --json "$out" >"$WORK/hop-$mode-$rep.log" 2>&1 \
+        || { cat "$WORK/hop-$mode-$rep.log"; exit 1; }
+      P50[$mode]+=" $(json "$out" 'r["latency"]["get"]["p50_us"]')"
+      P99[$mode]+=" $(json "$out" 'r["latency"]["get"]["p99_us"]')"
+      stop_all
+    done
+  done
+  s50=$(median ${P50[single]}); c50=$(median ${P50[cluster]})
+  echo "| GET 4 KiB | p50 µs | p99 µs |"
+  echo "|---|---|---|"
+  printf '| single node | %.1f | %.1f |\n' "$s50" "$(median ${P99[single]})"
+  printf '| cluster node (2/3 forwarded) | %.1f | %.1f |\n' "$c50" "$(median ${P99[cluster]})"
+  python3 -c "import sys; s,c=map(float,sys.argv[1:]); print(f'one hop adds about {(c-s)/(2/3):.0f} µs at p50')" "$s50" "$c50"
 fi

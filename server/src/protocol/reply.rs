@@ -15,7 +15,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 /// Values at least this long are written by reference, not copied.
-pub const ZERO_COPY_MIN: usize = 4 * 1024;
+pub const ZERO_COPY_MIN: usize = 16 * 1024;
 /// Most chunks handed to one `writev`.
 const MAX_IOVECS: usize = 64;
 
