@@ -117,3 +117,11 @@ step "cargo test" 1800 cargo test --workspace
 step "cargo build kvtier-server" 1200 cargo build -p kvtier-server
 step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider -ra
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
+if docker info >/dev/null 2>&1; then
+    step "docker compose cluster" 1500 env PROFILE=debug scripts/docker-test.sh
+else
+    echo
+    echo "==================== docker compose cluster ===================="
+    echo "skipped: no Docker engine answers 'docker info'"
+    RESULTS+=("SKIP  docker compose cluster (no Docker engine)")
+fi

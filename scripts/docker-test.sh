@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# The docker-compose deployment, tested on a real Docker engine with no
+# registry:
+#
+#  1. what a registry would give: a minimal Debian bookworm root filesystem
+#     made with debootstrap and loaded with `docker import` as
+#     debian:bookworm-slim (the tag docker/Dockerfile uses), unless the engine
+#     has that image already; kvtier-server and kvtier-bench built on the host
+#     and put in docker/prebuilt/, which the Dockerfile's build stage copies
+#     instead of compiling (RUST_IMAGE is the same Debian image here);
+#  2. the image built and the three-node cluster of docker/docker-compose.yml
+#     started, every node healthy (its HEALTHCHECK PINGs it);
+#  3. driven from the host with redis-cli (each node, keys of every node) and
+#     kvtier-bench (connections over the three nodes), and from a container on
+#     the compose network with kvtier-bench and a RESP exchange over bash's
+#     /dev/tcp;
+#  4. every node's /metrics scraped and checked with `promtool check metrics`;
+#  5. one node stopped: the other two keep serving every command within the
+#     node timeout + 1 s; restarted: it rejoins and owns its slots again;
+#  6. everything it created removed (containers, network, volumes, images,
+#     the imported base image if it made it, docker/prebuilt/).
+#
+# scripts/test.sh runs it when `docker info` answers. Environment:
+# PROFILE=debug uses the debug binaries (what test.sh has just built; the
+# default is release); KEEP=1 leaves the cluster running (and prints how to
+# stop it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PROJECT=kvtier-test-$$
+COMPOSE_FILE=docker/docker-compose.yml
+BASE_TAG=debian:bookworm-slim
+IMAGE=kvtier-test:$$
+CREATED_BASE=0
+WORK=$(mktemp -d -t kvtier-docker.XXXXXX)
+
+log() { printf '\n== %s\n' "$*"; }
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo -n "$@"; fi; }
+apt_install() {
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1 || {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  }
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+if docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+elif command -v docker-compose >/dev/null; then
+  COMPOSE=(docker-compose)
+else
+  echo "neither 'docker compose' nor docker-compose is installed"; exit 1
+fi
+compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"; }
+
+export KVTIER_IMAGE=$IMAGE KVTIER_RUST_IMAGE=$BASE_TAG KVTIER_BASE_IMAGE=$BASE_TAG
+export KVTIER_NODE_TIMEOUT=1000 KVTIER_HOST_IP=127.0.0.1
+for i in 1 2 3; do
+  export "KVTIER_PORT_$i=$(free_port)" "KVTIER_METRICS_$i=$(free_port)"
+done
+PORTS=("$KVTIER_PORT_1" "$KVTIER_PORT_2" "$KVTIER_PORT_3")
+METRICS=("$KVTIER_METRICS_1" "$KVTIER_METRICS_2" "$KVTIER_METRICS_3")
+
+cleanup() {
+  local rc=$?
+  if [[ ${KEEP:-0} == 1 ]]; then
+    echo "left running: ${COMPOSE[*]} -p $PROJECT -f $COMPOSE_FILE down -v --rmi local"
+  else
+    if [[ $rc -ne 0 ]]; then
+      compose logs --tail 40 >&2 2>&1 || true
+    fi
+    compose down -v --rmi local --remove-orphans >/dev/null 2>&1 || true
+    docker image rm -f "$IMAGE" >/dev/null 2>&1 || true
+    if [[ $CREATED_BASE == 1 ]]; then docker image rm -f "$BASE_TAG" >/dev/null 2>&1 || true; fi
+  fi
+  rm -rf "$ROOT/docker/prebuilt" "$WORK"
+  exit $rc
+}
+trap cleanup EXIT
+
+for tool in redis-cli python3 curl; do
+  command -v "$tool" >/dev/null || apt_install "$tool" redis-tools
+done
+command -v promtool >/dev/null || { log "installing promtool (Debian's prometheus package)"; apt_install prometheus; }
+
+if ! docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+  log "making $BASE_TAG with debootstrap (no registry)"
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  as_root debootstrap --variant=minbase bookworm "$WORK/rootfs" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+    || { tail -20 "$WORK/debootstrap.log"; exit 1; }
+  as_root rm -rf "$WORK/rootfs/var/cache/apt/archives"/*.deb "$WORK/rootfs/var/lib/apt/lists"/*
+  as_root tar -C "$WORK/rootfs" -c . | docker import - "$BASE_TAG" >/dev/null
+  as_root rm -rf "$WORK/rootfs"
+  CREATED_BASE=1
+fi
+
+PROFILE=${PROFILE:-release}
+BIN_DIR=target/$PROFILE
+log "building kvtier ($PROFILE) on the host for the image's build stage"
+if [[ $PROFILE == release ]]; then
+  cargo build --release -q -p kvtier-server -p kvtier-bench
+else
+  cargo build -q -p kvtier-server -p kvtier-bench
+fi
+mkdir -p docker/prebuilt
+cp "$BIN_DIR/kvtier-server" "$BIN_DIR/kvtier-bench" docker/prebuilt/
+
+log "building the image and starting the cluster ($PROJECT)"
+compose build >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 1; }
+compose up -d
+healthy() { # service
+  local id
+  id=$(compose ps -q "$1")
+  [[ -n $id && $(docker inspect -f '{{.State.Health.Status}}' "$id" 2>/dev/null) == healthy ]]
+}
+wait_healthy() {
+  for _ in $(seq 120); do
+    if healthy kvtier-1 && healthy kvtier-2 && healthy kvtier-3; then return; fi
+    sleep 0.5
+  done
+  echo "the nodes did not become healthy"; compose ps; exit 1
+}
+wait_healthy
+user=$(docker inspect -f '{{.Config.User}}' "$(compose ps -q kvtier-1)")
+[[ $user == kvtier ]] || { echo "the container runs as '$user', not kvtier"; exit 1; }
+echo "three nodes healthy, running as $user"
+
+cli() { redis-cli -p "$1" "${@:2}"; }
+live_nodes() { cli "$1" cluster info | tr -d '\r' | awk -F: '$1=="cluster_live_nodes" {print $2}'; }
+for _ in $(seq 40); do
+  [[ $(live_nodes "${PORTS[0]}") == 3 ]] && break
+  sleep 0.25
+done
+[[ $(live_nodes "${PORTS[0]}") == 3 ]] || { echo "the nodes do not see each other"; cli "${PORTS[0]}" cluster nodes; exit 1; }
+
+log "redis-cli from the host: writes through every node, reads through every node"
+for i in $(seq 0 59); do
+  out=$(cli "${PORTS[$((i % 3))]}" set "docker:key:$i" "value-$i")
+  [[ $out == OK ]] || { echo "SET docker:key:$i: $out"; exit 1; }
+done
+for p in "${PORTS[@]}"; do
+  for i in 0 7 13 29 42 59; do
+    out=$(cli "$p" get "docker:key:$i")
+    [[ $out == "value-$i" ]] || { echo "GET docker:key:$i on port $p: $out"; exit 1; }
+  done
+done
+owners=$(for p in "${PORTS[@]}"; do cli "$p" dbsize; done | tr '\n' ' ')
+echo "keys per node: $owners"
+for n in $owners; do [[ $n -gt 0 ]] || { echo "a node holds no key: $owners"; exit 1; }; done
+out=$(cli "${PORTS[1]}" msetblock 3 docker:b0 x docker:b1 y docker:b2 z CHAIN | tr '\n' ' ')
+[[ $out == "1 1 1 " ]] || { echo "MSETBLOCK: $out"; exit 1; }
+out=$(cli "${PORTS[2]}" prefixlen 4 docker:b0 docker:b1 docker:b2 docker:nope)
+[[ $out == 3 ]] || { echo "PREFIXLEN: $out"; exit 1; }
+
+log "kvtier-bench from the host, connections over the three nodes"
+targets="127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}"
+"$BIN_DIR/kvtier-bench" kv --target "$targets" --ratio 1:4 --keys 2000 --value-size 16KiB \
+  --connections 12 --requests 20000 --json "$WORK/host.json" >"$WORK/host.log" 2>&1 \
+  || { cat "$WORK/host.log"; exit 1; }
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['verification_failures']==0 and r['errors']==0, r; print(f\"{r['ops_per_sec']:.0f} ops/s, 0 verification failures\")" "$WORK/host.json"
+
+log "from a container on the compose network"
+network=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}' "$(compose ps -q kvtier-1)")
+docker run --rm --network "$network" --entrypoint kvtier-bench "$IMAGE" kv \
+  --target kvtier-1:6379,kvtier-2:6379,kvtier-3:6379 --ratio 1:4 --keys 1000 --value-size 4KiB \
+  --connections 6 --requests 5000 >"$WORK/container.log" 2>&1 || { cat "$WORK/container.log"; exit 1; }
+grep -E "ops/s|verif" "$WORK/container.log" | head -3
+out=$(docker run --rm --network "$network" --entrypoint bash "$IMAGE" -c \
+  'exec 3<>/dev/tcp/kvtier-2/6379; printf "GET docker:key:7\r\n" >&3; head -c 18 <&3 | tail -c 9')
+[[ $out == "value-7"* ]] || { echo "RESP from a container: '$out'"; exit 1; }
+echo "GET through kvtier-2 from a container: $out"
+
+log "metrics: every node, promtool check metrics"
+for i in 0 1 2; do
+  curl -sf "http://127.0.0.1:${METRICS[$i]}/metrics" >"$WORK/metrics-$i.txt"
+  grep -q '^kvtier_commands_total' "$WORK/metrics-$i.txt" || { echo "node $((i + 1)): no kvtier_commands_total"; exit 1; }
+  grep -q '^kvtier_cluster_node_up' "$WORK/metrics-$i.txt" || { echo "node $((i + 1)): no kvtier_cluster_node_up"; exit 1; }
+  promtool check metrics <"$WORK/metrics-$i.txt" || { echo "node $((i + 1)): promtool found problems"; exit 1; }
+  echo "node $((i + 1)): $(grep -c '^# HELP' "$WORK/metrics-$i.txt") metric families, promtool clean"
+done
+
+log "stopping kvtier-3: the other two keep serving"
+slots_before=$(cli "${PORTS[0]}" cluster slots | md5sum)
+compose stop -t 5 kvtier-3 >/dev/null 2>&1
+sleep 2   # node timeout (1 s) + 1 s
+for p in "${PORTS[0]}" "${PORTS[1]}"; do
+  for i in $(seq 0 59); do
+    out=$(cli "$p" get "docker:key:$i")
+    [[ $out != *ERR* && $out != *TRYAGAIN* ]] || { echo "GET docker:key:$i on $p after the loss: $out"; exit 1; }
+    out=$(cli "$p" set "docker:key:$i" "after-$i")
+    [[ $out == OK ]] || { echo "SET docker:key:$i on $p after the loss: $out"; exit 1; }
+  done
+  [[ $(live_nodes "$p") == 2 ]] || { echo "node on $p does not see the loss"; exit 1; }
+done
+echo "every command on the two survivors succeeded"
+
+log "restarting kvtier-3: it rejoins and owns its slots again"
+compose start kvtier-3 >/dev/null 2>&1
+wait_healthy
+for _ in $(seq 40); do
+  [[ $(live_nodes "${PORTS[0]}") == 3 && $(live_nodes "${PORTS[1]}") == 3 ]] && break
+  sleep 0.25
+done
+[[ $(cli "${PORTS[0]}" cluster slots | md5sum) == "$slots_before" ]] || { echo "the slot map differs after the rejoin"; exit 1; }
+[[ $(cli "${PORTS[2]}" cluster slots | md5sum) == "$slots_before" ]] || { echo "kvtier-3 has another slot map"; exit 1; }
+out=$(cli "${PORTS[0]}" set docker:rejoined yes); [[ $out == OK ]]
+out=$(cli "${PORTS[2]}" get docker:rejoined); [[ $out == yes ]] || { echo "GET after rejoin: $out"; exit 1; }
+echo "kvtier-3 is back with its slots"
+
+log "PASS: docker compose cluster"
