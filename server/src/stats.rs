@@ -367,6 +367,96 @@ pub fn describe_metrics() {
         "kvtier_keyspace_misses_total",
         "Key lookups that missed, by shard."
     );
+    for (name, help) in [
+        (
+            "kvtier_spill_used_bytes",
+            "Bytes of segment files the spill tier holds.",
+        ),
+        (
+            "kvtier_spill_max_bytes",
+            "Disk budget of the spill tier (--spill-max-bytes).",
+        ),
+        (
+            "kvtier_spill_queue_bytes",
+            "Bytes of spill write batches waiting for the disk.",
+        ),
+    ] {
+        describe_gauge!(name, Unit::Bytes, help);
+    }
+    describe_gauge!(
+        "kvtier_spill_segments",
+        "Segment files in the spill directory."
+    );
+    describe_gauge!(
+        "kvtier_spill_queue_depth",
+        "Spill tier disk requests queued or running."
+    );
+    for (name, help) in [
+        (
+            "kvtier_spill_writes_total",
+            "Records written to the spill tier.",
+        ),
+        (
+            "kvtier_spill_reads_total",
+            "Records read back from the spill tier.",
+        ),
+        (
+            "kvtier_spill_hits_total",
+            "Reads served from the spill tier.",
+        ),
+        (
+            "kvtier_spill_promotions_total",
+            "Blocks moved back from the spill tier to DRAM.",
+        ),
+        (
+            "kvtier_spill_reclaims_total",
+            "Spill segments reclaimed to stay within the budget.",
+        ),
+        (
+            "kvtier_spill_rewrites_total",
+            "Live records rewritten by reclaim.",
+        ),
+        (
+            "kvtier_spill_dropped_total",
+            "Blocks the spill tier dropped (reclaim, full queue or full disk).",
+        ),
+        (
+            "kvtier_spill_checksum_failures_total",
+            "Spill records that failed their CRC32C (served as misses).",
+        ),
+        (
+            "kvtier_spill_io_errors_total",
+            "Spill tier reads or writes that failed.",
+        ),
+        (
+            "kvtier_spill_disk_full_total",
+            "Spill writes refused because the disk was full.",
+        ),
+    ] {
+        describe_counter!(name, help);
+    }
+    for (name, help) in [
+        (
+            "kvtier_spill_write_bytes_total",
+            "Bytes written to the spill tier.",
+        ),
+        (
+            "kvtier_spill_read_bytes_total",
+            "Bytes read from the spill tier.",
+        ),
+    ] {
+        describe_counter!(name, Unit::Bytes, help);
+    }
+    describe_histogram!(
+        "kvtier_spill_read_seconds",
+        Unit::Seconds,
+        "Latency of one spill tier disk read."
+    );
+    describe_histogram!(
+        "kvtier_spill_write_seconds",
+        Unit::Seconds,
+        "Latency of one spill tier batch write."
+    );
     describe_counter!(
         "kvtier_cluster_forwarded_total",
         "Commands forwarded to the node owning their keys."
