@@ -15,6 +15,9 @@
 #     the compose network with kvtier-bench and a RESP exchange over bash's
 #     /dev/tcp;
 #  4. every node's /metrics scraped and checked with `promtool check metrics`;
+#     docker/prometheus.yml checked and run (Debian's prometheus binary in the
+#     base image, on the compose network) until it scrapes all three nodes;
+#     the Grafana dashboard's metrics checked against the documented ones;
 #  5. one node stopped: the other two keep serving every command within the
 #     node timeout + 1 s; restarted: it rejoins and owns its slots again;
 #  6. everything it created removed (containers, network, volumes, images,
@@ -71,6 +74,7 @@ cleanup() {
     fi
     compose down -v --rmi local --remove-orphans >/dev/null 2>&1 || true
     docker ps -aq --filter "ancestor=$IMAGE" | xargs -r docker rm -f -v >/dev/null 2>&1 || true
+    docker rm -f -v "$PROJECT-prometheus" >/dev/null 2>&1 || true
     docker image rm -f "$IMAGE" >/dev/null 2>&1 || true
     docker image prune -f --filter label=io.kvtier.stage=build >/dev/null 2>&1 || true
     if [[ $CREATED_BASE == 1 ]]; then docker image rm -f "$BASE_TAG" >/dev/null 2>&1 || true; fi
@@ -198,6 +202,31 @@ assert not missing, f"dashboard uses undocumented metrics: {missing}"
 live = sorted(n for n in names if re.search(rf"^{n}(_bucket)?[{{ ]", scraped, re.M))
 print(f"dashboard: {len(dash['panels'])} panels, {len(names)} metrics, all documented; {len(live)} already exported by node 1")
 PY
+
+log "Prometheus with docker/prometheus.yml on the compose network (Debian's prometheus binary in the base image: prom/prometheus cannot be pulled here)"
+prom_port=$(free_port)
+docker run -d --name "$PROJECT-prometheus" --network "$network" -p "127.0.0.1:$prom_port:9090" \
+  -v "$(command -v prometheus):/usr/local/bin/prometheus:ro" \
+  -v "$ROOT/docker/prometheus.yml:/etc/prometheus/prometheus.yml:ro" \
+  --entrypoint /usr/local/bin/prometheus "$BASE_TAG" \
+  --config.file=/etc/prometheus/prometheus.yml --storage.tsdb.path=/tmp/prometheus >/dev/null
+targets_up() {
+  curl -sf "http://127.0.0.1:$prom_port/api/v1/targets" | python3 -c '
+import json, sys
+t = json.load(sys.stdin)["data"]["activeTargets"]
+print(sum(x["health"] == "up" for x in t if x["labels"]["job"] == "kvtier"))' 2>/dev/null || echo 0
+}
+for _ in $(seq 60); do [[ $(targets_up) == 3 ]] && break; sleep 0.5; done
+[[ $(targets_up) == 3 ]] || { echo "Prometheus does not see 3 kvtier targets up"; docker logs "$PROJECT-prometheus" 2>&1 | tail -20; exit 1; }
+for _ in $(seq 40); do
+  n=$(curl -sf "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode 'query=count(kvtier_commands_total) by (instance)' \
+    | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0)
+  [[ $n == 3 ]] && break
+  sleep 0.5
+done
+[[ $n == 3 ]] || { echo "Prometheus has kvtier_commands_total from $n node(s), not 3"; exit 1; }
+echo "Prometheus scrapes all 3 nodes (targets up, kvtier_commands_total from each)"
+docker rm -f "$PROJECT-prometheus" >/dev/null
 
 log "stopping kvtier-3: the other two keep serving"
 slots_before=$(cli "${PORTS[0]}" cluster slots | md5sum)
