@@ -369,6 +369,15 @@ pub fn answer_from_copies(
     Some(reply)
 }
 
+/// Where a key of this node is copied, and when its lease was last given.
+#[derive(Debug, Clone)]
+pub struct Replicated {
+    /// Ids of the nodes holding (or being sent) a copy.
+    pub nodes: Vec<String>,
+    /// When the owner last sent a copy or renewed the lease.
+    pub renewed: Instant,
+}
+
 /// What the node knows of hot keys: the shards' latest counts, and which of
 /// its keys are copied where.
 #[derive(Default)]
@@ -378,7 +387,9 @@ pub struct HotState {
     /// Hot keys and their rates, from the last aggregation.
     pub hot: Vec<(Bytes, f64)>,
     /// Keys this node owns that have copies, and the nodes holding them.
-    pub replicated: HashMap<Bytes, Vec<String>>,
+    /// Copies can outlive the key's heat by a lease, so a key is forgotten
+    /// only once its last lease has run out.
+    pub replicated: HashMap<Bytes, Replicated>,
 }
 
 impl Cluster {
@@ -417,7 +428,7 @@ impl Cluster {
             return None;
         }
         let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
-        let nodes = state.replicated.remove(key);
+        let nodes = state.replicated.remove(key).map(|r| r.nodes);
         self.replicated_count.store(state.replicated.len(), Relaxed);
         nodes
     }
@@ -439,21 +450,30 @@ impl Cluster {
     }
 
     /// Everything replicated, removed from the record (FLUSHALL).
-    pub fn take_all_replicated(&self) -> HashMap<Bytes, Vec<String>> {
+    pub fn take_all_replicated(&self) -> Vec<(Bytes, Vec<String>)> {
         let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
         self.replicated_count.store(0, Relaxed);
         std::mem::take(&mut state.replicated)
+            .into_iter()
+            .map(|(k, r)| (k, r.nodes))
+            .collect()
     }
 
     fn note_replicated(&self, key: Bytes, nodes: Vec<String>) {
         let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
-        state.replicated.insert(key, nodes);
+        let renewed = Instant::now();
+        state.replicated.insert(key, Replicated { nodes, renewed });
         self.replicated_count.store(state.replicated.len(), Relaxed);
     }
 
+    /// Forgets keys no longer hot whose copies have all lapsed (a write to
+    /// a key whose copy may still be live must still reach it).
     fn forget_replicated(&self, keep: &[Bytes]) {
         let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
-        state.replicated.retain(|k, _| keep.contains(k));
+        let lapsed = LEASE + Duration::from_secs(1);
+        state
+            .replicated
+            .retain(|k, r| keep.contains(k) || r.renewed.elapsed() < lapsed);
         self.replicated_count.store(state.replicated.len(), Relaxed);
     }
 
@@ -464,7 +484,11 @@ impl Cluster {
             .hot
             .iter()
             .map(|(k, r)| {
-                let copies = state.replicated.get(k).cloned().unwrap_or_default();
+                let copies = state
+                    .replicated
+                    .get(k)
+                    .map(|r| r.nodes.clone())
+                    .unwrap_or_default();
                 (k.clone(), *r, copies)
             })
             .collect()
@@ -498,6 +522,13 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
     if targets.is_empty() {
         return;
     }
+    // Recorded before any copy is sent: a write from now on finds the key
+    // replicated and sends UNCOPY, which also stops a copy still in flight
+    // (the replica's tombstone refuses it, or UNCOPY removes it).
+    cluster.note_replicated(
+        key.clone(),
+        targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
+    );
     let lease = arg(LEASE.as_millis().to_string());
     let password = shard.shared.config.password();
     // Renew where a copy is held; send the value where it is not.
@@ -556,10 +587,6 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
             }
         }
     }
-    cluster.note_replicated(
-        key,
-        targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
-    );
 }
 
 /// Tells every node holding a copy of one of `keys` to drop it, and waits

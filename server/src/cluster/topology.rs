@@ -118,7 +118,12 @@ pub struct View {
     pub me: Option<usize>,
     /// Owner (index into `nodes`) of every slot.
     owner: Vec<u16>,
+    /// [`View::ranges`] computed once (clients ask for CLUSTER SLOTS often).
+    ranges_cache: std::sync::OnceLock<(usize, Ranges)>,
 }
+
+/// Slot ranges with their holders, owner first.
+pub type Ranges = Vec<(u16, u16, Vec<usize>)>;
 
 impl View {
     /// Computes the slot map of `nodes` with the given liveness.
@@ -129,6 +134,7 @@ impl View {
             alive,
             me,
             owner: Vec::new(),
+            ranges_cache: std::sync::OnceLock::new(),
         };
         view.owner = (0..SLOTS as u16)
             .map(|slot| view.order(slot).first().copied().unwrap_or(0) as u16)
@@ -164,8 +170,18 @@ impl View {
 
     /// Runs of consecutive slots with the same owner and replicas:
     /// `(first, last, [owner, replicas...])`, as CLUSTER SLOTS lists them.
-    pub fn ranges(&self, replicas: usize) -> Vec<(u16, u16, Vec<usize>)> {
-        let mut out: Vec<(u16, u16, Vec<usize>)> = Vec::new();
+    pub fn ranges(&self, replicas: usize) -> Ranges {
+        let (cached_for, cached) = self
+            .ranges_cache
+            .get_or_init(|| (replicas, self.compute_ranges(replicas)));
+        if *cached_for == replicas {
+            return cached.clone();
+        }
+        self.compute_ranges(replicas)
+    }
+
+    fn compute_ranges(&self, replicas: usize) -> Ranges {
+        let mut out: Ranges = Vec::new();
         for slot in 0..SLOTS as u16 {
             let mut holders = self.order(slot);
             holders.truncate(1 + replicas);
