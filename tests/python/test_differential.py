@@ -895,6 +895,79 @@ MEMORY FOO
 """
 
 
+SCRIPTS["bitmaps"] = """
+SETBIT b 7 1
+SETBIT b 7 1
+SETBIT b 7 0
+SETBIT b 100 1
+GET b
+STRLEN b
+GETBIT b 100
+GETBIT b 101
+GETBIT b 100000
+GETBIT nokey 3
+SETBIT b -1 1
+SETBIT b 4294967296 1
+SETBIT b 0 2
+SETBIT b 0 -1
+SETBIT b abc 1
+GETBIT b -1
+GETBIT b abc
+SET s foobar
+BITCOUNT s
+BITCOUNT s 0 0
+BITCOUNT s 1 1
+BITCOUNT s 1 -2
+BITCOUNT s -6 -7
+BITCOUNT s 5 30 BIT
+BITCOUNT s 0 -1 BYTE
+BITCOUNT s 0 -1 bit
+BITCOUNT s 0
+BITCOUNT s 0 1 FOO
+BITCOUNT s a b
+BITCOUNT nokey
+BITCOUNT nokey 0 1
+BITPOS s 1
+BITPOS s 0
+BITPOS s 1 2
+BITPOS s 1 2 -1
+BITPOS s 0 2 -1
+BITPOS s 1 7 15 BIT
+BITPOS s 0 0 -1 BIT
+BITPOS s 2
+BITPOS s 1 0 1 FOO
+BITPOS s 1 a
+BITPOS nokey 1
+BITPOS nokey 0
+BITPOS nokey 0 a b
+SET ff "\xff\xff"
+BITPOS ff 0
+BITPOS ff 0 0 -1
+BITPOS ff 1 1
+SET empty ""
+BITPOS empty 0
+BITPOS empty 1
+BITCOUNT empty
+SET {t}x abc
+SET {t}y "a b\x00"
+BITOP AND {t}d {t}x {t}y
+GET {t}d
+BITOP OR {t}d {t}x {t}y {t}none
+GET {t}d
+BITOP XOR {t}d {t}x {t}y
+GET {t}d
+BITOP NOT {t}d {t}x
+GET {t}d
+BITOP NOT {t}d {t}x {t}y
+BITOP FOO {t}d {t}x
+SET {t}d x EX 100
+BITOP AND {t}d {t}none1 {t}none2
+EXISTS {t}d
+BITOP OR {t}d {t}x
+TTL {t}d
+"""
+
+
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_script(d: Differ, name: str) -> None:
     d.run_script(SCRIPTS[name])

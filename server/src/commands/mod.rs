@@ -10,6 +10,7 @@
 //! * [`Handler::Async`]: commands that fan out (MGET, DEL k1 k2, KEYS, INFO,
 //!   FLUSHALL, ...) and await the shards' answers.
 
+pub mod bitmap;
 pub mod block;
 pub mod client;
 pub mod cluster;
@@ -293,6 +294,7 @@ impl CommandTable {
         let mut commands: Vec<&'static CommandSpec> = Vec::new();
         for family in [
             string::COMMANDS,
+            bitmap::COMMANDS,
             block::COMMANDS,
             keyspace::COMMANDS,
             connection::COMMANDS,

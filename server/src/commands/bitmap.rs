@@ -1,0 +1,385 @@
+//! Bitmap commands on string values: SETBIT, GETBIT, BITCOUNT, BITPOS, BITOP, with
+//! Redis 7's semantics (bit 0 is the most significant bit of byte 0; a
+//! string grows with zero bytes; offsets and ranges as Redis checks them).
+
+use bytes::{Bytes, BytesMut};
+
+use super::flags::*;
+use super::keyspace::fan_out;
+use super::{
+    is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp,
+    KeySpec, LocalBoxFuture, KEY1,
+};
+use crate::protocol::Reply;
+use crate::shard::slot::key_slot;
+use crate::store::{now_ms, Encoding, Store};
+
+const BASE: CommandSpec = CommandSpec {
+    name: "",
+    arity: 2,
+    flags: READONLY,
+    keys: KEY1,
+    group: "bitmap",
+    since: "2.2.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "key",
+    handler: Handler::Parent,
+    subcommands: &[],
+    one_shard: None,
+};
+
+/// The bitmap family.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "setbit",
+        arity: 4,
+        flags: WRITE | DENYOOM,
+        summary: "Sets or clears the bit at offset of the string value. Creates the key if it doesn't exist.",
+        syntax: "key offset:integer value:integer",
+        handler: Handler::Key(setbit),
+        ..BASE
+    },
+    CommandSpec {
+        name: "getbit",
+        arity: 3,
+        flags: READONLY | FAST,
+        summary: "Returns a bit value by offset.",
+        syntax: "key offset:integer",
+        handler: Handler::Key(getbit),
+        ..BASE
+    },
+    CommandSpec {
+        name: "bitcount",
+        arity: -2,
+        summary: "Counts the number of set bits (population counting) in a string.",
+        complexity: "O(N)",
+        syntax: "key [start:integer end:integer [BYTE|BIT]]",
+        handler: Handler::Key(bitcount),
+        ..BASE
+    },
+    CommandSpec {
+        name: "bitpos",
+        arity: -3,
+        since: "2.8.7",
+        summary: "Finds the first set (1) or clear (0) bit in a string.",
+        complexity: "O(N)",
+        syntax: "key bit:integer [start:integer [end:integer [BYTE|BIT]]]",
+        handler: Handler::Key(bitpos),
+        ..BASE
+    },
+    CommandSpec {
+        name: "bitop",
+        arity: -4,
+        flags: WRITE | DENYOOM,
+        keys: KeySpec::range(2, -1, 1),
+        summary: "Performs bitwise operations on multiple strings, and stores the result.",
+        complexity: "O(N)",
+        syntax: "AND|OR|XOR|NOT destkey key [key ...]",
+        handler: Handler::Async(bitop),
+        ..BASE
+    },
+];
+
+/// BITOP: the sources are read on their shards in parallel, combined here,
+/// and the result stored on the destination's shard (or the destination
+/// deleted when every source is empty), as Redis does.
+fn bitop(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Op {
+            And,
+            Or,
+            Xor,
+            Not,
+        }
+        let op = match args[1].to_ascii_lowercase().as_slice() {
+            b"and" => Op::And,
+            b"or" => Op::Or,
+            b"xor" => Op::Xor,
+            b"not" => Op::Not,
+            _ => return syntax_error(),
+        };
+        if op == Op::Not && args.len() != 4 {
+            return Reply::error("ERR BITOP NOT must be called with a single source key.");
+        }
+        let sources: Vec<usize> = (3..args.len()).collect();
+        let read = fan_out(client, &args, &sources, |store, slot, key, _, now| {
+            store.materialize(slot, key, now);
+            store
+                .peek(slot, key, now)
+                .map(|e| e.value.bytes().unwrap_or_default())
+        })
+        .await;
+        let Ok(values) = read else {
+            return Reply::error("ERR server is shutting down");
+        };
+        let values: Vec<Bytes> = values.into_iter().map(Option::unwrap_or_default).collect();
+        let len = values.iter().map(Bytes::len).max().unwrap_or(0);
+        let mut out = BytesMut::zeroed(len);
+        for i in 0..len {
+            let byte = |v: &Bytes| v.get(i).copied().unwrap_or(0);
+            out[i] = match op {
+                Op::Not => !byte(&values[0]),
+                Op::And => values.iter().map(byte).fold(0xff, |a, b| a & b),
+                Op::Or => values.iter().map(byte).fold(0, |a, b| a | b),
+                Op::Xor => values.iter().map(byte).fold(0, |a, b| a ^ b),
+            };
+        }
+        let dest = args[2].clone();
+        let slot = key_slot(&dest);
+        let owner = client.shard.owner_of(slot);
+        let value = out.freeze();
+        let stored = client
+            .shard
+            .call(owner, move |s| {
+                let mut store = s.store.borrow_mut();
+                let now = now_ms();
+                if value.is_empty() {
+                    store.remove(slot, &dest);
+                    return true;
+                }
+                store.insert(slot, &dest, value, 0, now).is_ok()
+            })
+            .await;
+        match stored {
+            Ok(true) => Reply::Int(len as i64),
+            Ok(false) => oom_error(),
+            Err(_) => Reply::error("ERR server is shutting down"),
+        }
+    })
+}
+
+/// A bit offset as Redis accepts it: 0 up to the bits of the longest
+/// string (`proto-max-bulk-len` bytes).
+fn bit_offset(arg: &[u8], max_len: usize) -> Result<u64, Reply> {
+    let err = || Reply::error("ERR bit offset is not an integer or out of range");
+    let n = parse_int(arg).ok_or_else(err)?;
+    if n < 0 || (n as u64 >> 3) >= max_len as u64 {
+        return Err(err());
+    }
+    Ok(n as u64)
+}
+
+/// The string at the key (empty when absent), read for a bit command.
+fn value_of(store: &mut Store, op: &KeyOp, now: u64, touch: bool) -> Option<Bytes> {
+    store.materialize(op.slot, op.key(), now);
+    let entry = if touch {
+        store.read(op.slot, op.key(), now, op.touch)
+    } else {
+        store.peek(op.slot, op.key(), now)
+    };
+    entry.map(|e| e.value.bytes().unwrap_or_default())
+}
+
+fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let offset = match bit_offset(&op.args[2], store.max_value_len()) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let on = match parse_int(&op.args[3]) {
+        Some(0) => false,
+        Some(1) => true,
+        _ => return Reply::error("ERR bit is not an integer or out of range"),
+    };
+    let (slot, key) = (op.slot, op.key());
+    store.materialize(slot, key, now);
+    let (old, expire_at) = store
+        .peek(slot, key, now)
+        .map(|e| (e.value.bytes().unwrap_or_default(), e.expire_at))
+        .unwrap_or_default();
+    let byte = (offset >> 3) as usize;
+    let mask = 0x80u8 >> (offset & 7);
+    let was = old.get(byte).is_some_and(|b| b & mask != 0);
+    if was == on && byte < old.len() {
+        return Reply::Int(was as i64);
+    }
+    let mut value = BytesMut::zeroed(old.len().max(byte + 1));
+    value[..old.len()].copy_from_slice(&old);
+    if on {
+        value[byte] |= mask;
+    } else {
+        value[byte] &= !mask;
+    }
+    match store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now) {
+        Ok(_) => Reply::Int(was as i64),
+        Err(_) => oom_error(),
+    }
+}
+
+fn getbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let offset = match bit_offset(&op.args[2], store.max_value_len()) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let value = value_of(store, op, now, true).unwrap_or_default();
+    let byte = (offset >> 3) as usize;
+    let bit = value
+        .get(byte)
+        .is_some_and(|b| b & (0x80 >> (offset & 7)) != 0);
+    Reply::Int(bit as i64)
+}
+
+/// `start end [BYTE|BIT]` at `args[from..]`: the range and whether it
+/// counts bits.
+fn parse_range(args: &[Bytes], from: usize) -> Result<(i64, Option<i64>, bool), Reply> {
+    let start = parse_int(&args[from]).ok_or_else(not_integer)?;
+    let end = match args.get(from + 1) {
+        Some(a) => Some(parse_int(a).ok_or_else(not_integer)?),
+        None => None,
+    };
+    let bits = match args.get(from + 2) {
+        None => false,
+        Some(a) if is(a, "byte") => false,
+        Some(a) if is(a, "bit") => true,
+        Some(_) => return Err(syntax_error()),
+    };
+    Ok((start, end, bits))
+}
+
+/// Redis's clamping of `start..=end` into `0..total` (negative from the
+/// end); `None` when the range is empty.
+fn clamp(start: i64, end: i64, total: i64) -> Option<(i64, i64)> {
+    let (mut start, mut end) = (start, end);
+    if start < 0 {
+        start += total;
+    }
+    if end < 0 {
+        end += total;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= total {
+        end = total - 1;
+    }
+    (start <= end).then_some((start, end))
+}
+
+fn bit_at(value: &[u8], i: i64) -> bool {
+    value[(i >> 3) as usize] & (0x80 >> (i & 7)) != 0
+}
+
+/// Set bits of `value` in the bit range `first..=last`.
+fn count_bits(value: &[u8], first: i64, last: i64) -> i64 {
+    let (fb, lb) = ((first >> 3) as usize, (last >> 3) as usize);
+    let mut n: i64 = value[fb..=lb].iter().map(|b| b.count_ones() as i64).sum();
+    for i in (fb as i64 * 8)..first {
+        n -= bit_at(value, i) as i64;
+    }
+    for i in (last + 1)..((lb as i64 + 1) * 8) {
+        n -= bit_at(value, i) as i64;
+    }
+    n
+}
+
+fn bitcount(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    let range = match args.len() {
+        2 => None,
+        4 | 5 => match parse_range(args, 2) {
+            Ok((start, Some(end), bits)) => Some((start, end, bits)),
+            Ok(_) => return syntax_error(),
+            Err(e) => return e,
+        },
+        _ => return syntax_error(),
+    };
+    let Some(value) = value_of(store, op, now, true) else {
+        return Reply::Int(0);
+    };
+    // Both ends from the end, start after end: empty (as GETRANGE).
+    if let Some((start, end, _)) = range {
+        if start < 0 && end < 0 && start > end {
+            return Reply::Int(0);
+        }
+    }
+    let bits_total = value.len() as i64 * 8;
+    let (first, last) = match range {
+        None => (0, bits_total - 1),
+        Some((start, end, true)) => match clamp(start, end, bits_total) {
+            Some(r) => r,
+            None => return Reply::Int(0),
+        },
+        Some((start, end, false)) => match clamp(start, end, value.len() as i64) {
+            Some((s, e)) => (s * 8, e * 8 + 7),
+            None => return Reply::Int(0),
+        },
+    };
+    if first > last {
+        return Reply::Int(0);
+    }
+    Reply::Int(count_bits(&value, first, last))
+}
+
+fn bitpos(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    let args = &op.args;
+    let want = match parse_int(&args[2]) {
+        Some(0) => false,
+        Some(1) => true,
+        Some(_) => return Reply::error("ERR The bit argument must be 1 or 0."),
+        None => return not_integer(),
+    };
+    // As in Redis 7.0, a missing key answers before the range is read: an
+    // endless run of zero bits.
+    let Some(value) = value_of(store, op, now, true) else {
+        return Reply::Int(if want { -1 } else { 0 });
+    };
+    if args.len() > 6 {
+        return syntax_error();
+    }
+    let (start, end, bits) = if args.len() >= 4 {
+        match parse_range(args, 3) {
+            Ok(r) => r,
+            Err(e) => return e,
+        }
+    } else {
+        (0, None, false)
+    };
+    let end_given = end.is_some();
+    let unit_total = if bits {
+        value.len() as i64 * 8
+    } else {
+        value.len() as i64
+    };
+    let Some((s, e)) = clamp(start, end.unwrap_or(-1), unit_total) else {
+        return Reply::Int(-1);
+    };
+    let (first, last) = if bits { (s, e) } else { (s * 8, e * 8 + 7) };
+    // Whole bytes that cannot hold the bit are skipped a byte at a time.
+    let skip = if want { 0x00 } else { 0xff };
+    let mut i = first;
+    while i <= last {
+        if i & 7 == 0 && i + 7 <= last && value[(i >> 3) as usize] == skip {
+            i += 8;
+            continue;
+        }
+        if bit_at(&value, i) == want {
+            return Reply::Int(i);
+        }
+        i += 1;
+    }
+    // No such bit in range: a clear bit is found just past the string when
+    // the caller did not bound the range.
+    Reply::Int(if !want && !end_given { last + 1 } else { -1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_bits_in_partial_bytes() {
+        let v = [0xffu8, 0x0f, 0x80];
+        assert_eq!(count_bits(&v, 0, 23), 13);
+        assert_eq!(count_bits(&v, 4, 11), 4);
+        assert_eq!(count_bits(&v, 12, 16), 5);
+        assert_eq!(count_bits(&v, 17, 23), 0);
+    }
+
+    #[test]
+    fn clamps_like_redis() {
+        assert_eq!(clamp(0, -1, 3), Some((0, 2)));
+        assert_eq!(clamp(-100, 100, 3), Some((0, 2)));
+        assert_eq!(clamp(2, 1, 3), None);
+        assert_eq!(clamp(0, -1, 0), None);
+    }
+}
