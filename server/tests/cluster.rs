@@ -388,6 +388,39 @@ fn redirect_mode_answers_moved_and_redis_cli_follows() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
     let cli_owner = c.owner_by_slots(1, "cli-key");
     assert_eq!(c.raw(cli_owner).run("GET cli-key"), bulk("w"));
+    // redis-cli's cluster tooling reads the topology and finds it whole.
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "check", &format!("127.0.0.1:{}", c.ports[0])])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("All nodes agree about slots configuration"),
+        "{text}"
+    );
+    assert!(text.contains("All 16384 slots covered"), "{text}");
+    // redis-benchmark in cluster mode finds the three masters and runs.
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &c.ports[1].to_string(),
+            "--cluster",
+            "-t",
+            "set,get",
+            "-n",
+            "2000",
+            "-c",
+            "4",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Master 2:"), "{text}");
+    assert!(
+        text.contains("GET: ") && text.contains("requests per second"),
+        "{text}"
+    );
     // Multi-key commands spanning nodes are still coordinated.
     assert_eq!(
         c.raw(other).run(&format!("MGET {key} cli-key nope")),
