@@ -30,11 +30,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::peer::Lane;
 use super::topology::View;
 use super::Cluster;
 use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
+
+/// The pooled connection copies, leases and invalidations travel on.
+const CONTROL: Lane = Lane {
+    resp3: false,
+    id: 0,
+};
 
 /// One read in this many is counted.
 pub const SAMPLE: u64 = 16;
@@ -537,7 +544,7 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
         let addr = view.nodes[t].addr();
         let rx = shard.peers.send(
             &addr,
-            false,
+            CONTROL,
             password.clone(),
             &cluster.me,
             &[arg("CLUSTER"), arg("LEASE"), key.clone(), lease.clone()],
@@ -570,7 +577,7 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
         for t in missing {
             let rx = shard.peers.send(
                 &view.nodes[t].addr(),
-                false,
+                CONTROL,
                 password.clone(),
                 &cluster.me,
                 &[
@@ -602,7 +609,7 @@ pub async fn uncopy(shard: &Rc<Shard>, cluster: &Cluster, keys: Vec<(Bytes, Vec<
             };
             waits.push(shard.peers.send(
                 &view.nodes[i].addr(),
-                false,
+                CONTROL,
                 password.clone(),
                 &cluster.me,
                 &[arg("CLUSTER"), arg("UNCOPY"), key.clone()],

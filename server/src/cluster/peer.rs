@@ -324,10 +324,25 @@ async fn run_conn(
     waiting.borrow_mut().clear();
 }
 
-/// A shard's connections to its peers, by (address, RESP3).
+/// Connections per peer and protocol version: a client's forwarded
+/// commands always take the same one (their order is kept), and different
+/// clients spread over them, so one client's large replies do not hold up
+/// everyone's.
+pub const LANES: u64 = 4;
+
+/// Which pooled connection a client's forwarded commands use.
+#[derive(Debug, Clone, Copy)]
+pub struct Lane {
+    /// The client speaks RESP3 (so does the connection).
+    pub resp3: bool,
+    /// The client's id: its commands use connection `id % LANES`.
+    pub id: u64,
+}
+
+/// A shard's connections to its peers, by (address, RESP3, lane).
 #[derive(Default)]
 pub struct PeerPool {
-    conns: RefCell<HashMap<(String, bool), PeerConn>>,
+    conns: RefCell<HashMap<(String, bool, u64), PeerConn>>,
 }
 
 impl PeerPool {
@@ -337,13 +352,14 @@ impl PeerPool {
     pub fn send(
         &self,
         addr: &str,
-        resp3: bool,
+        lane: Lane,
         password: Option<String>,
         me: &str,
         args: &[Bytes],
     ) -> oneshot::Receiver<Reply> {
         let mut conns = self.conns.borrow_mut();
-        let key = (addr.to_string(), resp3);
+        let resp3 = lane.resp3;
+        let key = (addr.to_string(), resp3, lane.id % LANES);
         let conn = conns
             .entry(key)
             .and_modify(|c| {

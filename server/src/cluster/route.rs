@@ -18,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::peer::Lane;
 use super::topology::View;
 use super::Cluster;
 use super::{hot, peer};
@@ -137,10 +138,11 @@ pub fn forward(
     cluster: &Cluster,
     view: &View,
     node: usize,
-    resp3: bool,
+    lane: Lane,
     args: Vec<Bytes>,
     blocking: bool,
 ) -> Reply {
+    let resp3 = lane.resp3;
     let target = &view.nodes[node];
     cluster.stats.forwarded.fetch_add(1, Relaxed);
     let password = shard.shared.config.password();
@@ -158,9 +160,17 @@ pub fn forward(
     } else {
         shard
             .peers
-            .send(&target.addr(), resp3, password, &cluster.me, &args)
+            .send(&target.addr(), lane, password, &cluster.me, &args)
     };
     Reply::Remote(RemoteReply::new(rx, target.id.clone()))
+}
+
+/// The pooled connection `client`'s forwarded commands take.
+pub fn lane(client: &Client) -> Lane {
+    Lane {
+        resp3: client.resp3,
+        id: client.id(),
+    }
 }
 
 /// Whether a call blocks (MGETPREFIX ... BLOCK).
@@ -230,7 +240,7 @@ async fn run_parts(
                     cluster,
                     view,
                     p.node,
-                    client.resp3,
+                    lane(client),
                     p.args.clone(),
                     blocking,
                 )

@@ -404,7 +404,7 @@ impl Connection {
                     cluster,
                     &view,
                     node,
-                    self.client.resp3,
+                    route::lane(&self.client),
                     args.to_vec(),
                     blocking,
                 );
