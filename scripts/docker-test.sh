@@ -12,8 +12,9 @@
 #     started, every node healthy (its HEALTHCHECK PINGs it);
 #  3. driven from the host with redis-cli (each node, keys of every node) and
 #     kvtier-bench (connections over the three nodes), and from a container on
-#     the compose network with kvtier-bench and a RESP exchange over bash's
-#     /dev/tcp;
+#     the compose network with kvtier-bench, a RESP exchange over bash's
+#     /dev/tcp, and redis-cli (plain, -c, --cluster check) in a client
+#     container (Debian's redis-tools on the same base image);
 #  4. every node's /metrics scraped and checked with `promtool check metrics`;
 #     docker/prometheus.yml checked and run (Debian's prometheus binary in the
 #     base image, on the compose network) until it scrapes all three nodes;
@@ -34,6 +35,7 @@ PROJECT=kvtier-test-$$
 COMPOSE_FILE=docker/docker-compose.yml
 BASE_TAG=debian:bookworm-slim
 IMAGE=kvtier-test:$$
+CLIENT_IMAGE=kvtier-test-client:$$
 CREATED_BASE=0
 WORK=$(mktemp -d -t kvtier-docker.XXXXXX)
 
@@ -75,7 +77,8 @@ cleanup() {
     compose down -v --rmi local --remove-orphans >/dev/null 2>&1 || true
     docker ps -aq --filter "ancestor=$IMAGE" | xargs -r docker rm -f -v >/dev/null 2>&1 || true
     docker rm -f -v "$PROJECT-prometheus" >/dev/null 2>&1 || true
-    docker image rm -f "$IMAGE" >/dev/null 2>&1 || true
+    docker ps -aq --filter "ancestor=$CLIENT_IMAGE" | xargs -r docker rm -f -v >/dev/null 2>&1 || true
+    docker image rm -f "$IMAGE" "$CLIENT_IMAGE" >/dev/null 2>&1 || true
     docker image prune -f --filter label=io.kvtier.stage=build >/dev/null 2>&1 || true
     if [[ $CREATED_BASE == 1 ]]; then docker image rm -f "$BASE_TAG" >/dev/null 2>&1 || true; fi
   fi
@@ -176,6 +179,21 @@ out=$(timeout 30 docker run --rm --network "$network" --entrypoint bash "$IMAGE"
   'exec 3<>/dev/tcp/kvtier-2/6379; printf "GET docker:key:7\r\nQUIT\r\n" >&3; cat <&3' | tr -d '\r' | sed -n 2p)
 [[ $out == "value-7" ]] || { echo "RESP from a container: '$out'"; exit 1; }
 echo "GET through kvtier-2 from a container: $out"
+# redis-cli in a client container (Debian's redis-tools on the same base):
+# plain, cluster-following (-c) and the cluster check, by service name.
+printf 'FROM %s\nRUN apt-get update -q && apt-get install -y -q --no-install-recommends redis-tools && rm -rf /var/lib/apt/lists/*\n' "$BASE_TAG" \
+  | docker build -q -t "$CLIENT_IMAGE" - >"$WORK/client-build.log" 2>&1 || { tail -20 "$WORK/client-build.log"; exit 1; }
+incli() { docker run --rm --network "$network" "$CLIENT_IMAGE" redis-cli "$@"; }
+out=$(incli -h kvtier-3 get docker:key:13)
+[[ $out == "value-13" ]] || { echo "redis-cli in a container: '$out'"; exit 1; }
+for i in 1 2 3 4 5; do
+  out=$(incli -c -h kvtier-1 set "docker:cli:$i" "c$i"); [[ $out == OK ]] || { echo "redis-cli -c SET: $out"; exit 1; }
+done
+out=$(incli -c -h kvtier-2 mget docker:cli:1 docker:cli:5 | tr '\n' ' ')
+[[ $out == "c1 c5 " ]] || { echo "redis-cli -c MGET: '$out'"; exit 1; }
+incli --cluster check kvtier-1:6379 >"$WORK/check.txt" 2>&1 || true
+grep -q "All 16384 slots covered" "$WORK/check.txt" || { tail -5 "$WORK/check.txt"; exit 1; }
+echo "redis-cli in a container: GET, -c SET and MGET, --cluster check: all good"
 
 log "metrics: every node, promtool check metrics"
 for i in 0 1 2; do
