@@ -75,7 +75,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         keys: KeySpec::range(2, -1, 1),
         summary: "Performs bitwise operations on multiple strings, and stores the result.",
         complexity: "O(N)",
-        syntax: "AND|OR|XOR|NOT destkey key [key ...]",
+        syntax: "(AND|OR|XOR|NOT) destkey key [key ...]",
         handler: Handler::Async(bitop),
         ..BASE
     },
