@@ -1,4 +1,5 @@
-//! Bitmap commands on string values: SETBIT, GETBIT, BITCOUNT, BITPOS, BITOP, with
+//! Bitmap commands on string values: SETBIT, GETBIT, BITCOUNT, BITPOS, BITOP,
+//! BITFIELD and BITFIELD_RO, with
 //! Redis 7's semantics (bit 0 is the most significant bit of byte 0; a
 //! string grows with zero bytes; offsets and ranges as Redis checks them).
 
@@ -77,6 +78,28 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N)",
         syntax: "(AND|OR|XOR|NOT) destkey key [key ...]",
         handler: Handler::Async(bitop),
+        ..BASE
+    },
+    CommandSpec {
+        name: "bitfield",
+        arity: -2,
+        flags: WRITE | DENYOOM,
+        since: "3.2.0",
+        summary: "Performs arbitrary bitfield integer operations on strings.",
+        complexity: "O(1) for each subcommand specified",
+        syntax: "key [GET encoding offset] [OVERFLOW WRAP|SAT|FAIL] [SET encoding offset value:integer] [INCRBY encoding offset increment:integer]",
+        handler: Handler::Key(bitfield),
+        ..BASE
+    },
+    CommandSpec {
+        name: "bitfield_ro",
+        arity: -2,
+        flags: READONLY | FAST,
+        since: "6.0.0",
+        summary: "Performs arbitrary read-only bitfield integer operations on strings.",
+        complexity: "O(1) for each subcommand specified",
+        syntax: "key [GET encoding offset]",
+        handler: Handler::Key(bitfield_ro),
         ..BASE
     },
 ];
@@ -360,6 +383,302 @@ fn bitpos(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     // No such bit in range: a clear bit is found just past the string when
     // the caller did not bound the range.
     Reply::Int(if !want && !end_given { last + 1 } else { -1 })
+}
+
+// ---- BITFIELD -----------------------------------------------------------------
+
+/// What a BITFIELD write does when the value leaves its type's range.
+#[derive(Clone, Copy, PartialEq)]
+enum Overflow {
+    Wrap,
+    Sat,
+    Fail,
+}
+
+#[derive(Clone, Copy)]
+enum FieldOp {
+    Get,
+    Set(i64),
+    IncrBy(i64),
+}
+
+/// One GET, SET or INCRBY of a BITFIELD call.
+struct Field {
+    op: FieldOp,
+    signed: bool,
+    bits: u32,
+    offset: u64,
+    overflow: Overflow,
+}
+
+fn field_type(arg: &[u8]) -> Result<(bool, u32), Reply> {
+    let err = || {
+        Reply::error(
+            "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.",
+        )
+    };
+    let (signed, digits) = match arg.split_first() {
+        Some((b'i' | b'I', rest)) => (true, rest),
+        Some((b'u' | b'U', rest)) => (false, rest),
+        _ => return Err(err()),
+    };
+    let bits = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .ok_or_else(err)?;
+    let max = if signed { 64 } else { 63 };
+    if bits == 0 || bits > max {
+        return Err(err());
+    }
+    Ok((signed, bits))
+}
+
+/// A field offset: bits, or `#N` for the N-th field of this width.
+fn field_offset(arg: &[u8], bits: u32, max_len: usize) -> Result<u64, Reply> {
+    let err = || Reply::error("ERR bit offset is not an integer or out of range");
+    let (hash, digits) = match arg.split_first() {
+        Some((b'#', rest)) => (true, rest),
+        _ => (false, arg),
+    };
+    let mut n = parse_int(digits).ok_or_else(err)?;
+    if hash {
+        n = n.checked_mul(bits as i64).ok_or_else(err)?;
+    }
+    if n < 0 || (n as u64 >> 3) >= max_len as u64 {
+        return Err(err());
+    }
+    Ok(n as u64)
+}
+
+fn parse_fields(args: &[Bytes], read_only: bool, max_len: usize) -> Result<Vec<Field>, Reply> {
+    let mut fields = Vec::new();
+    let mut overflow = Overflow::Wrap;
+    let mut i = 2;
+    while i < args.len() {
+        let word = args[i].to_ascii_lowercase();
+        let left = args.len() - i - 1;
+        match word.as_slice() {
+            b"get" if left >= 2 => {
+                let (signed, bits) = field_type(&args[i + 1])?;
+                let offset = field_offset(&args[i + 2], bits, max_len)?;
+                fields.push(Field {
+                    op: FieldOp::Get,
+                    signed,
+                    bits,
+                    offset,
+                    overflow,
+                });
+                i += 3;
+            }
+            b"set" | b"incrby" if left >= 3 => {
+                if read_only {
+                    return Err(Reply::error(
+                        "ERR BITFIELD_RO only supports the GET subcommand",
+                    ));
+                }
+                let (signed, bits) = field_type(&args[i + 1])?;
+                let offset = field_offset(&args[i + 2], bits, max_len)?;
+                let n = parse_int(&args[i + 3]).ok_or_else(not_integer)?;
+                let op = if word.as_slice() == b"set" {
+                    FieldOp::Set(n)
+                } else {
+                    FieldOp::IncrBy(n)
+                };
+                fields.push(Field {
+                    op,
+                    signed,
+                    bits,
+                    offset,
+                    overflow,
+                });
+                i += 4;
+            }
+            b"overflow" if left >= 1 => {
+                overflow = match args[i + 1].to_ascii_lowercase().as_slice() {
+                    b"wrap" => Overflow::Wrap,
+                    b"sat" => Overflow::Sat,
+                    b"fail" => Overflow::Fail,
+                    _ => return Err(Reply::error("ERR Invalid OVERFLOW type specified")),
+                };
+                i += 2;
+            }
+            _ => return Err(syntax_error()),
+        }
+    }
+    Ok(fields)
+}
+
+fn get_unsigned(value: &[u8], offset: u64, bits: u32) -> u64 {
+    let mut out = 0u64;
+    for j in 0..bits as u64 {
+        let at = offset + j;
+        let bit = value
+            .get((at >> 3) as usize)
+            .is_some_and(|b| b & (0x80 >> (at & 7)) != 0);
+        out = (out << 1) | bit as u64;
+    }
+    out
+}
+
+fn get_signed(value: &[u8], offset: u64, bits: u32) -> i64 {
+    let raw = get_unsigned(value, offset, bits);
+    if bits < 64 && raw & (1 << (bits - 1)) != 0 {
+        (raw | (u64::MAX << bits)) as i64
+    } else {
+        raw as i64
+    }
+}
+
+fn set_bits(value: &mut [u8], offset: u64, bits: u32, v: u64) {
+    for j in 0..bits as u64 {
+        let at = offset + j;
+        let on = v & (1u64 << (bits as u64 - 1 - j)) != 0;
+        let (byte, mask) = ((at >> 3) as usize, 0x80u8 >> (at & 7));
+        if on {
+            value[byte] |= mask;
+        } else {
+            value[byte] &= !mask;
+        }
+    }
+}
+
+/// `value + incr` in an unsigned field of `bits`: the result, or `None`
+/// when it overflows under FAIL (Redis's checkUnsignedBitfieldOverflow).
+fn unsigned_result(value: u64, incr: i64, bits: u32, overflow: Overflow) -> Option<u64> {
+    let max: u64 = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    let maxincr = max.wrapping_sub(value) as i64;
+    let minincr = (value as i64).wrapping_neg();
+    let wrapped = value.wrapping_add(incr as u64) & max;
+    let up = value > max || (incr > 0 && incr > maxincr);
+    let down = !up && incr < 0 && incr < minincr;
+    match (up || down, overflow) {
+        (false, _) | (true, Overflow::Wrap) => Some(wrapped),
+        (true, Overflow::Sat) => Some(if up { max } else { 0 }),
+        (true, Overflow::Fail) => None,
+    }
+}
+
+/// The same for a signed field (checkSignedBitfieldOverflow).
+fn signed_result(value: i64, incr: i64, bits: u32, overflow: Overflow) -> Option<i64> {
+    let max: i64 = if bits == 64 {
+        i64::MAX
+    } else {
+        (1i64 << (bits - 1)) - 1
+    };
+    let min = -max - 1;
+    let maxincr = max.wrapping_sub(value);
+    let minincr = min.wrapping_sub(value);
+    let up =
+        value > max || (bits != 64 && incr > maxincr) || (value >= 0 && incr > 0 && incr > maxincr);
+    let down = !up
+        && (value < min
+            || (bits != 64 && incr < minincr)
+            || (value < 0 && incr < 0 && incr < minincr));
+    let wrap = || {
+        let mask: u64 = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let msb = 1u64 << (bits - 1);
+        let c = (value as u64).wrapping_add(incr as u64);
+        (if c & msb != 0 { c | !mask } else { c & mask }) as i64
+    };
+    match (up || down, overflow) {
+        (false, _) => Some(value.wrapping_add(incr)),
+        (true, Overflow::Wrap) => Some(wrap()),
+        (true, Overflow::Sat) => Some(if up { max } else { min }),
+        (true, Overflow::Fail) => None,
+    }
+}
+
+fn bitfield(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    bitfield_run(store, op, now, false)
+}
+
+fn bitfield_ro(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
+    bitfield_run(store, op, now, true)
+}
+
+fn bitfield_run(store: &mut Store, op: &KeyOp, now: u64, read_only: bool) -> Reply {
+    let fields = match parse_fields(&op.args, read_only, store.max_value_len()) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let (slot, key) = (op.slot, op.key());
+    // Writes grow (or create) the string to fit every field they touch
+    // before any of them runs, as Redis does.
+    let needed = fields
+        .iter()
+        .filter(|f| !matches!(f.op, FieldOp::Get))
+        .map(|f| ((f.offset + f.bits as u64 - 1) >> 3) as usize + 1)
+        .max();
+    let Some(needed) = needed else {
+        let value = value_of(store, op, now, true).unwrap_or_default();
+        return Reply::Array(fields.iter().map(|f| read_field(&value, f)).collect());
+    };
+    store.materialize(slot, key, now);
+    let (old, expire_at) = store
+        .peek(slot, key, now)
+        .map(|e| (e.value.bytes().unwrap_or_default(), e.expire_at))
+        .unwrap_or_default();
+    let mut value = BytesMut::zeroed(old.len().max(needed));
+    value[..old.len()].copy_from_slice(&old);
+    let mut out = Vec::with_capacity(fields.len());
+    for f in &fields {
+        let reply = match f.op {
+            FieldOp::Get => read_field(&value, f),
+            FieldOp::Set(n) | FieldOp::IncrBy(n) => {
+                let set = matches!(f.op, FieldOp::Set(_));
+                if f.signed {
+                    let old = get_signed(&value, f.offset, f.bits);
+                    let result = if set {
+                        signed_result(n, 0, f.bits, f.overflow)
+                    } else {
+                        signed_result(old, n, f.bits, f.overflow)
+                    };
+                    match result {
+                        Some(v) => {
+                            set_bits(&mut value, f.offset, f.bits, v as u64);
+                            Reply::Int(if set { old } else { v })
+                        }
+                        None => Reply::Nil,
+                    }
+                } else {
+                    let old = get_unsigned(&value, f.offset, f.bits);
+                    let result = if set {
+                        unsigned_result(n as u64, 0, f.bits, f.overflow)
+                    } else {
+                        unsigned_result(old, n, f.bits, f.overflow)
+                    };
+                    match result {
+                        Some(v) => {
+                            set_bits(&mut value, f.offset, f.bits, v);
+                            Reply::Int(if set { old as i64 } else { v as i64 })
+                        }
+                        None => Reply::Nil,
+                    }
+                }
+            }
+        };
+        out.push(reply);
+    }
+    match store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now) {
+        Ok(_) => Reply::Array(out),
+        Err(_) => oom_error(),
+    }
+}
+
+fn read_field(value: &[u8], f: &Field) -> Reply {
+    if f.signed {
+        Reply::Int(get_signed(value, f.offset, f.bits))
+    } else {
+        Reply::Int(get_unsigned(value, f.offset, f.bits) as i64)
+    }
 }
 
 #[cfg(test)]
