@@ -302,8 +302,30 @@ fn the_dialect_across_nodes() {
     ));
     assert_eq!(partial.items().len(), 2);
     assert!(started.elapsed() >= Duration::from_millis(250));
-    // Errors are the command's own.
+    // Errors are the command's own, also when the keys span nodes.
     assert_eq!(c.raw(0).run("MSETBLOCK 2 a 1 b"), err("ERR syntax error"));
+    let spread = format!("{} {}", keys[0], keys[1]);
+    assert_eq!(
+        c.raw(0).run(&format!("PREFIXLEN 2 {spread} junk")),
+        err("ERR syntax error")
+    );
+    assert_eq!(
+        c.raw(0).run(&format!("MEXISTS 2 {spread} junk")),
+        err("ERR syntax error")
+    );
+    let far: Vec<&String> = keys
+        .iter()
+        .filter(|k| c.owner_by_slots(0, k) != 0)
+        .collect();
+    let near = keys.iter().find(|k| c.owner_by_slots(0, k) == 0).unwrap();
+    assert_eq!(
+        c.raw(0).run(&format!("MSET {near} 1 {}", far[0])),
+        err("ERR wrong number of arguments for 'mset' command")
+    );
+    // The nodes' internal messages are refused on client connections.
+    assert!(c.raw(1).run("CLUSTER PING n9 99 n9@127.0.0.1:1").is_error());
+    assert!(c.raw(1).run("CLUSTER COPY k v 0 1000").is_error());
+    assert!(c.raw(1).run("CLUSTER UNCOPY k").is_error());
     assert_eq!(
         c.raw(0)
             .run(&format!("MGETPREFIX 2 {} {} BOGUS", next[0], next[5])),
@@ -616,5 +638,33 @@ fn hot_keys_are_copied_served_and_invalidated() {
     assert_eq!(c.raw(0).run(&format!("SET {key} v2")), ok());
     for i in 0..3 {
         assert_eq!(c.raw(i).run(&format!("GET {key}")), bulk("v2"), "node {i}");
+    }
+    // Hot again, then deleted by a DEL whose keys span nodes: the owner's
+    // share of a coordinated write drops the copies too.
+    let copied_again = eventually(Duration::from_secs(15), || {
+        for r in readers.iter_mut() {
+            let batch: Vec<u8> = get.iter().copied().cycle().take(get.len() * 200).collect();
+            r.send(&batch);
+            for _ in 0..200 {
+                assert_eq!(r.read(), bulk("v2"));
+            }
+        }
+        (0..3)
+            .filter(|&i| i != owner)
+            .all(|i| info_field(&mut c.raw(i), "cluster", "cluster_copies_received") >= 2)
+    });
+    assert!(copied_again, "no copies of the new value");
+    let elsewhere = (0..100)
+        .map(|i| format!("other:{i}"))
+        .find(|k| c.owner_by_slots(0, k) != owner)
+        .unwrap();
+    assert_eq!(c.raw(0).run(&format!("SET {elsewhere} x")), ok());
+    assert_eq!(c.raw(owner).run(&format!("DEL {key} {elsewhere}")), int(2));
+    for i in 0..3 {
+        assert_eq!(
+            c.raw(i).run(&format!("GET {key}")),
+            nil(),
+            "node {i} after DEL"
+        );
     }
 }

@@ -152,6 +152,8 @@ impl HotCounter {
 /// A copy of another node's hot key.
 struct Copy {
     value: Bytes,
+    /// CRC32C of the value: a lease renews only a copy of the current one.
+    digest: u32,
     /// Unix ms of the owner's expiry (0: none).
     expire_at: u64,
     lease_until: Instant,
@@ -181,9 +183,11 @@ impl Copies {
             }
         }
         self.bytes += value.len();
+        let digest = crc32c::crc32c(&value);
         self.map.insert(
             key,
             Copy {
+                digest,
                 value,
                 expire_at,
                 lease_until: now + lease,
@@ -193,11 +197,17 @@ impl Copies {
     }
 
     /// Extends a copy's lease; false if there is no live copy.
-    pub fn renew(&mut self, key: &[u8], lease: Duration) -> bool {
+    /// Extends the lease of a copy of the value with `digest`; a copy of
+    /// another value (the key was written meanwhile) is dropped instead.
+    pub fn renew(&mut self, key: &[u8], lease: Duration, digest: u32) -> bool {
         match self.map.get_mut(key) {
-            Some(c) => {
-                c.lease_until = Instant::now() + lease;
+            Some(c) if c.digest == digest => {
+                c.lease_until = Instant::now() + lease.min(LEASE);
                 true
+            }
+            Some(_) => {
+                self.remove(key);
+                false
             }
             None => false,
         }
@@ -299,7 +309,18 @@ mod tests {
             Duration::from_secs(5)
         ));
         assert_eq!(c.get(b"k"), Some(&Bytes::from_static(b"v")));
-        assert!(c.renew(b"k", Duration::from_millis(0)));
+        assert!(
+            !c.renew(b"k", LEASE, crc32c::crc32c(b"other")),
+            "another value"
+        );
+        assert_eq!(c.get(b"k"), None, "dropped: it was a copy of another value");
+        assert!(c.insert(
+            k.clone(),
+            Bytes::from_static(b"v"),
+            0,
+            Duration::from_secs(5)
+        ));
+        assert!(c.renew(b"k", Duration::from_millis(0), crc32c::crc32c(b"v")));
         assert_eq!(c.get(b"k"), None, "lapsed lease");
         c.invalidate(&k);
         assert!(
@@ -536,64 +557,86 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
         key.clone(),
         targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
     );
+    // The value now: copies are checked against it every window, so a copy
+    // of an older value (a write that raced the copy) lives one window at
+    // most, and a deleted key's copies go at once.
+    let owner = shard.owner_of(slot);
+    let k = key.clone();
+    let now = crate::store::now_ms();
+    let found = shard
+        .call(owner, move |s| {
+            let mut store = s.store.borrow_mut();
+            let Some(expire_at) = store.peek(slot, &k, now).map(|e| e.expire_at) else {
+                return Current::Absent;
+            };
+            match store.fetch(slot, &k, now) {
+                Some(crate::store::Fetched::Now(v)) => Current::Value(v, expire_at),
+                // On disk: copies lapse with their lease (the read promotes it).
+                Some(_) => Current::Unknown,
+                None => Current::Absent,
+            }
+        })
+        .await
+        .unwrap_or(Current::Unknown);
+    let (value, expire_at) = match found {
+        Current::Value(v, e) => (v, e),
+        Current::Unknown => return,
+        Current::Absent => {
+            if let Some(nodes) = cluster.take_replicated(&key) {
+                uncopy(shard, cluster, vec![(key, nodes)]).await;
+            }
+            return;
+        }
+    };
+    let digest = arg(crc32c::crc32c(&value).to_string());
     let lease = arg(LEASE.as_millis().to_string());
     let password = shard.shared.config.password();
-    // Renew where a copy is held; send the value where it is not.
+    // Renew where a copy of this value is held; send the value elsewhere.
     let mut missing = Vec::new();
     for &t in &targets {
-        let addr = view.nodes[t].addr();
         let rx = shard.peers.send(
-            &addr,
+            &view.nodes[t].addr(),
             CONTROL,
             password.clone(),
             &cluster.me,
-            &[arg("CLUSTER"), arg("LEASE"), key.clone(), lease.clone()],
+            &[
+                arg("CLUSTER"),
+                arg("LEASE"),
+                key.clone(),
+                lease.clone(),
+                digest.clone(),
+            ],
         );
         if !matches!(rx.await, Ok(Reply::Int(1))) {
             missing.push(t);
         }
     }
-    if !missing.is_empty() {
-        let owner = shard.owner_of(slot);
-        let k = key.clone();
-        let now = crate::store::now_ms();
-        let found = shard
-            .call(owner, move |s| {
-                let mut store = s.store.borrow_mut();
-                let expire_at = store.peek(slot, &k, now).map(|e| e.expire_at)?;
-                let value = match store.fetch(slot, &k, now)? {
-                    crate::store::Fetched::Now(v) => v,
-                    // On disk: not copied this window (the read promotes it).
-                    _ => return None,
-                };
-                Some((value, expire_at))
-            })
-            .await
-            .ok()
-            .flatten();
-        let Some((value, expire_at)) = found else {
-            return;
-        };
-        for t in missing {
-            let rx = shard.peers.send(
-                &view.nodes[t].addr(),
-                CONTROL,
-                password.clone(),
-                &cluster.me,
-                &[
-                    arg("CLUSTER"),
-                    arg("COPY"),
-                    key.clone(),
-                    value.clone(),
-                    arg(expire_at.to_string()),
-                    lease.clone(),
-                ],
-            );
-            if matches!(rx.await, Ok(Reply::Int(1))) {
-                cluster.stats.copies_sent.fetch_add(1, Relaxed);
-            }
+    for t in missing {
+        let rx = shard.peers.send(
+            &view.nodes[t].addr(),
+            CONTROL,
+            password.clone(),
+            &cluster.me,
+            &[
+                arg("CLUSTER"),
+                arg("COPY"),
+                key.clone(),
+                value.clone(),
+                arg(expire_at.to_string()),
+                lease.clone(),
+            ],
+        );
+        if matches!(rx.await, Ok(Reply::Int(1))) {
+            cluster.stats.copies_sent.fetch_add(1, Relaxed);
         }
     }
+}
+
+/// What the owner holds for a replicated key this window.
+enum Current {
+    Value(Bytes, u64),
+    Absent,
+    Unknown,
 }
 
 /// Tells every node holding a copy of one of `keys` to drop it, and waits
@@ -607,17 +650,28 @@ pub async fn uncopy(shard: &Rc<Shard>, cluster: &Cluster, keys: Vec<(Bytes, Vec<
             let Some(i) = view.index_of(&id) else {
                 continue;
             };
-            waits.push(shard.peers.send(
-                &view.nodes[i].addr(),
+            let addr = view.nodes[i].addr();
+            let rx = shard.peers.send(
+                &addr,
                 CONTROL,
                 password.clone(),
                 &cluster.me,
                 &[arg("CLUSTER"), arg("UNCOPY"), key.clone()],
-            ));
+            );
+            waits.push((rx, addr, key.clone()));
         }
     }
-    for w in waits {
-        let _ = w.await;
+    for (w, addr, key) in waits {
+        if w.await.is_err() {
+            // The pooled connection failed: once more on a fresh one (UNCOPY
+            // can be repeated safely).
+            let args = [arg("CLUSTER"), arg("UNCOPY"), key];
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                super::peer::call_once(&addr, false, password.as_deref(), &cluster.me, &args),
+            )
+            .await;
+        }
     }
 }
 

@@ -304,7 +304,8 @@ async fn gossip_loop(shared: Arc<Shared>) {
     loop {
         let (_, nodes) = cluster.members();
         pingers.retain(|key, task| {
-            let keep = nodes.iter().any(|n| &n.to_string() == key);
+            // A member's pinger that ended (it should not) is started again.
+            let keep = nodes.iter().any(|n| &n.to_string() == key) && !task.is_finished();
             if !keep {
                 task.abort();
             }
@@ -355,6 +356,13 @@ async fn ping_peer(shared: Arc<Shared>, node: Node, interval: Duration) {
                     stream.write_all(&auth).await?;
                     read_reply(&mut stream, &mut BytesMut::new()).await?;
                 }
+                let hello = peer::encode_command(&[
+                    Bytes::from_static(b"CLUSTER"),
+                    Bytes::from_static(b"PEER"),
+                    Bytes::from(cluster.me.clone()),
+                ]);
+                stream.write_all(&hello).await?;
+                read_reply(&mut stream, &mut BytesMut::new()).await?;
                 conn = Some((stream, BytesMut::new()));
             }
             let (stream, buf) = conn.as_mut().expect("connected above");

@@ -56,6 +56,9 @@ fn scan(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {
     let Some(nl) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
     };
+    if nl == 0 {
+        return Err("empty reply line".into());
+    }
     let line = &buf[pos + 1..pos + nl];
     let after = pos + nl + 2;
     let number = || -> Result<i64, String> {
@@ -371,9 +374,11 @@ impl PeerPool {
         conn.send(encode_command(args))
     }
 
-    /// Drops every connection (their tasks end once the queue is empty).
-    pub fn clear(&self) {
-        self.conns.borrow_mut().clear();
+    /// Drops the connections to `addr`: their tasks end, and whatever
+    /// waits on them gets an error instead of waiting for a peer that is
+    /// gone (or hangs).
+    pub fn forget(&self, addr: &str) {
+        self.conns.borrow_mut().retain(|(a, _, _), _| a != addr);
     }
 }
 
@@ -473,6 +478,8 @@ mod tests {
 
     #[test]
     fn refuses_garbage() {
+        assert!(parse_reply(&mut BytesMut::from(&b"\r\n"[..])).is_err());
+        assert!(parse_reply(&mut BytesMut::from(&b"*1\r\n\r\n"[..])).is_err());
         assert!(parse_reply(&mut BytesMut::from(&b"?x\r\n"[..])).is_err());
         assert!(parse_reply(&mut BytesMut::from(&b"$x\r\n"[..])).is_err());
     }

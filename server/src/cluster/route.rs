@@ -89,7 +89,7 @@ pub fn decide(
     if all_mine {
         return Decision::Local;
     }
-    if hot::served_by_copies(spec.name) {
+    if hot::served_by_copies(spec.name) && client.multi.is_none() {
         let copies = client.shard.copies.borrow();
         if !copies.is_empty() {
             if let Some(reply) = hot::answer_from_copies(&copies, spec.name, args, &keys) {
@@ -251,6 +251,9 @@ async fn run_parts(
     for (part, remote) in parts.iter().zip(pending.iter_mut()) {
         let reply = match remote.take() {
             Some(r) => r,
+            None if writes(&part.args) && cluster.has_replicated() => {
+                write_through(client, part.args.clone()).await
+            }
             None => run_local(client, part.args.clone()).await,
         };
         out.push(reply);
@@ -264,6 +267,13 @@ async fn run_parts(
         });
     }
     resolved
+}
+
+/// Whether `args` is a write command.
+fn writes(args: &[Bytes]) -> bool {
+    table()
+        .lookup(&args[0])
+        .is_some_and(|(_, spec)| spec.has(flags::WRITE))
 }
 
 /// Runs a command on this node, whatever shards its keys live on.
@@ -350,6 +360,9 @@ fn merge_positions(count: usize, parts: &[Part], replies: Vec<Reply>) -> Reply {
 
 /// MSET over several nodes: OK when every node stored its pairs.
 async fn all_ok(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+    if args.len().is_multiple_of(2) {
+        return crate::commands::arity_error("mset");
+    }
     let count = (args.len() - 1) / 2;
     let parts: Vec<Part> = group(view, count, |p| args[1 + 2 * p].clone())
         .into_iter()
@@ -422,8 +435,20 @@ fn counted_parts(
     (n, parts)
 }
 
+/// `numkeys` keys and nothing after them, with the single-node errors.
+fn exact_count(args: &[Bytes]) -> Result<(), Reply> {
+    let (_, end) = block::parse_count(args, 1, "numkeys")?;
+    if end != args.len() {
+        return Err(crate::commands::syntax_error());
+    }
+    Ok(())
+}
+
 /// MEXISTS: per-key answers placed by position.
 async fn mexists(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+    if let Err(e) = exact_count(args) {
+        return e;
+    }
     let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
     let replies = run_parts(client, cluster, view, &parts, false).await;
     merge_positions(n, &parts, replies)
@@ -442,6 +467,9 @@ fn first_miss(n: usize, parts: &[Part], present: impl Fn(usize) -> usize) -> usi
 
 /// PREFIXLEN: each node's own leading run, the earliest miss wins.
 async fn prefix_len(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+    if let Err(e) = exact_count(args) {
+        return e;
+    }
     let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
     let replies = run_parts(client, cluster, view, &parts, false).await;
     if let Some(e) = first_error(&replies) {
@@ -599,8 +627,17 @@ async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &
         let Reply::Array(items) = reply else {
             return Reply::error("ERR cluster: unexpected reply from a peer");
         };
+        let failed = items.iter().any(|r| matches!(r, Reply::Int(n) if *n < 0));
         for (p, item) in (start..end).zip(items) {
             out[p] = item;
+        }
+        if failed {
+            // As on one node: a chain is not stored past a block that
+            // could not be stored.
+            for slot in out.iter_mut().skip(end) {
+                *slot = Reply::Int(-1);
+            }
+            return Reply::Array(out);
         }
         parent = Some(key(end - 1).clone());
         start = end;
@@ -616,6 +653,12 @@ pub fn shard_view(shard: &Shard, cluster: &Arc<Cluster>) -> Arc<View> {
         Some((v, view)) if *v == version => Arc::clone(view),
         _ => {
             let view = cluster.view();
+            // Connections to nodes now failed (or no longer members) go.
+            for (node, alive) in view.nodes.iter().zip(&view.alive) {
+                if !alive {
+                    shard.peers.forget(&node.addr());
+                }
+            }
             *cached = Some((version, Arc::clone(&view)));
             view
         }

@@ -157,10 +157,10 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|lease",
-                arity: 4,
+                arity: 5,
                 since: "0.1.0",
-                summary: "Internal: renews the lease of a hot key's copy.",
-                syntax: "key lease-ms:integer",
+                summary: "Internal: renews the lease of a hot key's copy if it is a copy of the value with this CRC32C.",
+                syntax: "key lease-ms:integer digest:integer",
                 handler: Handler::Async(lease),
                 ..SUB
             },
@@ -212,6 +212,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
+/// The internal messages are accepted only on connections that said
+/// `CLUSTER PEER`.
+fn not_peer() -> Reply {
+    Reply::error("ERR this CLUSTER subcommand is for cluster peers")
+}
+
 fn disabled() -> Reply {
     Reply::error("ERR This instance has cluster support disabled")
 }
@@ -245,6 +251,7 @@ fn slots(client: &mut Client, _: &[Bytes]) -> Reply {
     Reply::Array(
         view.ranges(cluster.hot_replicas)
             .into_iter()
+            .filter(|(_, _, holders)| !holders.is_empty())
             .map(|(first, last, holders)| {
                 let mut entry = vec![Reply::Int(first as i64), Reply::Int(last as i64)];
                 entry.extend(holders.iter().map(|&i| node_entry(&view, i)));
@@ -261,7 +268,10 @@ type Holdings = (Vec<(u16, u16)>, Vec<usize>);
 fn by_owner(cluster: &Cluster, view: &View) -> Vec<Holdings> {
     let mut out: Vec<Holdings> = vec![(Vec::new(), Vec::new()); view.nodes.len()];
     for (first, last, holders) in view.ranges(cluster.hot_replicas) {
-        let (ranges, replicas) = &mut out[holders[0]];
+        let Some(&owner) = holders.first() else {
+            continue;
+        };
+        let (ranges, replicas) = &mut out[owner];
         match ranges.last_mut() {
             Some((_, l)) if *l + 1 == first => *l = last,
             _ => ranges.push((first, last)),
@@ -497,6 +507,9 @@ fn hotkeys(client: &mut Client, _: &[Bytes]) -> Reply {
 
 fn ping(client: &mut Client, args: &[Bytes]) -> Reply {
     let (cluster, _) = with_cluster!(client);
+    if !client.peer {
+        return not_peer();
+    }
     let Some(epoch) = parse_int(&args[3]).filter(|&e| e >= 0) else {
         return Reply::error("ERR Invalid epoch");
     };
@@ -520,7 +533,7 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return disabled();
         };
         if !client.peer {
-            return Reply::error("ERR CLUSTER COPY is for cluster peers");
+            return not_peer();
         }
         let (Some(expire_at), Some(lease)) = (
             parse_int(&args[4]).filter(|&n| n >= 0),
@@ -529,7 +542,7 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return Reply::error("ERR value is not an integer or out of range");
         };
         let (key, value) = (args[2].clone(), args[3].clone());
-        let lease = Duration::from_millis(lease as u64);
+        let lease = Duration::from_millis(lease as u64).min(hot::LEASE);
         let stored = hot::on_all_copies(&client.shard, move |c| {
             c.insert(key.clone(), value.clone(), expire_at as u64, lease)
         })
@@ -546,12 +559,19 @@ fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         if cluster(client).is_none() {
             return disabled();
         }
-        let Some(lease) = parse_int(&args[3]).filter(|&n| n > 0) else {
+        if !client.peer {
+            return not_peer();
+        }
+        let (Some(lease), Some(digest)) = (
+            parse_int(&args[3]).filter(|&n| n > 0),
+            parse_int(&args[4]).filter(|&n| (0..=u32::MAX as i64).contains(&n)),
+        ) else {
             return Reply::error("ERR value is not an integer or out of range");
         };
         let key = args[2].clone();
         let lease = Duration::from_millis(lease as u64);
-        let renewed = hot::on_all_copies(&client.shard, move |c| c.renew(&key, lease)).await;
+        let renewed =
+            hot::on_all_copies(&client.shard, move |c| c.renew(&key, lease, digest as u32)).await;
         Reply::Int(renewed as i64)
     })
 }
@@ -560,6 +580,9 @@ fn uncopy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if cluster(client).is_none() {
             return disabled();
+        }
+        if !client.peer {
+            return not_peer();
         }
         let keys: Vec<Bytes> = args[2..].to_vec();
         let n = keys.len() as i64;

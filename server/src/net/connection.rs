@@ -397,6 +397,16 @@ impl Connection {
                 ))
             }
             Decision::Forward(node) => {
+                if spec.has(flags::WRITE) {
+                    // A read later in this pipeline must not answer from
+                    // the copy this write is about to replace.
+                    let mut copies = self.client.shard.copies.borrow_mut();
+                    if !copies.is_empty() {
+                        for i in spec.key_indexes(args).unwrap_or_default() {
+                            copies.invalidate(&args[i]);
+                        }
+                    }
+                }
                 let view = self.client.shard.view();
                 let blocking = route::blocks(spec, args);
                 let reply = route::forward(
