@@ -460,12 +460,10 @@ fn getkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         client
             .shard
             .call(owner, move |s| {
-                let mut store = s.store.borrow_mut();
-                let (keys, _) = store.scan(slot as usize, usize::MAX, |_, _| true, now);
-                // `scan` visits whole slots from `slot` on: keep this one's.
-                keys.into_iter()
-                    .filter(|k| key_slot(k) == slot)
-                    .take(count)
+                s.store
+                    .borrow()
+                    .keys_in_slot(slot as usize, count, now)
+                    .into_iter()
                     .map(Reply::Bulk)
                     .collect::<Vec<_>>()
             })

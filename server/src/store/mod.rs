@@ -1364,6 +1364,19 @@ impl Store {
             .count()
     }
 
+    /// Up to `count` live keys of `slot` (CLUSTER GETKEYSINSLOT).
+    pub fn keys_in_slot(&self, slot: usize, count: usize, now: u64) -> Vec<Bytes> {
+        if !self.slots.contains(&slot) {
+            return Vec::new();
+        }
+        self.maps[slot - self.slots.start]
+            .iter()
+            .filter(|(_, e)| !e.expired(now))
+            .map(|(k, _)| k.clone())
+            .take(count)
+            .collect()
+    }
+
     /// Iterates all live keys (KEYS).
     pub fn for_each_live(&self, now: u64, mut f: impl FnMut(&Bytes, &Entry)) {
         for map in &self.maps {
