@@ -75,7 +75,13 @@ fn scan(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {
                 return Ok(Some(after));
             }
             let end = after + n as usize + 2;
-            Ok((buf.len() >= end).then_some(end))
+            if buf.len() < end {
+                return Ok(None);
+            }
+            if &buf[end - 2..end] != b"\r\n" {
+                return Err("bulk string not followed by CRLF".into());
+            }
+            Ok(Some(end))
         }
         b'*' | b'~' | b'>' | b'%' | b'|' => {
             let n = number()?;
@@ -481,6 +487,7 @@ mod tests {
         assert!(parse_reply(&mut BytesMut::from(&b"\r\n"[..])).is_err());
         assert!(parse_reply(&mut BytesMut::from(&b"*1\r\n\r\n"[..])).is_err());
         assert!(parse_reply(&mut BytesMut::from(&b"?x\r\n"[..])).is_err());
+        assert!(parse_reply(&mut BytesMut::from(&b"$3\r\nabcde\r\n"[..])).is_err());
         assert!(parse_reply(&mut BytesMut::from(&b"$x\r\n"[..])).is_err());
     }
 }
