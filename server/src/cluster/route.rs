@@ -56,19 +56,20 @@ const COORDINATED: &[&str] = &[
     "msetblock",
 ];
 
-/// Decides where `args` (for `spec`) runs.
+/// Decides where `args` (for `spec`, keys at `keys`) runs.
 pub fn decide(
     client: &Client,
     cluster: &Cluster,
     view: &View,
     spec: &CommandSpec,
     args: &[Bytes],
+    keys: Option<&[usize]>,
 ) -> Decision {
     if spec.keys.first <= 0 || spec.name == "watch" {
         return Decision::Local;
     }
     // A bad key count is the command's own error to report.
-    let Some(keys) = spec.key_indexes(args) else {
+    let Some(keys) = keys else {
         return Decision::Local;
     };
     let Some(&first) = keys.first() else {
@@ -92,7 +93,7 @@ pub fn decide(
     if hot::served_by_copies(spec.name) && client.multi.is_none() {
         let copies = client.shard.copies.borrow();
         if !copies.is_empty() {
-            if let Some(reply) = hot::answer_from_copies(&copies, spec.name, args, &keys) {
+            if let Some(reply) = hot::answer_from_copies(&copies, spec.name, args, keys) {
                 cluster.stats.replica_hits.fetch_add(1, Relaxed);
                 return Decision::Reply(reply);
             }

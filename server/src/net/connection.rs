@@ -381,11 +381,15 @@ impl Connection {
         spec: &'static CommandSpec,
         args: &[Bytes],
     ) -> Routed {
+        // The key positions, found once for everything below (`None`: a bad
+        // key count, the command's own error to report).
+        let keys = spec.key_indexes(args);
+        let keys = keys.as_deref();
+        let view = self.client.shard.view();
         let decision = if self.client.peer {
             Decision::Local
         } else {
-            let view = self.client.shard.view();
-            route::decide(&self.client, cluster, &view, spec, args)
+            route::decide(&self.client, cluster, &view, spec, args, keys)
         };
         let in_multi = self.client.multi.is_some();
         match decision {
@@ -402,13 +406,11 @@ impl Connection {
                     // the copy this write is about to replace.
                     let mut copies = self.client.shard.copies.borrow_mut();
                     if !copies.is_empty() {
-                        for i in spec.key_indexes(args).unwrap_or_default() {
+                        for &i in keys.unwrap_or_default() {
                             copies.invalidate(&args[i]);
                         }
                     }
                 }
-                let view = self.client.shard.view();
-                let blocking = route::blocks(spec, args);
                 let reply = route::forward(
                     &self.client.shard,
                     cluster,
@@ -416,7 +418,7 @@ impl Connection {
                     node,
                     route::lane(&self.client),
                     args.to_vec(),
-                    blocking,
+                    route::blocks(spec, args),
                 );
                 return Routed::Done(reply);
             }
@@ -424,39 +426,34 @@ impl Connection {
         }
         // Runs here: count reads for hot-key detection; writes to keys with
         // copies elsewhere (and flushes) drop the copies before replying.
+        let keys = keys.unwrap_or_default();
         if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
-            if let Some(keys) = spec.key_indexes(args) {
-                let mut hot = self.client.shard.hot.borrow_mut();
-                for i in keys {
-                    hot.record(&args[i]);
-                }
+            let mut hot = self.client.shard.hot.borrow_mut();
+            for &i in keys {
+                hot.record(&args[i]);
             }
         } else if matches!(spec.name, "flushall" | "flushdb") {
             return Routed::Here(Some(Handler::Async(route::flush_through)));
-        } else if spec.has(flags::WRITE) && cluster.has_replicated() {
-            let replicated = spec
-                .key_indexes(args)
-                .is_some_and(|keys| keys.iter().any(|&i| cluster.is_replicated(&args[i])));
-            if replicated && !in_multi {
+        } else if spec.has(flags::WRITE)
+            && cluster.has_replicated()
+            && keys.iter().any(|&i| cluster.is_replicated(&args[i]))
+        {
+            if !in_multi {
                 return Routed::Here(Some(Handler::Async(route::write_through)));
             }
-            if replicated {
-                // Queued in MULTI: the copies go now, ahead of EXEC.
-                let taken: Vec<(Bytes, Vec<String>)> = spec
-                    .key_indexes(args)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|i| {
-                        cluster
-                            .take_replicated(&args[i])
-                            .map(|n| (args[i].clone(), n))
-                    })
-                    .collect();
-                let (shard, cluster) = (Rc::clone(&self.client.shard), Arc::clone(cluster));
-                tokio::task::spawn_local(async move {
-                    crate::cluster::hot::uncopy(&shard, &cluster, taken).await;
-                });
-            }
+            // Queued in MULTI: the copies go now, ahead of EXEC.
+            let taken: Vec<(Bytes, Vec<String>)> = keys
+                .iter()
+                .filter_map(|&i| {
+                    cluster
+                        .take_replicated(&args[i])
+                        .map(|n| (args[i].clone(), n))
+                })
+                .collect();
+            let (shard, cluster) = (Rc::clone(&self.client.shard), Arc::clone(cluster));
+            tokio::task::spawn_local(async move {
+                crate::cluster::hot::uncopy(&shard, &cluster, taken).await;
+            });
         }
         Routed::Here(None)
     }
