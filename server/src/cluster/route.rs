@@ -190,7 +190,7 @@ pub fn coordinate(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         let view = client.shard.view();
         let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
         match name.as_str() {
-            "mget" => positional(client, &cluster, &view, &args, 1, 1, &[]).await,
+            "mget" => positional(client, &cluster, &view, &args).await,
             "mset" => all_ok(client, &cluster, &view, &args).await,
             "del" | "unlink" | "exists" | "touch" => sum(client, &cluster, &view, &args).await,
             "mexists" => mexists(client, &cluster, &view, &args).await,
@@ -211,10 +211,14 @@ struct Part {
 }
 
 /// Groups key positions `0..count` by owner, in order of first appearance.
-fn group(view: &View, count: usize, key: impl Fn(usize) -> Bytes) -> Vec<(usize, Vec<usize>)> {
+fn group<'a>(
+    view: &View,
+    count: usize,
+    key: impl Fn(usize) -> &'a [u8],
+) -> Vec<(usize, Vec<usize>)> {
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for p in 0..count {
-        let node = view.owner(key_slot(&key(p)));
+        let node = view.owner(key_slot(key(p)));
         match groups.iter_mut().find(|(n, _)| *n == node) {
             Some((_, ps)) => ps.push(p),
             None => groups.push((node, vec![p])),
@@ -310,36 +314,33 @@ fn first_error(replies: &[Reply]) -> Option<Reply> {
     replies.iter().find(|r| r.is_error()).cloned()
 }
 
-/// Commands of the form `NAME key [key ...]` (or `key value` pairs when
-/// `step` is 2) after `first`; replies merged by key position.
-async fn positional(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    args: &[Bytes],
-    first: usize,
-    step: usize,
-    tail: &[Bytes],
-) -> Reply {
-    let count = (args.len() - first) / step;
-    let groups = group(view, count, |p| args[first + p * step].clone());
-    let parts: Vec<Part> = groups
+/// The parts of `NAME key [key ...]` (`step` 1) or `NAME key value [key
+/// value ...]` (`step` 2): each node gets the name and its own keys (with
+/// their values), in order.
+fn split(view: &View, args: &[Bytes], step: usize) -> Vec<Part> {
+    let count = (args.len() - 1) / step;
+    group(view, count, |p| &args[1 + p * step])
         .into_iter()
         .map(|(node, positions)| {
-            let mut sub = args[..first].to_vec();
+            let mut sub = Vec::with_capacity(1 + positions.len() * step);
+            sub.push(args[0].clone());
             for &p in &positions {
-                sub.extend_from_slice(&args[first + p * step..first + p * step + step]);
+                sub.extend_from_slice(&args[1 + p * step..1 + (p + 1) * step]);
             }
-            sub.extend_from_slice(tail);
             Part {
                 node,
                 positions,
                 args: sub,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// MGET: values placed back by key position.
+async fn positional(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+    let parts = split(view, args, 1);
     let replies = run_parts(client, cluster, view, &parts, false).await;
-    merge_positions(count, &parts, replies)
+    merge_positions(args.len() - 1, &parts, replies)
 }
 
 /// Places each part's array items at their key positions.
@@ -364,39 +365,14 @@ async fn all_ok(client: &mut Client, cluster: &Cluster, view: &View, args: &[Byt
     if args.len().is_multiple_of(2) {
         return crate::commands::arity_error("mset");
     }
-    let count = (args.len() - 1) / 2;
-    let parts: Vec<Part> = group(view, count, |p| args[1 + 2 * p].clone())
-        .into_iter()
-        .map(|(node, positions)| {
-            let mut sub = vec![args[0].clone()];
-            for &p in &positions {
-                sub.extend_from_slice(&args[1 + 2 * p..3 + 2 * p]);
-            }
-            Part {
-                node,
-                positions,
-                args: sub,
-            }
-        })
-        .collect();
+    let parts = split(view, args, 2);
     let replies = run_parts(client, cluster, view, &parts, false).await;
     first_error(&replies).unwrap_or(Reply::status("OK"))
 }
 
 /// DEL, UNLINK, EXISTS, TOUCH: the nodes' counts added up.
 async fn sum(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
-    let parts: Vec<Part> = group(view, args.len() - 1, |p| args[1 + p].clone())
-        .into_iter()
-        .map(|(node, positions)| {
-            let mut sub = vec![args[0].clone()];
-            sub.extend(positions.iter().map(|&p| args[1 + p].clone()));
-            Part {
-                node,
-                positions,
-                args: sub,
-            }
-        })
-        .collect();
+    let parts = split(view, args, 1);
     let replies = run_parts(client, cluster, view, &parts, false).await;
     if let Some(e) = first_error(&replies) {
         return e;
@@ -418,7 +394,7 @@ fn counted_parts(
     opts: impl Fn(&[usize]) -> Vec<Bytes>,
 ) -> (usize, Vec<Part>) {
     let n = parse_int(&args[1]).unwrap_or(0).max(0) as usize;
-    let parts = group(view, n, |p| args[2 + p * step].clone())
+    let parts = group(view, n, |p| &args[2 + p * step])
         .into_iter()
         .map(|(node, positions)| {
             let mut sub = vec![args[0].clone(), Bytes::from(positions.len().to_string())];
