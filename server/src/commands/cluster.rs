@@ -212,10 +212,16 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
-/// The internal messages are accepted only on connections that said
-/// `CLUSTER PEER`.
-fn not_peer() -> Reply {
-    Reply::error("ERR this CLUSTER subcommand is for cluster peers")
+/// The cluster, for the internal messages: accepted only on connections
+/// that said `CLUSTER PEER`.
+fn peer_only(client: &Client) -> Result<Arc<Cluster>, Reply> {
+    let cluster = cluster(client).ok_or_else(disabled)?;
+    if !client.peer {
+        return Err(Reply::error(
+            "ERR this CLUSTER subcommand is for cluster peers",
+        ));
+    }
+    Ok(cluster)
 }
 
 fn disabled() -> Reply {
@@ -504,10 +510,10 @@ fn hotkeys(client: &mut Client, _: &[Bytes]) -> Reply {
 }
 
 fn ping(client: &mut Client, args: &[Bytes]) -> Reply {
-    let (cluster, _) = with_cluster!(client);
-    if !client.peer {
-        return not_peer();
-    }
+    let cluster = match peer_only(client) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
     let Some(epoch) = parse_int(&args[3]).filter(|&e| e >= 0) else {
         return Reply::error("ERR Invalid epoch");
     };
@@ -527,12 +533,10 @@ fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
 
 fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let Some(cluster) = cluster(client) else {
-            return disabled();
+        let cluster = match peer_only(client) {
+            Ok(c) => c,
+            Err(e) => return e,
         };
-        if !client.peer {
-            return not_peer();
-        }
         let (Some(expire_at), Some(lease)) = (
             parse_int(&args[4]).filter(|&n| n >= 0),
             parse_int(&args[5]).filter(|&n| n > 0),
@@ -554,11 +558,8 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 
 fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        if cluster(client).is_none() {
-            return disabled();
-        }
-        if !client.peer {
-            return not_peer();
+        if let Err(e) = peer_only(client) {
+            return e;
         }
         let (Some(lease), Some(digest)) = (
             parse_int(&args[3]).filter(|&n| n > 0),
@@ -576,11 +577,8 @@ fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 
 fn uncopy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        if cluster(client).is_none() {
-            return disabled();
-        }
-        if !client.peer {
-            return not_peer();
+        if let Err(e) = peer_only(client) {
+            return e;
         }
         let keys: Vec<Bytes> = args[2..].to_vec();
         let n = keys.len() as i64;

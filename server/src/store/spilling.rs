@@ -342,23 +342,7 @@ impl Store {
             return pending;
         }
         spill.reading.insert(id, vec![tx]);
-        let dir = Arc::clone(&spill.config.dir);
-        let post = Arc::clone(&spill.config.post);
-        let key = Bytes::copy_from_slice(key);
-        dir.counters.queue_depth.fetch_add(1, Relaxed);
-        spill.config.pool.submit(Box::new(move || {
-            let result = dir.read(&loc);
-            dir.counters.queue_depth.fetch_sub(1, Relaxed);
-            if let Err(e) = &result {
-                dir.note_error(e);
-            }
-            post(Box::new(move |shard| {
-                shard
-                    .store
-                    .borrow_mut()
-                    .read_done(key, loc, result.ok().flatten());
-            }));
-        }));
+        submit_read(spill, Bytes::copy_from_slice(key), loc, Store::read_done);
         pending
     }
 
@@ -759,25 +743,9 @@ impl Store {
 
     /// Reads a record reclaim keeps, to write it again at the log's head.
     fn start_rewrite(&mut self, key: Bytes, loc: DiskLoc) {
-        let Some(spill) = &self.spill else {
-            return;
-        };
-        let dir = Arc::clone(&spill.config.dir);
-        let post = Arc::clone(&spill.config.post);
-        dir.counters.queue_depth.fetch_add(1, Relaxed);
-        spill.config.pool.submit(Box::new(move || {
-            let result = dir.read(&loc);
-            dir.counters.queue_depth.fetch_sub(1, Relaxed);
-            if let Err(e) = &result {
-                dir.note_error(e);
-            }
-            post(Box::new(move |shard| {
-                shard
-                    .store
-                    .borrow_mut()
-                    .rewrite_done(key, loc, result.ok().flatten());
-            }));
-        }));
+        if let Some(spill) = &self.spill {
+            submit_read(spill, key, loc, Store::rewrite_done);
+        }
     }
 
     /// A record reclaim keeps is read: write it again (unless the key
@@ -892,4 +860,32 @@ impl Store {
 
 fn same_loc(a: &DiskLoc, b: &DiskLoc) -> bool {
     Arc::ptr_eq(&a.segment, &b.segment) && a.offset == b.offset
+}
+
+/// Reads the record at `loc` on an I/O thread and hands its value to `done`
+/// on the shard (`None`: damaged or unreadable, the error noted).
+fn submit_read(
+    spill: &SpillState,
+    key: Bytes,
+    loc: DiskLoc,
+    done: fn(&mut Store, Bytes, DiskLoc, Option<Bytes>),
+) {
+    let dir = Arc::clone(&spill.config.dir);
+    let post = Arc::clone(&spill.config.post);
+    dir.counters.queue_depth.fetch_add(1, Relaxed);
+    spill.config.pool.submit(Box::new(move || {
+        let result = dir.read(&loc);
+        dir.counters.queue_depth.fetch_sub(1, Relaxed);
+        if let Err(e) = &result {
+            dir.note_error(e);
+        }
+        post(Box::new(move |shard| {
+            done(
+                &mut shard.store.borrow_mut(),
+                key,
+                loc,
+                result.ok().flatten(),
+            );
+        }));
+    }));
 }
