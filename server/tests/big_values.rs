@@ -14,16 +14,7 @@ const BIG: usize = 64 << 20;
 /// `len` bytes of a pattern that differs per seed and per position, so a
 /// dropped, duplicated or shifted chunk cannot go unnoticed.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    common::pattern(seed, len)
 }
 
 /// Compares without printing 64 MiB on failure.

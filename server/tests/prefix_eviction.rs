@@ -21,17 +21,10 @@ const BLOCK: usize = 64 << 10;
 
 /// The content of block `key`, derived from the key.
 fn block(key: &str) -> Vec<u8> {
-    let mut x = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    let seed = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    }) | 1;
-    let mut out = Vec::with_capacity(BLOCK);
-    while out.len() < BLOCK {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
+    });
+    pattern(seed, BLOCK)
 }
 
 /// MSETBLOCK of `keys` with their contents and `options`; the codes.

@@ -44,16 +44,7 @@ fn word_hash(bytes: &[u8]) -> u64 {
 
 /// The content of block `key`: `len` bytes derived from the key alone.
 fn block(key: &str, len: usize) -> Vec<u8> {
-    let mut x = word_hash(key.as_bytes()) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    pattern(word_hash(key.as_bytes()), len)
 }
 
 /// The blocks written so far: key, length, hash of the content.

@@ -26,16 +26,7 @@ fn spill_dir(name: &str) -> PathBuf {
 /// The block stored under `blk:<i>`: `len` bytes from a generator seeded by
 /// `i`, so every block differs from every other.
 fn block(i: u64, len: usize) -> Vec<u8> {
-    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    pattern(i, len)
 }
 
 /// Block sizes vary: 32 KiB to 96 KiB.
