@@ -22,6 +22,7 @@
 # (48), HOT (200 reads/s), THREADS per node (1), TRACE, TRACE_LIMIT (2000
 # requests), TRACE_BLOCK (64KiB).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 PARTS=${PARTS:-"skew trace hop"}
 REPS=${REPS:-3}
@@ -50,8 +51,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done; echo "node on $1 did not start"; exit 1; }
 

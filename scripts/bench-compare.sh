@@ -26,6 +26,7 @@
 # Compare ratios, not absolute numbers across runs or machines: on a small
 # shared machine client and servers compete for the same cores.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -81,7 +82,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 KV_PORT=$(free_port)
 "$SERVER" --port "$KV_PORT" --threads "$THREADS" --metrics-addr none \

@@ -14,6 +14,7 @@
 # allkeys-lru is replayed too (redis-pipelined protocol: pipelined EXISTS,
 # MGET, MSET), as the reference a Redis deployment would give.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
 BLOCK=${BLOCK:-16384}
@@ -24,14 +25,7 @@ REDIS=${REDIS:-1}
 OUT=${OUT:-}
 [[ -f "$TRACE" ]] || { echo "trace not found: $TRACE"; exit 1; }
 cargo build --release -q -p kvtier-server -p kvtier-bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-unique=$(python3 -c "
-import json, sys
-ids = set()
-for line in open(sys.argv[1]):
-    if line.strip():
-        ids.update(json.loads(line)['hash_ids'])
-print(len(ids))" "$TRACE")
+unique=$(trace_unique_blocks "$TRACE")
 unique_bytes=$(( unique * BLOCK ))
 PID=""; TMP=$(mktemp -d)
 trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT

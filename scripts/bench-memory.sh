@@ -10,6 +10,7 @@
 # Environment: PAYLOAD_MB (2048), SIZES ("65536 262144 2097152"), THREADS
 # (kvtier shards, default: cores), OUT (markdown table file).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 PAYLOAD_MB=${PAYLOAD_MB:-2048}
 SIZES=${SIZES:-"65536 262144 2097152"}
@@ -17,7 +18,6 @@ THREADS=${THREADS:-$(nproc)}
 OUT=${OUT:-}
 command -v redis-server >/dev/null || { echo "missing redis-server (apt-get install redis-server)"; exit 1; }
 cargo build --release -q -p kvtier-server -p kvtier-bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PID=""
 trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true' EXIT
 

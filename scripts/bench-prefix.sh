@@ -7,10 +7,10 @@
 #   - fetch of 32 blocks of 2 MiB: kvtier MGETPREFIX vs redis-server MGET
 # Extra arguments go to `kvtier-bench prefix` (e.g. --lookups 500).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "missing redis-server (apt-get install redis-server)"; exit 1; }
 cargo build --release -q -p kvtier-server -p kvtier-bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 KV=$(free_port); RD=$(free_port)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT

@@ -20,6 +20,7 @@
 # MAXMEM is in MiB. DIR must be on the disk to measure (default: a fresh
 # directory under /var/tmp, removed afterwards).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 PARTS=${PARTS:-"read p99 admit"}
 CONC=${CONC:-16}
@@ -42,8 +43,6 @@ cleanup() {
   [[ -z "${DIR:-}" ]] && rm -rf "$BASE"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
 info() { redis-cli -p "$1" info spill | tr -d '\r' | awk -F: -v k="$2" '$1==k {print $2}'; }
 
 start_kvtier() { # port dir extra... ; sets KV_PID
@@ -148,13 +147,7 @@ fi
 if [[ " $PARTS " == *" admit "* ]]; then
   [[ -f "$TRACE" ]] || { echo "trace not found: $TRACE"; exit 1; }
   tblock=65536
-  unique=$(python3 -c "
-import json, sys
-ids = set()
-for line in open(sys.argv[1]):
-    if line.strip():
-        ids.update(json.loads(line)['hash_ids'])
-print(len(ids))" "$TRACE")
+  unique=$(trace_unique_blocks "$TRACE")
   ubytes=$(( unique * tblock ))
   echo "## admit: trace replay, $unique unique blocks of 64 KiB; DRAM 10%, disk 50% of unique bytes"
   echo "| --spill-admission | block hit rate | bytes written to disk | of which rewritten by reclaim | spill hits |"

@@ -18,6 +18,7 @@
 # /proc/PID/stat): an efficiency figure that does not depend on whether the
 # client or the server was the limit.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
@@ -34,7 +35,6 @@ done
 cargo build --release -q -p kvtier-server
 BIN=target/release/kvtier-server
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

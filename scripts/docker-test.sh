@@ -29,6 +29,7 @@
 # default is release); KEEP=1 leaves the cluster running (and prints how to
 # stop it).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PROJECT=kvtier-test-$$
@@ -47,7 +48,6 @@ apt_install() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
   }
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 if docker compose version >/dev/null 2>&1; then
   COMPOSE=(docker compose)
