@@ -623,20 +623,24 @@ async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &
 }
 
 /// The view a shard uses, refreshed when the cluster's changes.
-pub fn shard_view(shard: &Shard, cluster: &Arc<Cluster>) -> Arc<View> {
+///
+/// Each shard keeps its own copy (an `Rc`), taken when the version changes:
+/// the per-command handle is then a plain counter on this thread, not an
+/// atomic on a cache line every shard writes.
+pub fn shard_view(shard: &Shard, cluster: &Arc<Cluster>) -> Rc<View> {
     let version = cluster.version();
     let mut cached = shard.view_cache.borrow_mut();
     match &*cached {
-        Some((v, view)) if *v == version => Arc::clone(view),
+        Some((v, view)) if *v == version => Rc::clone(view),
         _ => {
-            let view = cluster.view();
+            let view = Rc::new(View::clone(&cluster.view()));
             // Connections to nodes now failed (or no longer members) go.
             for (node, alive) in view.nodes.iter().zip(&view.alive) {
                 if !alive {
                     shard.peers.forget(&node.addr());
                 }
             }
-            *cached = Some((version, Arc::clone(&view)));
+            *cached = Some((version, Rc::clone(&view)));
             view
         }
     }

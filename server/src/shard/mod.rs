@@ -51,7 +51,7 @@ pub struct Shard {
     /// Connections to the other cluster nodes.
     pub peers: PeerPool,
     /// The cluster view last seen, by version.
-    pub view_cache: RefCell<Option<(u64, Arc<View>)>>,
+    pub view_cache: RefCell<Option<(u64, Rc<View>)>>,
     /// Reads counted for hot-key detection.
     pub hot: RefCell<HotCounter>,
     /// Copies of other nodes' hot keys.
@@ -76,10 +76,10 @@ impl Shard {
     }
 
     /// The cluster view (a cached handle; cluster mode only).
-    pub fn view(&self) -> Arc<View> {
+    pub fn view(&self) -> Rc<View> {
         match &self.shared.cluster {
             Some(cluster) => crate::cluster::route::shard_view(self, cluster),
-            None => Arc::new(View::new(0, Vec::new(), Vec::new(), None)),
+            None => Rc::new(View::new(0, Vec::new(), Vec::new(), None)),
         }
     }
 
