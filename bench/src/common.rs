@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use clap::Args;
 
-use crate::resp::{Client, Value};
+use crate::resp::Client;
+use kvtier_protocol::Reply;
 
 /// Where to send load and where to put the results.
 #[derive(Args, Debug, Clone)]
@@ -70,7 +71,7 @@ pub async fn require_dialect(addr: &str) -> std::io::Result<()> {
         ])
         .await?;
     let known = match reply {
-        Value::Array(items) => items.len() == 3 && items.iter().all(|i| *i != Value::Nil),
+        Reply::Array(items) => items.len() == 3 && items.iter().all(|i| *i != Reply::Nil),
         _ => false,
     };
     if known {
@@ -84,8 +85,8 @@ pub async fn require_dialect(addr: &str) -> std::io::Result<()> {
 }
 
 /// A reply that is an error, as an I/O error.
-pub fn fail_on_error(v: &Value, what: &str) -> std::io::Result<()> {
-    if let Value::Error(e) = v {
+pub fn fail_on_error(v: &Reply, what: &str) -> std::io::Result<()> {
+    if let Reply::Error(e) = v {
         return Err(std::io::Error::other(format!("{what}: {e}")));
     }
     Ok(())

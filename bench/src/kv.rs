@@ -12,8 +12,9 @@ use serde_json::json;
 
 use crate::common::{fail_on_error, Output};
 use crate::report::{self, Recorder};
-use crate::resp::{Client, Value};
+use crate::resp::Client;
 use crate::workload::{KeyChooser, Rng, SizeRange, ValuePool, Zipf};
+use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench kv`.
 #[derive(Args, Debug, Clone)]
@@ -386,18 +387,18 @@ async fn worker(
             let reply = client.recv().await?;
             let took = sent.elapsed();
             match (op, reply) {
-                (Op::Set, Value::Simple(_)) => rec.op("set", took),
+                (Op::Set, Reply::Status(_)) => rec.op("set", took),
                 (Op::Get, v) => {
                     rec.op("get", took);
                     check_value(&plan, &mut rec, keys[first], &v);
                     client.recycle(v);
                 }
-                (Op::Mget, Value::Array(values)) if values.len() == count => {
+                (Op::Mget, Reply::Array(values)) if values.len() == count => {
                     rec.op("mget", took);
                     for (k, v) in keys[first..first + count].iter().zip(&values) {
                         check_value(&plan, &mut rec, *k, v);
                     }
-                    client.recycle(Value::Array(values));
+                    client.recycle(Reply::Array(values));
                 }
                 _ => rec.add("errors", 1),
             }
@@ -409,10 +410,10 @@ async fn worker(
     Ok(())
 }
 
-fn check_value(plan: &Plan, rec: &mut Recorder, key: usize, v: &Value) {
+fn check_value(plan: &Plan, rec: &mut Recorder, key: usize, v: &Reply) {
     match v {
-        Value::Nil => rec.add("get_misses", 1),
-        Value::Bulk(got) => {
+        Reply::Nil => rec.add("get_misses", 1),
+        Reply::Bulk(got) => {
             rec.add("get_hits", 1);
             rec.add("bytes_read", got.len() as u64);
             let key = &plan.keys[key];

@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
-use crate::resp::{Client, Value};
+use crate::resp::Client;
 use crate::workload::{parse_size, ValuePool};
+use kvtier_protocol::Reply;
 
 /// How decode workers wait for the blocks.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,18 +276,18 @@ async fn decode(
             let values = v.into_array().unwrap_or_default();
             let present = values
                 .iter()
-                .take_while(|v| matches!(v, Value::Bulk(_)))
+                .take_while(|v| matches!(v, Reply::Bulk(_)))
                 .count();
             if present == n || Instant::now() >= deadline {
                 break values.into_iter().take(present).collect();
             }
-            client.recycle(Value::Array(values));
+            client.recycle(Reply::Array(values));
             tokio::time::sleep(Duration::from_millis(a.poll_ms)).await;
         },
     };
     let took = job.started.elapsed();
     for (k, v) in job.keys.iter().zip(&values) {
-        if let Value::Bulk(got) = v {
+        if let Reply::Bulk(got) = v {
             rec.add("bytes_read", got.len() as u64);
             if !pool.verify(k, block, got) {
                 rec.add("verify_failures", 1);
@@ -294,7 +295,7 @@ async fn decode(
         }
     }
     let complete = values.len() == n;
-    client.recycle(Value::Array(values));
+    client.recycle(Reply::Array(values));
     if complete {
         rec.add("complete", 1);
         rec.op("handoff", took);

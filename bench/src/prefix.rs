@@ -13,7 +13,8 @@ use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
 
-use crate::resp::{args, Client, Value};
+use crate::resp::{args, Client};
+use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench prefix`.
 #[derive(Args, Debug, Clone)]
@@ -64,8 +65,8 @@ fn block(i: usize, len: usize) -> Bytes {
     Bytes::from(v)
 }
 
-fn check(v: &Value, what: &str) -> std::io::Result<()> {
-    if let Value::Error(e) = v {
+fn check(v: &Reply, what: &str) -> std::io::Result<()> {
+    if let Reply::Error(e) = v {
         return Err(std::io::Error::other(format!("{what}: {e}")));
     }
     Ok(())
@@ -282,7 +283,7 @@ async fn fetch(
                     return Err(std::io::Error::other("fetch: short reply"));
                 }
                 for (got, want) in items.iter().zip(&values) {
-                    let Value::Bulk(got) = got else {
+                    let Reply::Bulk(got) = got else {
                         return Err(std::io::Error::other("fetch: missing block"));
                     };
                     // Length and both ends: cheap, and catches misplaced data.

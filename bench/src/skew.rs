@@ -9,7 +9,8 @@ use serde_json::json;
 use crate::common::Output;
 use crate::kv::{self, KvArgs};
 use crate::report;
-use crate::resp::{Client, Value};
+use crate::resp::Client;
+use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench skew`.
 #[derive(Args, Debug, Clone)]
@@ -58,7 +59,7 @@ fn field(line: &str, name: &str) -> Option<u64> {
 async fn shard_load(addr: &str) -> std::io::Result<ShardLoad> {
     let mut c = Client::connect(addr).await?;
     let text = match c.call(&[Bytes::from("INFO"), Bytes::from("all")]).await? {
-        Value::Bulk(b) => String::from_utf8_lossy(&b).into_owned(),
+        Reply::Bulk(b) => String::from_utf8_lossy(&b).into_owned(),
         _ => String::new(),
     };
     let shard_lines: Vec<&str> = text

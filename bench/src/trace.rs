@@ -15,8 +15,9 @@ use serde_json::json;
 
 use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
-use crate::resp::{Client, Value};
+use crate::resp::Client;
 use crate::workload::{parse_size, ValuePool};
+use kvtier_protocol::Reply;
 
 /// How the client talks to the server.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,7 +371,7 @@ async fn worker(
 }
 
 /// An error reply to a lookup or fetch, as an error: never a miss.
-fn reply_or_fail(v: Value, what: &str) -> std::io::Result<Value> {
+fn reply_or_fail(v: Reply, what: &str) -> std::io::Result<Reply> {
     fail_on_error(&v, what)?;
     Ok(v)
 }
@@ -433,7 +434,7 @@ async fn serve(
     let mut hits = 0;
     if found > 0 {
         let t = Instant::now();
-        let values: Vec<Value> = match replay.protocol {
+        let values: Vec<Reply> = match replay.protocol {
             Protocol::Dialect => {
                 cmd.clear();
                 cmd.extend([Bytes::from_static(b"MGETPREFIX"), count(found)]);
@@ -448,7 +449,7 @@ async fn serve(
                         .call(&[Bytes::from_static(b"GET"), k.clone()])
                         .await?;
                     let v = reply_or_fail(v, "GET")?;
-                    let miss = v == Value::Nil;
+                    let miss = v == Reply::Nil;
                     out.push(v);
                     if miss {
                         break;
@@ -466,14 +467,14 @@ async fn serve(
         };
         rec.latency("fetch", t.elapsed());
         for (k, v) in keys.iter().zip(&values) {
-            let Value::Bulk(got) = v else { break };
+            let Reply::Bulk(got) = v else { break };
             hits += 1;
             rec.add("bytes_read", got.len() as u64);
             if !replay.pool.verify(k, replay.block_bytes, got) {
                 rec.add("verify_failures", 1);
             }
         }
-        client.recycle(Value::Array(values));
+        client.recycle(Reply::Array(values));
     }
     rec.add("requests", 1);
     rec.add("blocks", n as u64);
@@ -519,7 +520,7 @@ async fn serve(
                         cmd.extend([Bytes::from_static(b"EX"), ttl.clone()]);
                     }
                     match client.call(cmd).await? {
-                        Value::Error(_) => rec.add("errors", 1),
+                        Reply::Error(_) => rec.add("errors", 1),
                         _ => ok += 1,
                     }
                 }
@@ -540,7 +541,7 @@ async fn serve(
                 }
                 client.flush().await?;
                 let ok = match client.recv().await? {
-                    Value::Error(_) => {
+                    Reply::Error(_) => {
                         rec.add("errors", 1);
                         0
                     }

@@ -233,7 +233,7 @@ fn file_to_flags(text: &str) -> Result<Vec<String>, String> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let words = crate::protocol::inline::split_inline_args(line.as_bytes())
+        let words = kvtier_protocol::inline::split_inline_args(line.as_bytes())
             .ok_or_else(|| format!("config file line {}: unbalanced quotes", n + 1))?;
         let mut words = words
             .into_iter()

@@ -1,8 +1,6 @@
 //! kvtier-server: a thread-per-core RESP server that is the shared storage
 //! tier for LLM KV-cache blocks.
 //!
-//! * [`protocol`]: the wire (request parsing, reply encoding); never touches
-//!   the store.
 //! * [`shard`]: threads, slots and mailboxes.
 //! * [`store`]: one shard's keyspace, expiry, memory and eviction.
 //! * [`commands`]: the command table, by family.
@@ -17,7 +15,6 @@ pub mod config;
 pub mod glob;
 pub mod long_double;
 pub mod net;
-pub mod protocol;
 pub mod server;
 pub mod shard;
 pub mod stats;

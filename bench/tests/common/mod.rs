@@ -237,13 +237,11 @@ fn free_port() -> u16 {
 pub fn resp(addr: &str, args: &[&[u8]]) -> std::io::Result<String> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let mut cmd = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        cmd.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        cmd.extend_from_slice(a);
-        cmd.extend_from_slice(b"\r\n");
-    }
-    s.write_all(&cmd)?;
+    let args: Vec<bytes::Bytes> = args
+        .iter()
+        .map(|a| bytes::Bytes::copy_from_slice(a))
+        .collect();
+    s.write_all(&kvtier_protocol::reply::encode_command(&args))?;
     let mut reply = Vec::new();
     let mut byte = [0u8; 1];
     while !reply.ends_with(b"\r\n") {

@@ -33,9 +33,9 @@ use bytes::Bytes;
 use super::peer::Lane;
 use super::topology::View;
 use super::Cluster;
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
+use kvtier_protocol::Reply;
 
 /// The pooled connection copies, leases and invalidations travel on.
 const CONTROL: Lane = Lane {

@@ -22,13 +22,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::protocol::Reply;
 use crate::server::Shared;
+use kvtier_protocol::reply::encode_command;
+use kvtier_protocol::{Reply, ReplyParser};
 use topology::{format_nodes, parse_nodes, Node, View};
 
 /// Counters for INFO and metrics.
@@ -336,7 +337,7 @@ async fn ping_peer(shared: Arc<Shared>, node: Node, interval: Duration) {
     let mut conn: Option<(TcpStream, BytesMut)> = None;
     loop {
         let (epoch, nodes) = cluster.members();
-        let ping = peer::encode_command(&[
+        let ping = encode_command(&[
             Bytes::from_static(b"CLUSTER"),
             Bytes::from_static(b"PING"),
             Bytes::from(cluster.me.clone()),
@@ -349,14 +350,12 @@ async fn ping_peer(shared: Arc<Shared>, node: Node, interval: Duration) {
                 let mut stream = TcpStream::connect(node.addr()).await?;
                 let _ = stream.set_nodelay(true);
                 if let Some(pass) = &password {
-                    let auth = peer::encode_command(&[
-                        Bytes::from_static(b"AUTH"),
-                        Bytes::from(pass.clone()),
-                    ]);
+                    let auth =
+                        encode_command(&[Bytes::from_static(b"AUTH"), Bytes::from(pass.clone())]);
                     stream.write_all(&auth).await?;
                     read_reply(&mut stream, &mut BytesMut::new()).await?;
                 }
-                let hello = peer::encode_command(&[
+                let hello = encode_command(&[
                     Bytes::from_static(b"CLUSTER"),
                     Bytes::from_static(b"PEER"),
                     Bytes::from(cluster.me.clone()),
@@ -384,14 +383,5 @@ async fn ping_peer(shared: Arc<Shared>, node: Node, interval: Duration) {
 }
 
 async fn read_reply(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Reply> {
-    loop {
-        if let Some(reply) = peer::parse_reply(buf)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?
-        {
-            return Ok(reply);
-        }
-        if stream.read_buf(buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
+    ReplyParser::<Reply>::new().read_from(stream, buf).await
 }

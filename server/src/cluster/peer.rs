@@ -19,177 +19,15 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::protocol::Reply;
+use kvtier_protocol::reply::encode_command;
+use kvtier_protocol::{Reply, ReplyParser};
 
 /// How long connecting to a peer may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
-
-/// Replies nested deeper than this are refused (a broken peer).
-const MAX_DEPTH: usize = 64;
-
-/// Encodes a command as a RESP array of bulk strings.
-pub fn encode_command(args: &[Bytes]) -> Bytes {
-    let size: usize = args.iter().map(|a| a.len() + 16).sum::<usize>() + 16;
-    let mut out = BytesMut::with_capacity(size);
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.freeze()
-}
-
-/// Finds where the reply starting at `pos` ends: `Ok(None)` when more bytes
-/// are needed.
-fn scan(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {
-    if depth > MAX_DEPTH {
-        return Err("reply nested too deeply".into());
-    }
-    let Some(&kind) = buf.get(pos) else {
-        return Ok(None);
-    };
-    let Some(nl) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    if nl == 0 {
-        return Err("empty reply line".into());
-    }
-    let line = &buf[pos + 1..pos + nl];
-    let after = pos + nl + 2;
-    let number = || -> Result<i64, String> {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad length in reply: {:?}", String::from_utf8_lossy(line)))
-    };
-    match kind {
-        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(Some(after)),
-        b'$' | b'=' | b'!' => {
-            let n = number()?;
-            if n < 0 {
-                return Ok(Some(after));
-            }
-            let end = after + n as usize + 2;
-            if buf.len() < end {
-                return Ok(None);
-            }
-            if &buf[end - 2..end] != b"\r\n" {
-                return Err("bulk string not followed by CRLF".into());
-            }
-            Ok(Some(end))
-        }
-        b'*' | b'~' | b'>' | b'%' | b'|' => {
-            let n = number()?;
-            let items = if matches!(kind, b'%' | b'|') {
-                n.saturating_mul(2)
-            } else {
-                n
-            };
-            let mut at = after;
-            for _ in 0..items.max(0) {
-                match scan(buf, at, depth + 1)? {
-                    Some(next) => at = next,
-                    None => return Ok(None),
-                }
-            }
-            if kind == b'|' {
-                // An attribute precedes the reply it annotates.
-                return scan(buf, at, depth + 1);
-            }
-            Ok(Some(at))
-        }
-        other => Err(format!("unexpected reply type byte {other:#04x}")),
-    }
-}
-
-/// Builds the reply at `pos` of a complete frame; returns it and its end.
-fn build(frame: &Bytes, pos: usize) -> (Reply, usize) {
-    let buf = &frame[..];
-    let nl = buf[pos..]
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .unwrap_or(buf.len() - pos);
-    let line = &buf[pos + 1..pos + nl];
-    let after = pos + nl + 2;
-    let text = || String::from_utf8_lossy(line).into_owned();
-    let number = || -> i64 {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
-    };
-    let items = |count: i64, mut at: usize| {
-        let mut out = Vec::with_capacity(count.clamp(0, 1024) as usize);
-        for _ in 0..count.max(0) {
-            let (item, next) = build(frame, at);
-            out.push(item);
-            at = next;
-        }
-        (out, at)
-    };
-    match buf[pos] {
-        b'+' => (Reply::Status(text().into()), after),
-        b'-' => (Reply::Error(text().into()), after),
-        b':' => (Reply::Int(number()), after),
-        b'_' => (Reply::Nil, after),
-        b',' => (Reply::Double(text().parse().unwrap_or(f64::NAN)), after),
-        b'#' => (Reply::Bool(line == b"t"), after),
-        b'(' => (Reply::Bulk(frame.slice(pos + 1..pos + nl)), after),
-        b'$' | b'=' | b'!' => {
-            let n = number();
-            if n < 0 {
-                return (Reply::Nil, after);
-            }
-            let body = frame.slice(after..after + n as usize);
-            let reply = match buf[pos] {
-                b'=' => Reply::Verbatim(body.slice(4.min(body.len())..)),
-                b'!' => Reply::Error(String::from_utf8_lossy(&body).into_owned().into()),
-                _ => Reply::Bulk(body),
-            };
-            (reply, after + n as usize + 2)
-        }
-        b'*' | b'>' => {
-            let n = number();
-            if n < 0 {
-                return (Reply::NilArray, after);
-            }
-            let (items, end) = items(n, after);
-            (Reply::Array(items), end)
-        }
-        b'~' => {
-            let (items, end) = items(number(), after);
-            (Reply::Set(items), end)
-        }
-        b'%' => {
-            let (flat, end) = items(number().saturating_mul(2), after);
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((k, v));
-            }
-            (Reply::Map(pairs), end)
-        }
-        b'|' => {
-            let (_, end) = items(number().saturating_mul(2), after);
-            build(frame, end)
-        }
-        _ => (Reply::Nil, after),
-    }
-}
-
-/// Takes one complete reply off the front of `buf`, if there is one.
-pub fn parse_reply(buf: &mut BytesMut) -> Result<Option<Reply>, String> {
-    let Some(end) = scan(buf, 0, 0)? else {
-        return Ok(None);
-    };
-    let frame = buf.split_to(end).freeze();
-    Ok(Some(build(&frame, 0).0))
-}
 
 type Waiter = oneshot::Sender<Reply>;
 
@@ -261,27 +99,20 @@ async fn run_conn(
         let waiting = Rc::clone(&waiting);
         async move {
             let mut buf = BytesMut::with_capacity(64 * 1024);
+            let mut parser = ReplyParser::<Reply>::new();
             loop {
-                loop {
-                    match parse_reply(&mut buf) {
-                        Ok(Some(reply)) => {
-                            if let Some(Some(w)) = waiting.borrow_mut().pop_front() {
-                                let _ = w.send(reply);
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!("peer {addr}: {e}");
-                            return;
+                match parser.read_from(&mut reader, &mut buf).await {
+                    Ok(reply) => {
+                        if let Some(Some(w)) = waiting.borrow_mut().pop_front() {
+                            let _ = w.send(reply);
                         }
                     }
-                }
-                if buf.capacity() - buf.len() < 16 * 1024 {
-                    buf.reserve(64 * 1024);
-                }
-                match reader.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
+                    Err(e) => {
+                        if e.kind() == std::io::ErrorKind::InvalidData {
+                            tracing::warn!("peer {addr}: {e}");
+                        }
+                        return;
+                    }
                 }
             }
         }
@@ -406,88 +237,9 @@ pub async fn call_once(
     out.extend_from_slice(&encode_command(args));
     stream.write_all(&out).await?;
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut skip = hello.len();
-    loop {
-        while let Some(reply) = parse_reply(&mut buf)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?
-        {
-            if skip == 0 {
-                return Ok(reply);
-            }
-            skip -= 1;
-        }
-        if stream.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
+    let mut parser = ReplyParser::<Reply>::new();
+    for _ in &hello {
+        parser.read_from(&mut stream, &mut buf).await?;
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_all(input: &[u8]) -> Vec<Reply> {
-        let mut buf = BytesMut::from(input);
-        let mut out = Vec::new();
-        while let Some(r) = parse_reply(&mut buf).unwrap() {
-            out.push(r);
-        }
-        assert!(buf.is_empty(), "left over: {buf:?}");
-        out
-    }
-
-    #[test]
-    fn parses_resp2_and_resp3_replies() {
-        let got = parse_all(
-            b"+OK\r\n-ERR bad\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*-1\r\n*2\r\n$1\r\na\r\n:1\r\n\
-              _\r\n,1.5\r\n#t\r\n%1\r\n+k\r\n:2\r\n~1\r\n+m\r\n=7\r\ntxt:abc\r\n",
-        );
-        assert_eq!(
-            got,
-            vec![
-                Reply::Status("OK".into()),
-                Reply::Error("ERR bad".into()),
-                Reply::Int(42),
-                Reply::Bulk(Bytes::from_static(b"abc")),
-                Reply::Nil,
-                Reply::NilArray,
-                Reply::Array(vec![Reply::Bulk(Bytes::from_static(b"a")), Reply::Int(1)]),
-                Reply::Nil,
-                Reply::Double(1.5),
-                Reply::Bool(true),
-                Reply::Map(vec![(Reply::Status("k".into()), Reply::Int(2))]),
-                Reply::Set(vec![Reply::Status("m".into())]),
-                Reply::Verbatim(Bytes::from_static(b"abc")),
-            ]
-        );
-    }
-
-    #[test]
-    fn waits_for_the_whole_reply_at_every_cut() {
-        let full = b"*3\r\n$5\r\nhello\r\n*1\r\n:7\r\n$0\r\n\r\n+OK\r\n";
-        for cut in 0..full.len() {
-            let mut buf = BytesMut::from(&full[..cut]);
-            if let Some(r) = parse_reply(&mut buf).unwrap() {
-                assert!(cut >= full.len() - 5, "complete at {cut}: {r:?}");
-            }
-        }
-        let mut buf = BytesMut::from(&full[..]);
-        assert!(matches!(
-            parse_reply(&mut buf).unwrap(),
-            Some(Reply::Array(_))
-        ));
-        assert_eq!(
-            parse_reply(&mut buf).unwrap(),
-            Some(Reply::Status("OK".into()))
-        );
-    }
-
-    #[test]
-    fn refuses_garbage() {
-        assert!(parse_reply(&mut BytesMut::from(&b"\r\n"[..])).is_err());
-        assert!(parse_reply(&mut BytesMut::from(&b"*1\r\n\r\n"[..])).is_err());
-        assert!(parse_reply(&mut BytesMut::from(&b"?x\r\n"[..])).is_err());
-        assert!(parse_reply(&mut BytesMut::from(&b"$3\r\nabcde\r\n"[..])).is_err());
-        assert!(parse_reply(&mut BytesMut::from(&b"$x\r\n"[..])).is_err());
-    }
+    parser.read_from(&mut stream, &mut buf).await
 }

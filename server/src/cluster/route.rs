@@ -25,10 +25,10 @@ use super::{hot, peer};
 use crate::commands::{
     block, flags, is, parse_int, table, Client, CommandSpec, Handler, KeyOp, LocalBoxFuture,
 };
-use crate::protocol::reply::RemoteReply;
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
+use kvtier_protocol::reply::RemoteReply;
+use kvtier_protocol::Reply;
 
 /// Where a command goes.
 pub enum Decision {

@@ -11,9 +11,9 @@ use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, KEY1,
 };
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::store::{now_ms, Encoding, Store};
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

@@ -30,10 +30,10 @@ use super::{
     always, is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp, KeySpec,
     LocalBoxFuture, OneShard,
 };
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 use crate::store::{now_ms, Fetched, Store, Waiter};
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

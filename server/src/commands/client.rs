@@ -10,7 +10,7 @@ use super::{
     is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS,
 };
 use crate::clients::ClientInfo;
-use crate::protocol::Reply;
+use kvtier_protocol::Reply;
 
 const SUB: CommandSpec = CommandSpec {
     name: "",

@@ -15,8 +15,8 @@ use super::{parse_int, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS};
 use crate::cluster::hot;
 use crate::cluster::topology::View;
 use crate::cluster::Cluster;
-use crate::protocol::Reply;
 use crate::shard::slot::{key_slot, SLOTS};
+use kvtier_protocol::Reply;
 
 const SUB: CommandSpec = CommandSpec {
     name: "",

@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use super::flags::*;
 use super::{is, parse_int, Client, CommandSpec, Handler, NO_KEYS};
-use crate::protocol::Reply;
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

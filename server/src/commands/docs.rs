@@ -12,7 +12,7 @@
 //! item...         may repeat
 //! ```
 
-use crate::protocol::Reply;
+use kvtier_protocol::Reply;
 
 use super::{flags, CommandSpec, KeySpec};
 

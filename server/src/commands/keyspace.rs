@@ -10,10 +10,10 @@ use super::{
     CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, ALL_KEYS, KEY1, NO_KEYS,
 };
 use crate::glob::glob_match;
-use crate::protocol::Reply;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
 use crate::shard::ShardGone;
 use crate::store::Store;
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

@@ -30,9 +30,9 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 
 use crate::clients::ClientInfo;
-use crate::protocol::Reply;
 use crate::shard::Shard;
 use crate::store::Store;
+use kvtier_protocol::Reply;
 
 /// A boxed future borrowing the client, returned by async handlers.
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
@@ -472,7 +472,7 @@ pub fn sanitize(bytes: &[u8], max: usize) -> String {
 
 /// Parses an integer argument exactly as Redis does.
 pub fn parse_int(arg: &[u8]) -> Option<i64> {
-    crate::protocol::parse_i64_strict(arg)
+    kvtier_protocol::parse_i64_strict(arg)
 }
 
 /// A database index, read as Redis's `getIntFromObjectOrReply` reads it:

@@ -15,8 +15,8 @@ use super::{
     Handler, KeyOp, KeySpec, LocalBoxFuture, NO_KEYS,
 };
 use crate::config::human_bytes;
-use crate::protocol::Reply;
 use crate::store::{now_ms, Store, StoreStats};
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

@@ -12,9 +12,9 @@ use super::{
     Handler, KeyOp, LocalBoxFuture, OneShard, KEY1, KEY_VALUE_PAIRS,
 };
 use crate::long_double::LongDouble;
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::store::{Encoding, Fetched, OutOfMemory, Store};
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

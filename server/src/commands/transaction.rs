@@ -21,10 +21,10 @@ use bytes::Bytes;
 
 use super::flags::*;
 use super::{Client, CommandSpec, Handler, KeyOp, LocalBoxFuture, ALL_KEYS, NO_KEYS};
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 use crate::store::now_ms;
+use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

@@ -33,10 +33,10 @@ use crate::commands::{
     arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
     Handler, KeyFn, KeyOp,
 };
-use crate::protocol::{Reply, ReplyBuf, Request, RequestParser};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 use crate::store::now_ms;
+use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 
 /// Bytes read per `read` call into the shared read buffer.
 const READ_CHUNK: usize = 16 * 1024;

@@ -230,7 +230,7 @@ impl Entry {
         let v = &self.value;
         if self.encoding == Encoding::Auto
             && v.len() <= 20
-            && crate::protocol::parse_i64_strict(v).is_some()
+            && kvtier_protocol::parse_i64_strict(v).is_some()
         {
             "int"
         } else if self.encoding != Encoding::Raw && v.len() <= 44 {

@@ -41,8 +41,8 @@ use slab::{ArenaStats, NoRoom, SlabArena};
 use spilling::SpillState;
 pub use spilling::{Fetched, PostToShard, SpillConfig};
 
-use crate::protocol::request::BIG_BULK;
 use crate::shard::slot::key_slot;
+use kvtier_protocol::request::BIG_BULK;
 
 /// Index bytes charged per key besides the key and value themselves: the
 /// hash-table slot (key handle + entry), control byte and allocator headers.

@@ -22,10 +22,10 @@ use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
 };
 use super::{Encoding, Entry, EvictReason, LinkEvent, Store, Value, SLAB_MIN};
-use crate::protocol::reply::PendingValue;
-use crate::protocol::Reply;
 use crate::shard::slot::key_slot;
 use crate::shard::ShardJob;
+use kvtier_protocol::reply::PendingValue;
+use kvtier_protocol::Reply;
 
 /// Reads of a spilled block after which it moves back to DRAM.
 pub const PROMOTE_AFTER: u16 = 2;

@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use bytes::{BufMut, Bytes, BytesMut};
+use kvtier_protocol::{BuildReply, ReplyError, ReplyParser};
 use kvtier_server::shard::slot::{key_slot, slot_shard};
 
 /// Shards every test server runs with, so multi-key commands cross shards
@@ -396,11 +398,60 @@ pub fn encode(args: &[&[u8]]) -> Vec<u8> {
 }
 
 /// A plain TCP connection speaking RESP, with a read timeout on every read.
+/// Replies are read with kvtier-protocol's reply parser, built as [`Resp`]
+/// (an exact picture of the wire).
 pub struct RawConn {
     /// The socket.
     pub stream: TcpStream,
-    buf: Vec<u8>,
-    pos: usize,
+    buf: BytesMut,
+    parser: ReplyParser<Resp>,
+}
+
+impl BuildReply for Resp {
+    fn line(kind: u8, line: &[u8]) -> Result<Resp, ReplyError> {
+        let text = String::from_utf8(line.to_vec()).map_err(|_| ReplyError("utf-8".into()))?;
+        Ok(match kind {
+            b'+' => Resp::Status(text),
+            b'-' => Resp::Error(text),
+            b':' => Resp::Int(text.parse().map_err(|_| ReplyError(text.clone()))?),
+            b'_' => Resp::Null,
+            b',' => Resp::Double(text),
+            b'#' => Resp::Bool(text == "t"),
+            _ => return Err(ReplyError(format!("unexpected reply type {kind:#x}"))),
+        })
+    }
+
+    fn blob(kind: u8, body: Bytes) -> Resp {
+        match kind {
+            b'=' => Resp::Verbatim(
+                String::from_utf8_lossy(&body[..3.min(body.len())]).into_owned(),
+                body.get(4..).unwrap_or_default().to_vec(),
+            ),
+            _ => Resp::Bulk(Some(body.to_vec())),
+        }
+    }
+
+    fn null(kind: u8) -> Resp {
+        match kind {
+            b'*' => Resp::Array(None),
+            _ => Resp::Bulk(None),
+        }
+    }
+
+    fn aggregate(kind: u8, items: Vec<Resp>) -> Resp {
+        match kind {
+            b'%' => {
+                let mut pairs = Vec::new();
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                Resp::Map(pairs)
+            }
+            b'~' => Resp::Set(items),
+            _ => Resp::Array(Some(items)),
+        }
+    }
 }
 
 impl RawConn {
@@ -412,8 +463,8 @@ impl RawConn {
         stream.set_nodelay(true).unwrap();
         RawConn {
             stream,
-            buf: Vec::new(),
-            pos: 0,
+            buf: BytesMut::new(),
+            parser: ReplyParser::new(),
         }
     }
 
@@ -435,82 +486,42 @@ impl RawConn {
     }
 
     fn fill(&mut self) -> std::io::Result<usize> {
-        if self.pos > 0 && self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        }
         let mut chunk = [0u8; 64 * 1024];
         let n = self.stream.read(&mut chunk)?;
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(n)
     }
 
-    fn fill_or_panic(&mut self) {
-        match self.fill() {
-            Ok(0) => panic!("server closed the connection while a reply was expected"),
-            Ok(_) => {}
-            Err(e) => panic!("no reply from the server within {READ_TIMEOUT:?}: {e}"),
-        }
-    }
-
-    fn line(&mut self) -> String {
-        loop {
-            if let Some(i) = self.buf[self.pos..].windows(2).position(|w| w == b"\r\n") {
-                let line = self.buf[self.pos..self.pos + i].to_vec();
-                self.pos += i + 2;
-                return String::from_utf8(line).expect("utf-8 header line");
-            }
-            self.fill_or_panic();
-        }
-    }
-
-    fn exact(&mut self, n: usize) -> Vec<u8> {
-        while self.buf.len() - self.pos < n {
-            self.fill_or_panic();
-        }
-        let out = self.buf[self.pos..self.pos + n].to_vec();
-        self.pos += n;
-        out
-    }
-
     /// Reads one reply.
     pub fn read(&mut self) -> Resp {
-        let line = self.line();
-        let (kind, rest) = line.split_at(1);
-        let n = || rest.parse::<i64>().expect("length");
-        match kind {
-            "+" => Resp::Status(rest.to_string()),
-            "-" => Resp::Error(rest.to_string()),
-            ":" => Resp::Int(n()),
-            "$" if n() < 0 => Resp::Bulk(None),
-            "$" => {
-                let mut data = self.exact(n() as usize + 2);
-                assert_eq!(&data[data.len() - 2..], b"\r\n", "bulk terminator");
-                data.truncate(data.len() - 2);
-                Resp::Bulk(Some(data))
+        loop {
+            match self.parser.parse(&mut self.buf) {
+                Ok(Some(reply)) => return reply,
+                Ok(None) => {}
+                Err(e) => panic!("{e}"),
             }
-            "*" if n() < 0 => Resp::Array(None),
-            "*" => Resp::Array(Some((0..n()).map(|_| self.read()).collect())),
-            "_" => Resp::Null,
-            "%" => Resp::Map((0..n()).map(|_| (self.read(), self.read())).collect()),
-            "~" => Resp::Set((0..n()).map(|_| self.read()).collect()),
-            "," => Resp::Double(rest.to_string()),
-            "#" => Resp::Bool(rest == "t"),
-            "=" => {
-                let mut data = self.exact(n() as usize + 2);
-                data.truncate(data.len() - 2);
-                let body = data.split_off(4);
-                Resp::Verbatim(String::from_utf8_lossy(&data[..3]).into_owned(), body)
+            // A big payload goes straight into its own buffer.
+            let got = match self.parser.big_bulk_buffer() {
+                Some(mut own) => {
+                    let mut chunk = vec![0u8; own.remaining_mut().min(1 << 20)];
+                    self.stream
+                        .read(&mut chunk)
+                        .inspect(|&n| own.put_slice(&chunk[..n]))
+                }
+                None => self.fill(),
+            };
+            match got {
+                Ok(0) => panic!("server closed the connection while a reply was expected"),
+                Ok(_) => {}
+                Err(e) => panic!("no reply from the server within {READ_TIMEOUT:?}: {e}"),
             }
-            other => panic!("unexpected reply type {other:?} in {line:?}"),
         }
     }
 
     /// Asserts the server closes the connection (EOF) within the timeout,
     /// after any bytes still in flight.
     pub fn assert_closed(&mut self) {
-        self.buf.drain(..self.pos);
-        self.pos = 0;
+        self.buf.clear();
         let deadline = Instant::now() + READ_TIMEOUT;
         loop {
             match self.fill() {
@@ -534,10 +545,7 @@ impl RawConn {
         match got {
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Ok(0) => panic!("the server closed the connection"),
-            Ok(_) => panic!(
-                "unexpected bytes: {:?}",
-                String::from_utf8_lossy(&self.buf[self.pos..])
-            ),
+            Ok(_) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&self.buf)),
             Err(e) => panic!("read failed: {e}"),
         }
     }

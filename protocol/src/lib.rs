@@ -1,11 +1,25 @@
-//! The wire: parsing requests and encoding replies. Nothing here touches the
-//! store; the store never sees bytes on the wire.
+//! kvtier-protocol: the wire, and nothing else.
+//!
+//! * [`request`] (with [`inline`]): bytes from a client → commands
+//!   (`Vec<Bytes>` of arguments), big arguments read into exact-size
+//!   buffers, Redis's protocol errors.
+//! * [`reply`]: [`Reply`], what a command answers, and its RESP2/RESP3
+//!   encoding into a [`ReplyBuf`] written with vectored writes (big values
+//!   by reference). A `ReplyBuf` also encodes commands, for the server's
+//!   links to its peers and for clients.
+//! * [`reply_parser`]: the one reply parser, for everything in the project
+//!   that reads replies (peer links, kvtier-bench, the tests).
+//!
+//! This crate depends on no other kvtier crate: it never sees the store, and
+//! the store never sees bytes on the wire.
 
 pub mod inline;
 pub mod reply;
+pub mod reply_parser;
 pub mod request;
 
-pub use reply::{Reply, ReplyBuf};
+pub use reply::{PendingValue, RemoteReply, Reply, ReplyBuf};
+pub use reply_parser::{BuildReply, ReplyError, ReplyParser};
 pub use request::{ProtocolError, Request, RequestParser};
 
 /// Parses an integer exactly as Redis's `string2ll` does: an optional `-`,

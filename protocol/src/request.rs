@@ -352,7 +352,7 @@ fn decimal_len(n: usize) -> usize {
 /// no leading zeros (except "0"), no spaces, must fit an i64.
 pub fn parse_len(digits: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(digits).ok()?;
-    crate::protocol::parse_i64_strict(s.as_bytes())
+    crate::parse_i64_strict(s.as_bytes())
 }
 
 /// An inline command at the front of `buf`: `Ok(None)` until its newline.

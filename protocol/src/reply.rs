@@ -160,6 +160,22 @@ impl Reply {
         Reply::Status(Cow::Owned(s))
     }
 
+    /// The integer, if this is one.
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Reply::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The elements, if this is an array (or a set).
+    pub fn into_array(self) -> Option<Vec<Reply>> {
+        match self {
+            Reply::Array(items) | Reply::Set(items) => Some(items),
+            _ => None,
+        }
+    }
+
     /// Whether this is an error reply.
     pub fn is_error(&self) -> bool {
         matches!(self, Reply::Error(_))
@@ -260,6 +276,15 @@ impl ReplyBuf {
     /// Appends raw, already-encoded bytes.
     pub fn push_raw(&mut self, raw: &[u8]) {
         self.scratch.extend_from_slice(raw);
+    }
+
+    /// Encodes a command: an array of bulk strings, big arguments queued by
+    /// reference like big values.
+    pub fn push_command(&mut self, args: &[Bytes]) {
+        self.put_header(b'*', args.len() as i64);
+        for a in args {
+            self.put_bulk(a);
+        }
     }
 
     fn encode(&mut self, reply: &Reply, resp3: bool) {
@@ -431,6 +456,13 @@ impl ReplyBuf {
             self.scratch.clear();
         }
     }
+}
+
+/// A command encoded as one contiguous RESP array of bulk strings.
+pub fn encode_command(args: &[Bytes]) -> Bytes {
+    let mut out = ReplyBuf::new();
+    out.push_command(args);
+    Bytes::from(out.take_bytes())
 }
 
 /// Writes `s` and CRLF, turning any CR or LF inside `s` into a space so a
