@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use clap::Args;
+use kvtier_protocol::Reply;
 
 use crate::resp::Client;
-use kvtier_protocol::Reply;
 
 /// Where to send load and where to put the results.
 #[derive(Args, Debug, Clone)]

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
+use kvtier_protocol::Reply;
 use serde_json::json;
 
 use crate::common::{fail_on_error, Output};
 use crate::report::{self, Recorder};
 use crate::resp::Client;
 use crate::workload::{KeyChooser, Rng, SizeRange, ValuePool, Zipf};
-use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench kv`.
 #[derive(Args, Debug, Clone)]

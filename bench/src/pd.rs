@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
+use kvtier_protocol::Reply;
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -17,7 +18,6 @@ use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, O
 use crate::report::{self, Recorder};
 use crate::resp::Client;
 use crate::workload::{parse_size, ValuePool};
-use kvtier_protocol::Reply;
 
 /// How decode workers wait for the blocks.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

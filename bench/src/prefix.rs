@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
+use kvtier_protocol::Reply;
 
 use crate::resp::{args, Client};
-use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench prefix`.
 #[derive(Args, Debug, Clone)]

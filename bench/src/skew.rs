@@ -4,13 +4,13 @@
 
 use bytes::Bytes;
 use clap::Args;
+use kvtier_protocol::Reply;
 use serde_json::json;
 
 use crate::common::Output;
 use crate::kv::{self, KvArgs};
 use crate::report;
 use crate::resp::Client;
-use kvtier_protocol::Reply;
 
 /// Options of `kvtier-bench skew`.
 #[derive(Args, Debug, Clone)]

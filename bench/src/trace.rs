@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
+use kvtier_protocol::Reply;
 use serde_json::json;
 
 use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::Client;
 use crate::workload::{parse_size, ValuePool};
-use kvtier_protocol::Reply;
 
 /// How the client talks to the server.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

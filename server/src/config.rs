@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::RwLock;
 
 use clap::Parser;
+use kvtier_store::EvictionPolicy;
 
 use crate::glob::glob_match;
-use crate::store::EvictionPolicy;
 
 /// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
 /// Speaks RESP (Redis clients work unchanged) and runs one shard per core.

@@ -2,7 +2,6 @@
 //! tier for LLM KV-cache blocks.
 //!
 //! * [`shard`]: threads, slots and mailboxes.
-//! * [`store`]: one shard's keyspace, expiry, memory and eviction.
 //! * [`commands`]: the command table, by family.
 //! * [`net`]: serving a connection.
 //! * [`server`]: start-up, shutdown and background work.
@@ -18,7 +17,6 @@ pub mod net;
 pub mod server;
 pub mod shard;
 pub mod stats;
-pub mod store;
 
 /// The Redis version kvtier reports (INFO, HELLO): the command set and
 /// replies follow Redis 7.

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kvtier_store::spill::{self, IoPool, Recovered, SpillDir};
+use kvtier_store::{MemoryOptions, SpillConfig, Store, StoreJob};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -18,8 +20,6 @@ use tracing::{info, warn};
 use crate::cluster::Cluster;
 use crate::config::{Config, LiveConfig};
 use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
-use crate::store::spill::{self, IoPool, Recovered, SpillDir};
-use crate::store::{MemoryOptions, SpillConfig, Store};
 
 /// State shared by every shard thread. Read on the data path only through
 /// atomics; nothing here is locked per command.
@@ -168,7 +168,7 @@ impl Server {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
         let (shutdown, _) = watch::channel(false);
-        let started_unix = crate::store::now_ms() / 1000;
+        let started_unix = kvtier_store::now_ms() / 1000;
         let shared = Arc::new(Shared {
             shards,
             mailboxes: senders,
@@ -264,7 +264,7 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<StdListener> {
 }
 
 fn run_id() -> String {
-    let seed = crate::store::now_ms() ^ ((std::process::id() as u64) << 32);
+    let seed = kvtier_store::now_ms() ^ ((std::process::id() as u64) << 32);
     let mut x = seed | 1;
     (0..40)
         .map(|_| {
@@ -328,13 +328,15 @@ fn run_shard(
             store.enable_spill(SpillConfig {
                 dir: Arc::clone(&tier.dir),
                 pool: Arc::clone(&tier.pool),
-                post: Arc::new(move |job| {
-                    let _ = mailbox.send(job);
+                post: Arc::new(move |job: StoreJob| {
+                    let _ = mailbox.send(Box::new(move |shard: &Shard| {
+                        job(&mut shard.store.borrow_mut())
+                    }));
                 }),
                 shard: id,
                 admission: spill_admission(&shared.config),
             });
-            store.insert_recovered(tier.take_recovered(id), crate::store::now_ms());
+            store.insert_recovered(tier.take_recovered(id), kvtier_store::now_ms());
         }
         let shard = Rc::new(Shard::new(id, Arc::clone(&shared), store));
         tokio::task::spawn_local(shard::run_mailbox(Rc::clone(&shard), rx));
@@ -419,7 +421,7 @@ async fn cron(shard: Rc<Shard>) {
                 let removed = shard
                     .store
                     .borrow_mut()
-                    .expire_due(crate::store::now_ms(), 1000);
+                    .expire_due(kvtier_store::now_ms(), 1000);
                 if removed < 1000 {
                     break;
                 }

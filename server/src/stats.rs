@@ -208,14 +208,14 @@ impl ShardStats {
 }
 
 /// Publishes a shard's store figures as gauges labelled by shard.
-pub fn export_store(shard: usize, store: &crate::store::Store, clients: usize) {
+pub fn export_store(shard: usize, store: &kvtier_store::Store, clients: usize) {
     let label = shard.to_string();
     gauge!("kvtier_keys", "shard" => label.clone()).set(store.len() as f64);
     gauge!("kvtier_used_memory_bytes", "shard" => label.clone()).set(store.used_memory() as f64);
     gauge!("kvtier_connected_clients", "shard" => label.clone()).set(clients as f64);
     let s = store.stats;
     counter!("kvtier_expired_keys_total", "shard" => label.clone()).absolute(s.expired_keys);
-    for (i, reason) in crate::store::EvictReason::ALL.iter().enumerate() {
+    for (i, reason) in kvtier_store::EvictReason::ALL.iter().enumerate() {
         counter!("kvtier_evicted_keys_total", "shard" => label.clone(), "reason" => reason.name())
             .absolute(s.evicted_by[i]);
     }
@@ -236,7 +236,7 @@ pub fn export_store(shard: usize, store: &crate::store::Store, clients: usize) {
 }
 
 /// Exports the spill tier's figures (shared by the shards: once, from shard 0).
-pub fn export_spill(dir: &crate::store::spill::SpillDir) {
+pub fn export_spill(dir: &kvtier_store::spill::SpillDir) {
     use std::sync::atomic::Ordering::Relaxed;
     let c = &dir.counters;
     gauge!("kvtier_spill_used_bytes").set(dir.used_bytes() as f64);
@@ -260,6 +260,17 @@ pub fn export_spill(dir: &crate::store::spill::SpillDir) {
     ];
     for (name, value) in counters {
         counter!(name).absolute(value.load(Relaxed));
+    }
+    for (name, latency) in [
+        ("kvtier_spill_read_seconds", &c.read_latency),
+        ("kvtier_spill_write_seconds", &c.write_latency),
+    ] {
+        let histogram = metrics::histogram!(name);
+        for (bucket, n) in latency.take().into_iter().enumerate() {
+            if n > 0 {
+                histogram.record_many(kvtier_store::latency::bucket_value(bucket), n as usize);
+            }
+        }
     }
 }
 

@@ -29,13 +29,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
 
 use super::peer::Lane;
 use super::topology::View;
 use super::Cluster;
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use kvtier_protocol::Reply;
 
 /// The pooled connection copies, leases and invalidations travel on.
 const CONTROL: Lane = Lane {
@@ -235,7 +235,7 @@ impl Copies {
 
     /// Drops expired copies and lapsed leases.
     pub fn purge(&mut self, now: Instant) {
-        let unix = crate::store::now_ms();
+        let unix = kvtier_store::now_ms();
         let mut freed = 0;
         self.map.retain(|_, c| {
             let live = c.lease_until > now && (c.expire_at == 0 || c.expire_at > unix);
@@ -251,7 +251,7 @@ impl Copies {
     pub fn get(&self, key: &[u8]) -> Option<&Bytes> {
         let c = self.map.get(key)?;
         let live = c.lease_until > Instant::now()
-            && (c.expire_at == 0 || c.expire_at > crate::store::now_ms());
+            && (c.expire_at == 0 || c.expire_at > kvtier_store::now_ms());
         live.then_some(&c.value)
     }
 
@@ -329,7 +329,7 @@ mod tests {
         );
         assert_eq!(c.bytes(), 0);
         // The owner's expiry bounds the copy too.
-        let past = crate::store::now_ms() - 1;
+        let past = kvtier_store::now_ms() - 1;
         assert!(c.insert(
             Bytes::from_static(b"e"),
             Bytes::from_static(b"x"),
@@ -562,7 +562,7 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
     // most, and a deleted key's copies go at once.
     let owner = shard.owner_of(slot);
     let k = key.clone();
-    let now = crate::store::now_ms();
+    let now = kvtier_store::now_ms();
     let found = shard
         .call(owner, move |s| {
             let mut store = s.store.borrow_mut();
@@ -570,7 +570,7 @@ async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: B
                 return Current::Absent;
             };
             match store.fetch(slot, &k, now) {
-                Some(crate::store::Fetched::Now(v)) => Current::Value(v, expire_at),
+                Some(kvtier_store::Fetched::Now(v)) => Current::Value(v, expire_at),
                 // On disk: copies lapse with their lease (the read promotes it).
                 Some(_) => Current::Unknown,
                 None => Current::Absent,

@@ -22,15 +22,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::reply::encode_command;
+use kvtier_protocol::{Reply, ReplyParser};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use topology::{format_nodes, parse_nodes, Node, View};
 use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::server::Shared;
-use kvtier_protocol::reply::encode_command;
-use kvtier_protocol::{Reply, ReplyParser};
-use topology::{format_nodes, parse_nodes, Node, View};
 
 /// Counters for INFO and metrics.
 #[derive(Default)]

@@ -19,12 +19,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::reply::encode_command;
+use kvtier_protocol::{Reply, ReplyParser};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-
-use kvtier_protocol::reply::encode_command;
-use kvtier_protocol::{Reply, ReplyParser};
 
 /// How long connecting to a peer may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);

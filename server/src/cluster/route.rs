@@ -16,6 +16,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kvtier_protocol::reply::RemoteReply;
+use kvtier_protocol::Reply;
 use tokio::sync::oneshot;
 
 use super::peer::Lane;
@@ -27,8 +29,6 @@ use crate::commands::{
 };
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use kvtier_protocol::reply::RemoteReply;
-use kvtier_protocol::Reply;
 
 /// Where a command goes.
 pub enum Decision {
@@ -299,7 +299,7 @@ pub async fn run_local(client: &mut Client, args: Vec<Bytes>) -> Reply {
                 slot,
                 touch: !client.no_touch,
             };
-            let now = crate::store::now_ms();
+            let now = kvtier_store::now_ms();
             client
                 .shard
                 .call(owner, move |s| f(&mut s.store.borrow_mut(), &op, now))

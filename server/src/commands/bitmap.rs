@@ -4,6 +4,8 @@
 //! string grows with zero bytes; offsets and ranges as Redis checks them).
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::Reply;
+use kvtier_store::{now_ms, Encoding, Store};
 
 use super::flags::*;
 use super::keyspace::fan_out;
@@ -12,8 +14,6 @@ use super::{
     KeySpec, LocalBoxFuture, KEY1,
 };
 use crate::shard::slot::key_slot;
-use crate::store::{now_ms, Encoding, Store};
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

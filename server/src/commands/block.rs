@@ -21,19 +21,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
+use kvtier_store::{now_ms, Fetched, Store, Waiter};
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
 use super::keyspace::fan_out;
 use super::string::expire_at_from;
+use super::value_reply;
 use super::{
     always, is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp, KeySpec,
     LocalBoxFuture, OneShard,
 };
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use crate::store::{now_ms, Fetched, Store, Waiter};
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -537,7 +538,7 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         touch_returned(&shard, &keys[..found.len()], !client.no_touch);
         // Blocks still on disk are awaited by the connection; one that
         // fails its checksum ends the prefix there.
-        Reply::PrefixOf(found.into_iter().map(Fetched::into_reply).collect())
+        Reply::PrefixOf(found.into_iter().map(value_reply).collect())
     })
 }
 
@@ -709,7 +710,7 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
         // Counted (and, unless NO-TOUCH, touched) as accessed.
         if let Some(value) = store.read_value(key_slot(key), key, now, op.touch) {
-            out.push(value.into_reply());
+            out.push(value_reply(value));
         }
         if let Some(previous) = previous {
             store.mark_reachable(key_slot(key), key, previous);
@@ -832,9 +833,9 @@ mod tests {
     #[test]
     fn leading_respects_gaps_and_max_bytes() {
         let v = |s: &str| Some(Fetched::Now(Bytes::from(s.to_string())));
-        let values = vec![v("aa"), v("bb"), None, v("cc")];
-        assert_eq!(leading(values.clone(), None).len(), 2);
-        assert_eq!(leading(values.clone(), Some(3)).len(), 1);
-        assert_eq!(leading(values, Some(0)).len(), 0);
+        let values = || vec![v("aa"), v("bb"), None, v("cc")];
+        assert_eq!(leading(values(), None).len(), 2);
+        assert_eq!(leading(values(), Some(3)).len(), 1);
+        assert_eq!(leading(values(), Some(0)).len(), 0);
     }
 }

@@ -2,6 +2,7 @@
 //! shard keeps the registry of its own connections.
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
 
 use super::connection::valid_name;
 use super::flags::*;
@@ -10,7 +11,6 @@ use super::{
     is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS,
 };
 use crate::clients::ClientInfo;
-use kvtier_protocol::Reply;
 
 const SUB: CommandSpec = CommandSpec {
     name: "",

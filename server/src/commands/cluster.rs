@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::keyspace::help_reply;
@@ -16,7 +17,6 @@ use crate::cluster::hot;
 use crate::cluster::topology::View;
 use crate::cluster::Cluster;
 use crate::shard::slot::{key_slot, SLOTS};
-use kvtier_protocol::Reply;
 
 const SUB: CommandSpec = CommandSpec {
     name: "",
@@ -332,7 +332,7 @@ fn shards(client: &mut Client, _: &[Bytes]) -> Reply {
 fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
     let (cluster, view) = with_cluster!(client);
     let seen = cluster.last_seen();
-    let now_ms = crate::store::now_ms();
+    let now_ms = kvtier_store::now_ms();
     let mut out = String::new();
     for (i, (ranges, _)) in by_owner(&cluster, &view).into_iter().enumerate() {
         let n = &view.nodes[i];
@@ -437,7 +437,7 @@ fn countkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> 
             Err(e) => return e,
         };
         let owner = client.shard.owner_of(slot);
-        let now = crate::store::now_ms();
+        let now = kvtier_store::now_ms();
         client
             .shard
             .call(owner, move |s| {
@@ -462,7 +462,7 @@ fn getkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             _ => return Reply::error("ERR Invalid number of keys"),
         };
         let owner = client.shard.owner_of(slot);
-        let now = crate::store::now_ms();
+        let now = kvtier_store::now_ms();
         client
             .shard
             .call(owner, move |s| {

@@ -1,10 +1,10 @@
 //! Connection commands: PING, ECHO, HELLO, AUTH, QUIT, RESET, SELECT.
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::{is, parse_int, Client, CommandSpec, Handler, NO_KEYS};
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

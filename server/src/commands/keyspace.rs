@@ -3,6 +3,8 @@
 //! helper multi-key commands use.
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
+use kvtier_store::{Encoding, Entry, Store};
 
 use super::flags::*;
 use super::{
@@ -12,8 +14,6 @@ use super::{
 use crate::glob::glob_match;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
 use crate::shard::ShardGone;
-use crate::store::Store;
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -348,7 +348,7 @@ where
         }
         let job = move |s: &crate::shard::Shard| {
             let mut store = s.store.borrow_mut();
-            let now = crate::store::now_ms();
+            let now = kvtier_store::now_ms();
             work.into_iter()
                 .map(|(pos, slot, key, value)| {
                     (pos, f(&mut store, slot, &key, value.as_ref(), now))
@@ -457,7 +457,7 @@ fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
                 let mut out = Vec::new();
                 s.store
                     .borrow()
-                    .for_each_live(crate::store::now_ms(), |k, _| {
+                    .for_each_live(kvtier_store::now_ms(), |k, _| {
                         if glob_match(&pattern, k, false) {
                             out.push(Reply::Bulk(k.clone()));
                         }
@@ -513,7 +513,7 @@ fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             let step = client
                 .shard
                 .call(owner, move |s| {
-                    let now = crate::store::now_ms();
+                    let now = kvtier_store::now_ms();
                     s.store.borrow_mut().scan(
                         slot,
                         want,
@@ -577,7 +577,7 @@ fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         }
         // Pick a shard in proportion to its keys, then a key in it; a shard
         // whose keys all turned out expired passes to the next.
-        let mut pick = (crate::store::now_ms() as usize).wrapping_mul(2654435761) % total;
+        let mut pick = (kvtier_store::now_ms() as usize).wrapping_mul(2654435761) % total;
         let mut start = 0;
         for (i, &n) in sizes.iter().enumerate() {
             if pick < n {
@@ -594,7 +594,7 @@ fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             let found = client
                 .shard
                 .call(target, |s| {
-                    s.store.borrow_mut().random_key(crate::store::now_ms())
+                    s.store.borrow_mut().random_key(kvtier_store::now_ms())
                 })
                 .await;
             match found {
@@ -608,7 +608,7 @@ fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 }
 
 /// What RENAME-like commands take from the source key.
-type Moved = (Bytes, u64, crate::store::Encoding, Option<Bytes>);
+type Moved = (Bytes, u64, kvtier_store::Encoding, Option<Bytes>);
 
 /// Moves or copies `src` to `dst`. `remove_src`: RENAME (else COPY);
 /// `replace`: overwrite an existing destination. Returns `Ok(None)` when the
@@ -629,7 +629,7 @@ async fn transfer(
         return shard
             .call(src_owner, move |s| {
                 let mut store = s.store.borrow_mut();
-                let now = crate::store::now_ms();
+                let now = kvtier_store::now_ms();
                 // A spilled source is read back first (rare: blocks are
                 // written once and read, not renamed).
                 store.materialize(src_slot, &src, now);
@@ -674,7 +674,7 @@ async fn transfer(
             let src = src.clone();
             move |s| {
                 let mut store = s.store.borrow_mut();
-                let now = crate::store::now_ms();
+                let now = kvtier_store::now_ms();
                 store.materialize(src_slot, &src, now);
                 let e = store.peek(src_slot, &src, now)?;
                 Some((e.value.bytes()?, e.expire_at, e.encoding, e.parent.clone()))
@@ -687,7 +687,7 @@ async fn transfer(
     let written = shard
         .call(dst_owner, move |s| {
             let mut store = s.store.borrow_mut();
-            let now = crate::store::now_ms();
+            let now = kvtier_store::now_ms();
             if !replace && store.peek(dst_slot, &dst, now).is_some() {
                 return Ok(false);
             }
@@ -734,7 +734,7 @@ fn renamenx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
                 .call(owner, move |s| {
                     s.store
                         .borrow_mut()
-                        .peek(slot, &key, crate::store::now_ms())
+                        .peek(slot, &key, kvtier_store::now_ms())
                         .is_some()
                 })
                 .await
@@ -890,6 +890,18 @@ fn persist(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
+/// OBJECT ENCODING's answer, as Redis would give it for a string.
+pub fn object_encoding(entry: &Entry) -> &'static str {
+    let v = &entry.value;
+    if entry.encoding == Encoding::Auto && v.len() <= 20 && parse_int(v).is_some() {
+        "int"
+    } else if entry.encoding != Encoding::Raw && v.len() <= 44 {
+        "embstr"
+    } else {
+        "raw"
+    }
+}
+
 fn object(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let sub = op.args[1].to_ascii_lowercase();
     let policy = store.policy();
@@ -897,7 +909,7 @@ fn object(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::Nil;
     };
     match &sub[..] {
-        b"encoding" => Reply::bulk(entry.encoding_name()),
+        b"encoding" => Reply::bulk(object_encoding(entry)),
         b"refcount" => Reply::Int(1),
         b"freq" if policy.is_lfu() => Reply::Int(entry.frequency(now) as i64),
         b"freq" => Reply::error(

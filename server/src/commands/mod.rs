@@ -28,11 +28,11 @@ use std::rc::Rc;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use kvtier_protocol::{PendingValue, Reply};
+use kvtier_store::{Fetched, Store};
 
 use crate::clients::ClientInfo;
 use crate::shard::Shard;
-use crate::store::Store;
-use kvtier_protocol::Reply;
 
 /// A boxed future borrowing the client, returned by async handlers.
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
@@ -468,6 +468,16 @@ pub fn sanitize(bytes: &[u8], max: usize) -> String {
         .chars()
         .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
         .collect()
+}
+
+/// A stored value as a reply: a bulk string now, or one the connection
+/// awaits while it is read from the spill tier (nil if it fails its
+/// checksum: never wrong bytes).
+pub fn value_reply(value: Fetched) -> Reply {
+    match value {
+        Fetched::Now(b) => Reply::Bulk(b),
+        Fetched::Later { read, .. } => Reply::Pending(PendingValue::new(read.into_receiver())),
+    }
 }
 
 /// Parses an integer argument exactly as Redis does.

@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
+use kvtier_store::{now_ms, Store, StoreStats};
 
 use super::docs::{docs_reply, info_reply};
 use super::flags::*;
@@ -15,8 +17,6 @@ use super::{
     Handler, KeyOp, KeySpec, LocalBoxFuture, NO_KEYS,
 };
 use crate::config::human_bytes;
-use crate::store::{now_ms, Store, StoreStats};
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -655,7 +655,7 @@ pub struct ShardReport {
     /// Bytes charged to the index (keys, overhead, small values).
     pub index_memory: usize,
     /// The slab arena's figures.
-    pub arena: crate::store::slab::ArenaStats,
+    pub arena: kvtier_store::slab::ArenaStats,
     /// Keys with a record in the spill tier.
     pub spill_keys: usize,
 }
@@ -844,7 +844,7 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
             }),
             "memory" => section("Memory", &mut |o| {
                 let keys = sum(|r| r.keys as u64);
-                let overhead = keys * crate::store::ENTRY_OVERHEAD as u64;
+                let overhead = keys * kvtier_store::ENTRY_OVERHEAD as u64;
                 let dataset = used.saturating_sub(overhead);
                 let total_mem = total_system_memory();
                 line!(o, "used_memory:{used}");
@@ -925,7 +925,7 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
                 );
                 line!(o, "expired_keys:{}", sum(|r| r.store.expired_keys));
                 line!(o, "evicted_keys:{}", sum(|r| r.store.evicted_keys));
-                for (i, reason) in crate::store::EvictReason::ALL.iter().enumerate() {
+                for (i, reason) in kvtier_store::EvictReason::ALL.iter().enumerate() {
                     let n: u64 = reports.iter().map(|r| r.store.evicted_by[i]).sum();
                     line!(o, "evicted_{}_keys:{n}", reason.name());
                 }
@@ -1279,7 +1279,7 @@ fn memory_stats(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             .memory_peak
             .fetch_max(used, Relaxed)
             .max(used);
-        let overhead = keys * crate::store::ENTRY_OVERHEAD as u64;
+        let overhead = keys * kvtier_store::ENTRY_OVERHEAD as u64;
         let dataset = used.saturating_sub(overhead);
         let rss = rss_bytes();
         let int = |n: u64| Reply::Int(n as i64);
@@ -1418,7 +1418,7 @@ fn debug(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
                         store.peek(slot, &key, now).map(|e| {
                             format!(
                                 "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
-                                e.encoding_name(),
+                                super::keyspace::object_encoding(e),
                                 e.value.len(),
                                 (now / 1000) & 0xff_ffff,
                                 e.idle_seconds(now)

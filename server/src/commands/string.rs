@@ -4,17 +4,18 @@
 //! Redis client uses on kvtier's blocks.
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::Reply;
+use kvtier_store::{Encoding, OutOfMemory, Store};
 
 use super::flags::*;
 use super::keyspace::{fan_out, Fanned};
+use super::value_reply;
 use super::{
     always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec,
     Handler, KeyOp, LocalBoxFuture, OneShard, KEY1, KEY_VALUE_PAIRS,
 };
 use crate::long_double::LongDouble;
 use crate::shard::slot::key_slot;
-use crate::store::{Encoding, Fetched, OutOfMemory, Store};
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -354,14 +355,14 @@ impl<'a> ExtendedOptions<'a> {
 }
 
 /// OOM, or the error a write that exceeds the budget gets.
-fn stored(result: Result<Option<crate::store::Entry>, OutOfMemory>) -> Result<(), Reply> {
+fn stored(result: Result<Option<kvtier_store::Entry>, OutOfMemory>) -> Result<(), Reply> {
     result.map(|_| ()).map_err(|_| oom_error())
 }
 
 fn get(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     store
         .read_value(op.slot, op.key(), now, op.touch)
-        .map_or(Reply::Nil, Fetched::into_reply)
+        .map_or(Reply::Nil, value_reply)
 }
 
 #[derive(PartialEq)]
@@ -392,12 +393,12 @@ fn set(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let (slot, key) = (op.slot, op.key());
     let old = store.peek(slot, key, now).map(|e| e.expire_at);
     // SET ... GET: the old value (a spilled one is read before it goes).
-    let fetched = if want_old {
-        store.fetch(slot, key, now)
+    let old_reply = if want_old {
+        store.fetch(slot, key, now).map(value_reply)
     } else {
         None
     };
-    let old_value = || fetched.clone().map_or(Reply::Nil, Fetched::into_reply);
+    let old_value = || old_reply.clone().unwrap_or(Reply::Nil);
     let blocked = match condition {
         Condition::IfAbsent => old.is_some(),
         Condition::IfPresent => old.is_none(),
@@ -482,7 +483,7 @@ fn getex(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
         None => {}
     }
-    value.into_reply()
+    value_reply(value)
 }
 
 fn getdel(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
@@ -490,13 +491,13 @@ fn getdel(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::Nil;
     };
     store.remove(op.slot, op.key());
-    value.into_reply()
+    value_reply(value)
 }
 
 fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let old = store.read_value(op.slot, op.key(), now, op.touch);
     match stored(store.insert(op.slot, op.key(), op.args[2].clone(), 0, now)) {
-        Ok(()) => old.map_or(Reply::Nil, Fetched::into_reply),
+        Ok(()) => old.map_or(Reply::Nil, value_reply),
         Err(e) => e,
     }
 }
@@ -508,7 +509,7 @@ fn mget_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             .map(|key| {
                 store
                     .read_value(key_slot(key), key, now, op.touch)
-                    .map_or(Reply::Nil, Fetched::into_reply)
+                    .map_or(Reply::Nil, value_reply)
             })
             .collect(),
     )
@@ -560,7 +561,7 @@ fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
             store
                 .read_value(slot, key, now, touch)
-                .map_or(Reply::Nil, Fetched::into_reply)
+                .map_or(Reply::Nil, value_reply)
         })
         .await;
         match result {

@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use kvtier_protocol::Reply;
+use kvtier_store::now_ms;
 
 use super::flags::*;
 use super::{Client, CommandSpec, Handler, KeyOp, LocalBoxFuture, ALL_KEYS, NO_KEYS};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use crate::store::now_ms;
-use kvtier_protocol::Reply;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

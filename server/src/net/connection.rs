@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
+use kvtier_store::now_ms;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::debug;
@@ -35,8 +37,6 @@ use crate::commands::{
 };
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
-use crate::store::now_ms;
-use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 
 /// Bytes read per `read` call into the shared read buffer.
 const READ_CHUNK: usize = 16 * 1024;

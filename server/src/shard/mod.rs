@@ -15,6 +15,8 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use kvtier_store::links::Route;
+use kvtier_store::Store;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clients::ClientRegistry;
@@ -23,8 +25,6 @@ use crate::cluster::peer::PeerPool;
 use crate::cluster::topology::View;
 use crate::server::Shared;
 use crate::stats::ShardStats;
-use crate::store::links::Route;
-use crate::store::Store;
 
 /// Work sent to a shard: runs on that shard's thread with its state.
 pub type ShardJob = Box<dyn FnOnce(&Shard) + Send>;
@@ -139,7 +139,7 @@ impl Shard {
     }
 
     /// Delivers the link changes this shard's store recorded (see
-    /// [`crate::store::links`]) to the stores they concern: applied here
+    /// [`kvtier_store::links`]) to the stores they concern: applied here
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent.
     pub fn deliver_links(&self) {

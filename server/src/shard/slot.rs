@@ -1,58 +1,9 @@
-//! Key → slot → shard, exactly as Redis Cluster computes the slot.
-//!
-//! `slot = CRC16-XMODEM(hashtag(key)) mod 16384`, where `hashtag(key)` is the
-//! part between the first `{` and the next `}` when that part is non-empty, and
-//! the whole key otherwise. Clients that group keys with `{tag}` get them on
-//! one slot, and so on one shard.
+//! Slot → shard: each of a node's shards owns a contiguous range of the
+//! 16384 hash slots, so a SCAN walks one shard's slots before moving to the
+//! next. The slot function itself (Redis Cluster's CRC16 of the hash tag)
+//! is the store's, [`kvtier_store::slot`], re-exported here.
 
-/// Number of hash slots, as in Redis Cluster.
-pub const SLOTS: usize = 16384;
-
-/// CRC16 (XMODEM: poly 0x1021, init 0) lookup table, built at compile time.
-const CRC16_TABLE: [u16; 256] = {
-    let mut table = [0u16; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = (i as u16) << 8;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-/// CRC16-XMODEM, the checksum Redis Cluster hashes keys with.
-pub fn crc16(data: &[u8]) -> u16 {
-    data.iter().fold(0u16, |crc, &b| {
-        (crc << 8) ^ CRC16_TABLE[((crc >> 8) as u8 ^ b) as usize]
-    })
-}
-
-/// The part of `key` that is hashed: the first non-empty `{...}` section, or
-/// the whole key.
-pub fn hashtag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
-
-/// The Redis Cluster hash slot of `key`.
-pub fn key_slot(key: &[u8]) -> u16 {
-    crc16(hashtag(key)) & (SLOTS as u16 - 1)
-}
+pub use kvtier_store::slot::{crc16, hashtag, key_slot, SLOTS};
 
 /// Which of `shards` shards owns `slot`: shards own contiguous slot ranges,
 /// so a SCAN walks one shard's slots before moving to the next.
@@ -70,33 +21,6 @@ pub fn shard_slots(shard: usize, shards: usize) -> std::ops::Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc16_matches_reference_vector() {
-        // The check value of CRC-16/XMODEM.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-    }
-
-    #[test]
-    fn slots_match_redis_cluster_keyslot() {
-        // Values printed by `CLUSTER KEYSLOT` on redis-server 7.0.
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"bar"), 5061);
-        assert_eq!(key_slot(b"{user1000}.following"), 3443);
-        assert_eq!(key_slot(b"{user1000}.followers"), 3443);
-        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
-        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b""), 0);
-    }
-
-    #[test]
-    fn hashtag_rules() {
-        assert_eq!(hashtag(b"a{b}c"), b"b");
-        assert_eq!(hashtag(b"a{}c"), b"a{}c");
-        assert_eq!(hashtag(b"a{bc"), b"a{bc");
-        assert_eq!(hashtag(b"{a}{b}"), b"a");
-    }
 
     #[test]
     fn shard_ranges_partition_the_slots() {

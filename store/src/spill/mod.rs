@@ -26,6 +26,8 @@ use bytes::{Bytes, BytesMut};
 
 use record::ALIGN;
 
+use crate::latency::SharedLatency;
+
 /// Segment files grow to this size before a new one starts (see
 /// docs/decisions.md: large enough that reclaim is rare and batches stay
 /// sequential, small enough that reclaiming one frees space quickly).
@@ -127,6 +129,10 @@ pub struct SpillCounters {
     pub write_us: AtomicU64,
     /// Write calls (a batch is one, or a few when very large).
     pub write_calls: AtomicU64,
+    /// Latency of each disk read.
+    pub read_latency: SharedLatency,
+    /// Latency of each write call.
+    pub write_latency: SharedLatency,
     /// Reads done on a shard thread (commands that change a spilled value
     /// in place, or move it: APPEND, SETRANGE, INCR, RENAME...).
     pub sync_reads: AtomicU64,
@@ -417,7 +423,7 @@ impl SpillDir {
         c.reads.fetch_add(1, Relaxed);
         c.read_bytes.fetch_add(loc.len as u64, Relaxed);
         c.read_us.fetch_add(took.as_micros() as u64, Relaxed);
-        metrics::histogram!("kvtier_spill_read_seconds").record(took.as_secs_f64());
+        c.read_latency.record(took);
         match record::decode(buf.freeze()) {
             Some(r) if !r.tombstone && r.value.len() == loc.value_len as usize => Ok(Some(r.value)),
             _ => {

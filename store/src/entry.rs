@@ -225,21 +225,6 @@ impl Entry {
         self.expire_at != 0 && self.expire_at <= now
     }
 
-    /// OBJECT ENCODING's answer.
-    pub fn encoding_name(&self) -> &'static str {
-        let v = &self.value;
-        if self.encoding == Encoding::Auto
-            && v.len() <= 20
-            && kvtier_protocol::parse_i64_strict(v).is_some()
-        {
-            "int"
-        } else if self.encoding != Encoding::Raw && v.len() <= 44 {
-            "embstr"
-        } else {
-            "raw"
-        }
-    }
-
     /// Bytes charged to the index for this entry under `key_len`: the key,
     /// index overhead, a heap value and the parent link. Slab values are
     /// charged through the arena's mapped pages instead, spilled ones are on

@@ -22,10 +22,7 @@ use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
 };
 use super::{Encoding, Entry, EvictReason, LinkEvent, Store, Value, SLAB_MIN};
-use crate::shard::slot::key_slot;
-use crate::shard::ShardJob;
-use kvtier_protocol::reply::PendingValue;
-use kvtier_protocol::Reply;
+use crate::slot::key_slot;
 
 /// Reads of a spilled block after which it moves back to DRAM.
 pub const PROMOTE_AFTER: u16 = 2;
@@ -34,8 +31,13 @@ pub const PROMOTE_AFTER: u16 = 2;
 /// would cost 40 times its size there. KV-cache blocks are far larger.
 pub const SPILL_MIN: usize = 1024;
 
-/// How a shard hands work back to itself (a job on its own mailbox).
-pub type PostToShard = Arc<dyn Fn(ShardJob) + Send + Sync>;
+/// Work for a store, run on its own thread with the store borrowed: how
+/// the I/O threads hand their results back.
+pub type StoreJob = Box<dyn FnOnce(&mut Store) + Send>;
+
+/// How a store's work reaches its thread (the shard wraps it in a job for
+/// its own mailbox).
+pub type PostToStore = Arc<dyn Fn(StoreJob) + Send + Sync>;
 
 /// What the spill tier needs per shard.
 pub struct SpillConfig {
@@ -43,26 +45,42 @@ pub struct SpillConfig {
     pub dir: Arc<SpillDir>,
     /// The I/O threads (shared).
     pub pool: Arc<IoPool>,
-    /// Posts a job to this shard.
-    pub post: PostToShard,
+    /// Posts work to this store's thread.
+    pub post: PostToStore,
     /// This shard's index (segment ownership).
     pub shard: usize,
     /// Evicted blocks are written only if read at least this many times.
     pub admission: u16,
 }
 
-/// A value for a reply: in memory now, or on its way from disk.
-#[derive(Clone)]
+/// A value read from the store: in memory now, or on its way from disk.
 pub enum Fetched {
     /// In memory.
     Now(Bytes),
-    /// Being read from the spill tier; `None` if it failed its checksum.
+    /// Being read from the spill tier.
     Later {
         /// The read.
-        value: PendingValue,
+        read: DiskRead,
         /// The value's length (known from the index).
         len: usize,
     },
+}
+
+/// A disk read in flight: the value once read and checksummed, or `None`
+/// when it failed its checksum or could not be read (the block is then
+/// gone: wrong bytes are never returned).
+pub struct DiskRead(oneshot::Receiver<Option<Bytes>>);
+
+impl DiskRead {
+    /// The value, once read.
+    pub async fn wait(self) -> Option<Bytes> {
+        self.0.await.ok().flatten()
+    }
+
+    /// The channel the value arrives on.
+    pub fn into_receiver(self) -> oneshot::Receiver<Option<Bytes>> {
+        self.0
+    }
 }
 
 impl Fetched {
@@ -77,14 +95,6 @@ impl Fetched {
     /// Whether the value is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// The reply: a bulk string now, or one the connection awaits.
-    pub fn into_reply(self) -> Reply {
-        match self {
-            Fetched::Now(b) => Reply::Bulk(b),
-            Fetched::Later { value, .. } => Reply::Pending(value),
-        }
     }
 }
 
@@ -200,9 +210,7 @@ impl SpillState {
             let result = write_batch(&dir, &batch);
             dir.counters.queue_depth.fetch_sub(1, Relaxed);
             dir.written(batch.bytes);
-            post(Box::new(move |shard| {
-                shard.store.borrow_mut().batch_written(batch, result);
-            }));
+            post(Box::new(move |store| store.batch_written(batch, result)));
         }));
     }
 }
@@ -264,7 +272,7 @@ fn write_batch(dir: &SpillDir, batch: &Batch) -> std::io::Result<()> {
             .write_us
             .fetch_add(took.as_micros() as u64, Relaxed);
         dir.counters.write_calls.fetch_add(1, Relaxed);
-        metrics::histogram!("kvtier_spill_write_seconds").record(took.as_secs_f64());
+        dir.counters.write_latency.record(took);
         dir.counters.writes.fetch_add(chunk.len() as u64, Relaxed);
         dir.counters
             .write_bytes
@@ -322,15 +330,15 @@ impl Store {
     fn later(&mut self, key: &[u8], loc: DiskLoc) -> Fetched {
         let len = loc.value_len as usize;
         Fetched::Later {
-            value: self.start_read(key, loc),
+            read: self.start_read(key, loc),
             len,
         }
     }
 
     /// Joins the disk read of `loc` in flight, or starts one.
-    fn start_read(&mut self, key: &[u8], loc: DiskLoc) -> PendingValue {
+    fn start_read(&mut self, key: &[u8], loc: DiskLoc) -> DiskRead {
         let (tx, rx) = oneshot::channel();
-        let pending = PendingValue::new(rx);
+        let pending = DiskRead(rx);
         let Some(spill) = &mut self.spill else {
             let _ = tx.send(None);
             return pending;
@@ -879,13 +887,8 @@ fn submit_read(
         if let Err(e) = &result {
             dir.note_error(e);
         }
-        post(Box::new(move |shard| {
-            done(
-                &mut shard.store.borrow_mut(),
-                key,
-                loc,
-                result.ok().flatten(),
-            );
+        post(Box::new(move |store| {
+            done(store, key, loc, result.ok().flatten())
         }));
     }));
 }

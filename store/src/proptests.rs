@@ -26,7 +26,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
-use crate::shard::slot::key_slot;
+use crate::slot::key_slot;
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 24;

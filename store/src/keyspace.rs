@@ -1,0 +1,429 @@
+//! Reading and writing keys: lookups (counted or not), inserts of every
+//! kind, deletes, expiry, and the walks over the keyspace (SCAN, KEYS,
+//! per-slot listings, RANDOMKEY).
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use hashbrown::hash_map::Entry as MapEntry;
+use hashbrown::HashMap;
+
+use crate::entry::{Encoding, Entry, Queue, Value};
+use crate::eviction::{self, EvictionPolicy};
+use crate::meta::{live, Meta};
+use crate::slot::key_slot;
+use crate::{key_hash, OutOfMemory, PrefixQueues, Store, EXPIRE_OVERHEAD, SLAB_MIN};
+
+impl Store {
+    /// A live entry for reading: counts a hit or miss and, unless `touch` is
+    /// false (CLIENT NO-TOUCH, side-effect-free commands), marks it used.
+    pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
+        let index = self.index(slot);
+        let policy = self.policy;
+        let found = live(
+            &mut self.maps[index],
+            &mut self.meta,
+            &mut self.stats,
+            key,
+            now,
+        );
+        match found {
+            Some(entry) => {
+                self.stats.keyspace_hits += 1;
+                if touch {
+                    eviction::touch(entry, policy, now);
+                    entry.reads = entry.reads.saturating_add(1);
+                }
+                Some(entry)
+            }
+            None => {
+                self.stats.keyspace_misses += 1;
+                None
+            }
+        }
+    }
+
+    /// A live entry without counting or touching (writes, EXISTS-like peeks).
+    pub fn peek(&mut self, slot: u16, key: &[u8], now: u64) -> Option<&Entry> {
+        let index = self.index(slot);
+        live(
+            &mut self.maps[index],
+            &mut self.meta,
+            &mut self.stats,
+            key,
+            now,
+        )
+        .map(|e| &*e)
+    }
+
+    /// Marks a key as used (TOUCH); false if absent.
+    pub fn touch(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
+        let index = self.index(slot);
+        let policy = self.policy;
+        match live(
+            &mut self.maps[index],
+            &mut self.meta,
+            &mut self.stats,
+            key,
+            now,
+        ) {
+            Some(entry) => {
+                eviction::touch(entry, policy, now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A block read as part of a prefix right after `previous`: if that is
+    /// its parent, it is reachable whatever the link events said. (A
+    /// request listing keys that are not its chain proves nothing.)
+    pub fn mark_reachable(&mut self, slot: u16, key: &[u8], previous: &[u8]) {
+        let index = self.index(slot);
+        if let Some(e) = self.maps[index].get_mut(key) {
+            if e.parent.as_deref() == Some(previous) {
+                e.orphan = false;
+            }
+        }
+    }
+
+    /// Stores `value` under `key` with expiry `expire_at` (0: none),
+    /// replacing any old value.
+    pub fn insert(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        now: u64,
+    ) -> Result<Option<Entry>, OutOfMemory> {
+        self.insert_with(slot, key, value, expire_at, Encoding::Auto, now)
+    }
+
+    /// [`Store::insert`] with an explicit OBJECT ENCODING.
+    pub fn insert_with(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        encoding: Encoding,
+        now: u64,
+    ) -> Result<Option<Entry>, OutOfMemory> {
+        self.insert_entry(slot, key, value, expire_at, encoding, None, now)
+    }
+
+    /// Stores a value with every attribute given: the general write. Small
+    /// values get memory of their own; blocks are copied into a slab slot
+    /// (evicting by policy when the shard's budget is reached).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_entry(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        encoding: Encoding,
+        parent: Option<Bytes>,
+        now: u64,
+    ) -> Result<Option<Entry>, OutOfMemory> {
+        let index = self.index(slot);
+        let parent = parent.map(|p| Bytes::copy_from_slice(&p));
+        let heap_len = if value.len() < SLAB_MIN {
+            value.len()
+        } else {
+            0
+        };
+        // What the index will be charged beyond what the key costs now.
+        let mut index_growth = 0;
+        if self.budget != 0 {
+            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
+                + parent.as_ref().map_or(0, |p| p.len());
+            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
+            index_growth = new_charge.saturating_sub(old_charge);
+            if index_growth > 0 {
+                self.ensure_room(index_growth, Some(key))?;
+            }
+        }
+        let stored = if value.len() < SLAB_MIN {
+            // Always copied: a slice would pin the request's read buffer.
+            Value::Heap(Bytes::copy_from_slice(&value))
+        } else {
+            Value::Slab(self.place_in_slab(&value, key, index_growth)?)
+        };
+        let mut entry = Entry::new(stored, expire_at, now);
+        entry.encoding = encoding;
+        entry.parent = parent;
+        let track = self.policy == EvictionPolicy::Prefix;
+        if track {
+            self.next_gen = self.next_gen.wrapping_add(1);
+            entry.gen = self.next_gen;
+            if self.queues.ghost.take(key_hash(key)) {
+                entry.queue = Queue::Main;
+            }
+        }
+        let (queue, gen) = (entry.queue, entry.gen);
+        let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
+            MapEntry::Occupied(mut o) => {
+                let old = std::mem::replace(o.get_mut(), entry);
+                // Children name the key, not the value: they stay.
+                o.get_mut().children = old.children;
+                // A restart must not bring the old value back from disk.
+                o.get_mut().on_disk = old.on_disk;
+                self.meta.removed(o.key(), &old, true);
+                self.meta.added(o.key(), o.get());
+                (o.key().clone(), Some(old))
+            }
+            MapEntry::Vacant(v) => {
+                let key = v.key().clone();
+                let entry = v.insert(entry);
+                self.meta.added(&key, entry);
+                (key, None)
+            }
+        };
+        if old.as_ref().is_some_and(|o| o.on_disk) {
+            self.tombstone(key);
+        }
+        if track {
+            match queue {
+                Queue::Small => self.queues.small.push_back((stored_key, gen)),
+                Queue::Main => self.queues.main.push_back((stored_key, gen)),
+                Queue::Out => {}
+            }
+        }
+        if !self.watchers.is_empty() {
+            if let Some(waiters) = self.watchers.get(key) {
+                for w in waiters {
+                    w.wake.notify_one();
+                }
+            }
+        }
+        Ok(old)
+    }
+
+    /// MSETBLOCK's write of one block: `1` stored, `0` already present and
+    /// left unchanged (unless `replace`), `-1` not stored (no memory, or
+    /// larger than this shard's whole budget).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_block(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Bytes,
+        expire_at: u64,
+        parent: Option<Bytes>,
+        replace: bool,
+        now: u64,
+    ) -> i64 {
+        if !replace && self.peek(slot, key, now).is_some() {
+            return 0;
+        }
+        if self.budget != 0 && Self::charge(key.len(), value.len(), expire_at != 0) > self.budget {
+            return -1;
+        }
+        match self.insert_entry(slot, key, value, expire_at, Encoding::Auto, parent, now) {
+            Ok(_) => 1,
+            Err(OutOfMemory) => -1,
+        }
+    }
+
+    /// Deletes `key` (DEL and the like), returning its entry. A key that
+    /// had a record in the spill tier leaves a tombstone there.
+    pub fn remove(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
+        let entry = self.drop_entry(slot, key)?;
+        if entry.on_disk {
+            self.tombstone(key);
+        }
+        Some(entry)
+    }
+
+    /// Removes `key` from the index without a tombstone (eviction, reclaim,
+    /// a record that failed its checksum).
+    pub(crate) fn drop_entry(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
+        let index = self.index(slot);
+        let (key, entry) = self.maps[index].remove_entry(key)?;
+        self.meta.removed(&key, &entry, false);
+        Some(entry)
+    }
+
+    /// Sets (or with 0 clears) the expiry of a live key; false if absent.
+    pub fn set_expire(&mut self, slot: u16, key: &[u8], expire_at: u64, now: u64) -> bool {
+        let index = self.index(slot);
+        if live(
+            &mut self.maps[index],
+            &mut self.meta,
+            &mut self.stats,
+            key,
+            now,
+        )
+        .is_none()
+        {
+            return false;
+        }
+        let gains_ttl =
+            expire_at != 0 && self.maps[index].get(key).is_some_and(|e| e.expire_at == 0);
+        if gains_ttl && self.budget != 0 {
+            // The expiry-set node is charged: make room for it like any
+            // write. EXPIRE never fails for memory (as in Redis), so when
+            // nothing can be evicted the budget is overdrawn by the node.
+            let _ = self.ensure_room(EXPIRE_OVERHEAD, Some(key));
+        }
+        let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
+            return false;
+        };
+        let old = entry.expire_at;
+        if old != expire_at {
+            let before = entry.charge(stored.len());
+            entry.expire_at = expire_at;
+            let after = entry.charge(stored.len());
+            let on_disk = entry.on_disk;
+            let stored = stored.clone();
+            self.meta.modified(&stored);
+            self.meta.unindex_expiry(&stored, old);
+            self.meta.index_expiry(&stored, expire_at);
+            self.meta.used = self.meta.used - before + after;
+            // The record on disk has the old expiry: a warm restart must
+            // not bring the key back with it (a miss is fine, a key that
+            // outlives its TTL is not).
+            if on_disk {
+                self.tombstone(key);
+            }
+        }
+        true
+    }
+
+    /// Deletes every key.
+    pub fn clear(&mut self) {
+        // Records in the spill tier die with their keys: drop their live
+        // counts so the segments go, and start a fresh segment.
+        if let Some(dir) = self.meta.disk.clone() {
+            for map in &self.maps {
+                for e in map.values() {
+                    if let Some(loc) = e.value.disk() {
+                        dir.drop_live(&loc.segment);
+                    }
+                }
+            }
+        }
+        for map in &mut self.maps {
+            *map = HashMap::new();
+        }
+        // FLUSHALL/FLUSHDB change every watched key (as in Redis).
+        let watched = std::mem::take(&mut self.meta.watched);
+        for (_, dirty) in watched.values().flatten() {
+            dirty.store(true, Ordering::Release);
+        }
+        let disk = self.meta.disk.take();
+        self.meta = Meta {
+            watched,
+            disk,
+            ..Meta::default()
+        };
+        self.queues = PrefixQueues::default();
+        self.arena.reclaim();
+        self.spill_cleared();
+    }
+
+    /// Active expiry: removes up to `limit` keys whose time has come.
+    /// Returns how many it removed.
+    pub fn expire_due(&mut self, now: u64, limit: usize) -> usize {
+        let mut removed = 0;
+        while removed < limit {
+            let Some((at, key)) = self.meta.expires.first().cloned() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            let slot = key_slot(&key);
+            if self.remove(slot, &key).is_none() {
+                // Not in the map (cannot happen): drop the stale node.
+                self.meta.expires.remove(&(at, key));
+                self.meta.expire_sum -= at as u128;
+            }
+            self.stats.expired_keys += 1;
+            removed += 1;
+        }
+        if removed > 0 {
+            self.arena.reclaim();
+        }
+        removed
+    }
+
+    /// A random live key (RANDOMKEY); expired keys met on the way are removed.
+    pub fn random_key(&mut self, now: u64) -> Option<Bytes> {
+        for _ in 0..100 {
+            let (index, key) = self.random_entry()?;
+            if !self.maps[index][&key].expired(now) {
+                return Some(key);
+            }
+            let slot = (self.slots.start + index) as u16;
+            self.remove(slot, &key);
+            self.stats.expired_keys += 1;
+        }
+        None
+    }
+
+    /// SCAN step: keys of the slots from `from` on (within this store),
+    /// whole slots at a time, until at least `count` keys were collected.
+    /// Returns the keys and the next slot to visit (`None`: store finished).
+    pub fn scan(
+        &mut self,
+        from: usize,
+        count: usize,
+        mut keep: impl FnMut(&[u8], &Entry) -> bool,
+        now: u64,
+    ) -> (Vec<Bytes>, Option<usize>) {
+        let mut out = Vec::new();
+        let mut slot = from.max(self.slots.start);
+        while slot < self.slots.end {
+            let map = &self.maps[slot - self.slots.start];
+            out.extend(
+                map.iter()
+                    .filter(|(k, e)| !e.expired(now) && keep(k, e))
+                    .map(|(k, _)| k.clone()),
+            );
+            slot += 1;
+            if out.len() >= count {
+                break;
+            }
+        }
+        let next = (slot < self.slots.end).then_some(slot);
+        (out, next)
+    }
+
+    /// Number of live keys in `slot`.
+    pub fn count_in_slot(&self, slot: usize, now: u64) -> usize {
+        if !self.slots.contains(&slot) {
+            return 0;
+        }
+        self.maps[slot - self.slots.start]
+            .values()
+            .filter(|e| !e.expired(now))
+            .count()
+    }
+
+    /// Up to `count` live keys of `slot` (CLUSTER GETKEYSINSLOT).
+    pub fn keys_in_slot(&self, slot: usize, count: usize, now: u64) -> Vec<Bytes> {
+        if !self.slots.contains(&slot) {
+            return Vec::new();
+        }
+        self.maps[slot - self.slots.start]
+            .iter()
+            .filter(|(_, e)| !e.expired(now))
+            .map(|(k, _)| k.clone())
+            .take(count)
+            .collect()
+    }
+
+    /// Iterates all live keys (KEYS).
+    pub fn for_each_live(&self, now: u64, mut f: impl FnMut(&Bytes, &Entry)) {
+        for map in &self.maps {
+            for (k, e) in map {
+                if !e.expired(now) {
+                    f(k, e);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Latency in fixed buckets: counted where the work happens, with no
+//! allocation and no lock, and published by the server as Prometheus
+//! histograms with the same bounds (each bucket's count handed over at its
+//! upper bound).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the buckets; one more bucket holds the rest.
+pub const BOUNDS: [f64; 16] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// Number of buckets (the bounds and one for everything above).
+pub const BUCKETS: usize = BOUNDS.len() + 1;
+
+/// The bucket `took` falls in.
+pub fn bucket(took: Duration) -> usize {
+    let secs = took.as_secs_f64();
+    BOUNDS
+        .iter()
+        .position(|&b| secs <= b)
+        .unwrap_or(BOUNDS.len())
+}
+
+/// The value a bucket's counts are published at (its upper bound; twice the
+/// last bound for the overflow bucket).
+pub fn bucket_value(bucket: usize) -> f64 {
+    BOUNDS
+        .get(bucket)
+        .copied()
+        .unwrap_or(BOUNDS[BOUNDS.len() - 1] * 2.0)
+}
+
+/// Bucket counts several threads add to (the spill tier's I/O threads).
+#[derive(Default)]
+pub struct SharedLatency {
+    counts: [AtomicU64; BUCKETS],
+}
+
+impl SharedLatency {
+    /// Counts one operation that took `took`.
+    pub fn record(&self, took: Duration) {
+        self.counts[bucket(took)].fetch_add(1, Relaxed);
+    }
+
+    /// The counts since the last call, zeroing them.
+    pub fn take(&self) -> [u64; BUCKETS] {
+        std::array::from_fn(|i| self.counts[i].swap(0, Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_by_upper_bound() {
+        assert_eq!(bucket(Duration::from_micros(3)), 0);
+        assert_eq!(bucket(Duration::from_micros(5)), 0);
+        assert_eq!(bucket(Duration::from_millis(2)), 8);
+        assert_eq!(bucket(Duration::from_secs(5)), BOUNDS.len());
+        let l = SharedLatency::default();
+        l.record(Duration::from_millis(2));
+        l.record(Duration::from_millis(2));
+        assert_eq!(l.take()[8], 2);
+        assert_eq!(l.take()[8], 0);
+        assert_eq!(bucket_value(8), 0.002_5);
+    }
+}

@@ -1,0 +1,596 @@
+//! One shard's keyspace: the index from key to value, expiry, memory
+//! accounting and eviction.
+//!
+//! The index is one hash map per hash slot the shard owns, so a SCAN cursor
+//! is a slot number (stable across inserts and deletes: every key present for
+//! a whole SCAN is returned exactly once), and per-slot counts and listings
+//! (for cluster commands) cost nothing extra.
+//!
+//! Values of [`SLAB_MIN`] bytes or more (KV-cache blocks) live in the shard's
+//! slab arena ([`slab`]); smaller ones in memory of their own. Memory used is
+//! the arena's mapped pages plus the index and small values, and stays under
+//! the shard's share of `maxmemory`.
+//!
+//! Keys with a time to live are also kept in a set ordered by expiry time:
+//! active expiry pops exactly the keys that are due instead of sampling.
+
+pub mod entry;
+pub mod eviction;
+mod keyspace;
+pub mod latency;
+pub mod links;
+mod memory;
+mod meta;
+#[cfg(test)]
+mod proptests;
+pub mod slab;
+pub mod slot;
+pub mod spill;
+mod spilling;
+mod watches;
+
+use std::ops::Range;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+pub use entry::{Encoding, Entry, Queue, Value};
+pub use eviction::EvictionPolicy;
+use eviction::{key_hash, PrefixQueues};
+pub use links::LinkEvent;
+use meta::Meta;
+use slab::{ArenaStats, SlabArena};
+use spilling::SpillState;
+pub use spilling::{DiskRead, Fetched, PostToStore, SpillConfig, StoreJob};
+pub use watches::Waiter;
+
+/// Index bytes charged per key besides the key and value themselves: the
+/// hash-table slot (key handle + entry), control byte and allocator headers.
+pub const ENTRY_OVERHEAD: usize = 128;
+/// Extra bytes charged per key that has a time to live (expiry-set node).
+pub const EXPIRE_OVERHEAD: usize = 48;
+/// Values at least this long are stored in the slab arena.
+pub const SLAB_MIN: usize = 4096;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The write did not fit in memory and nothing could be evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory;
+
+/// Why a key was evicted (metrics: evictions by reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictReason {
+    /// `prefix`: its parent was gone, no lookup could reach it.
+    Orphan,
+    /// `prefix`: a block with no cached child (or no chain at all).
+    Leaf,
+    /// `prefix`: a block with cached children, when nothing else could go.
+    Inner,
+    /// One of Redis's policies chose it.
+    Policy,
+    /// Its page was emptied for a size class that had no room.
+    Rebalance,
+}
+
+impl EvictReason {
+    /// Every reason, in metric order.
+    pub const ALL: [EvictReason; 5] = [
+        EvictReason::Orphan,
+        EvictReason::Leaf,
+        EvictReason::Inner,
+        EvictReason::Policy,
+        EvictReason::Rebalance,
+    ];
+
+    /// Metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictReason::Orphan => "orphan",
+            EvictReason::Leaf => "leaf",
+            EvictReason::Inner => "inner",
+            EvictReason::Policy => "policy",
+            EvictReason::Rebalance => "rebalance",
+        }
+    }
+}
+
+/// Counters a shard reports in INFO stats.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreStats {
+    /// Keys removed because their TTL passed.
+    pub expired_keys: u64,
+    /// Keys removed to make room.
+    pub evicted_keys: u64,
+    /// Evictions by [`EvictReason`] (same order as `EvictReason::ALL`).
+    pub evicted_by: [u64; 5],
+    /// Reads that found their key.
+    pub keyspace_hits: u64,
+    /// Reads that did not.
+    pub keyspace_misses: u64,
+}
+
+/// How the store's memory is set up (flags `--hugepages`, `--prealloc`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryOptions {
+    /// Ask for transparent huge pages on arena pages.
+    pub hugepages: bool,
+    /// Map, touch and lock the arena's pages up to the budget at start.
+    pub prealloc: bool,
+}
+
+/// One shard's keyspace.
+pub struct Store {
+    /// One map per owned slot, indexed by `slot - slots.start`.
+    maps: Vec<HashMap<Bytes, Entry>>,
+    slots: Range<usize>,
+    meta: Meta,
+    arena: SlabArena,
+    queues: PrefixQueues,
+    next_gen: u32,
+    budget: usize,
+    policy: EvictionPolicy,
+    samples: usize,
+    max_value_len: usize,
+    rng: u64,
+    /// Blocked readers waiting for keys to be written.
+    watchers: HashMap<Bytes, Vec<Waiter>>,
+    /// The spill tier, when configured.
+    spill: Option<SpillState>,
+    /// Counters for INFO.
+    pub stats: StoreStats,
+}
+
+impl Store {
+    /// A store for `slots`, holding at most `budget` bytes (0: unbounded).
+    pub fn new(slots: Range<usize>, budget: usize, policy: EvictionPolicy) -> Store {
+        Self::with_memory(slots, budget, policy, MemoryOptions::default())
+    }
+
+    /// [`Store::new`] with memory options.
+    pub fn with_memory(
+        slots: Range<usize>,
+        budget: usize,
+        policy: EvictionPolicy,
+        memory: MemoryOptions,
+    ) -> Store {
+        // Pages of 8 MiB, smaller when the budget is small so that a shard
+        // still has several pages to rebalance between.
+        let page_size = if budget == 0 {
+            slab::DEFAULT_PAGE_SIZE
+        } else {
+            (budget / 16).clamp(64 * 1024, slab::DEFAULT_PAGE_SIZE) / (64 * 1024) * (64 * 1024)
+        };
+        let mut arena = SlabArena::new(page_size, memory.hugepages, memory.prealloc);
+        if memory.prealloc && budget > 0 {
+            // Best effort: a refused mapping only means pages come later.
+            let _ = arena.reserve(budget * 9 / 10 / page_size);
+        }
+        Store {
+            maps: (0..slots.len()).map(|_| HashMap::new()).collect(),
+            rng: 0x9e37_79b9_7f4a_7c15 ^ slots.start as u64,
+            slots,
+            meta: Meta::default(),
+            arena,
+            queues: PrefixQueues::default(),
+            next_gen: 0,
+            budget,
+            policy,
+            samples: 5,
+            max_value_len: 512 * 1024 * 1024,
+            watchers: HashMap::new(),
+            spill: None,
+            stats: StoreStats::default(),
+        }
+    }
+
+    /// The slots this store owns.
+    pub fn slots(&self) -> Range<usize> {
+        self.slots.clone()
+    }
+
+    /// Number of keys (including expired ones not yet collected).
+    pub fn len(&self) -> usize {
+        self.meta.keys
+    }
+
+    /// Whether the store has no keys.
+    pub fn is_empty(&self) -> bool {
+        self.meta.keys == 0
+    }
+
+    /// Number of keys with a TTL.
+    pub fn volatile_len(&self) -> usize {
+        self.meta.expires.len()
+    }
+
+    /// Mean remaining TTL of volatile keys in milliseconds (0 if none).
+    pub fn avg_ttl(&self, now: u64) -> u64 {
+        if self.meta.expires.is_empty() {
+            return 0;
+        }
+        let mean = (self.meta.expire_sum / self.meta.expires.len() as u128) as u64;
+        mean.saturating_sub(now)
+    }
+
+    /// Bytes in use: the arena's mapped pages and spans, plus the index.
+    pub fn used_memory(&self) -> usize {
+        self.meta.used + self.arena.mapped_bytes()
+    }
+
+    /// Bytes charged to the index: keys, overhead, small values, links.
+    pub fn index_memory(&self) -> usize {
+        self.meta.used
+    }
+
+    /// The arena's figures (INFO slabs, MEMORY STATS).
+    pub fn arena_stats(&self) -> ArenaStats {
+        self.arena.stats()
+    }
+
+    /// This shard's share of `maxmemory` (0: unbounded).
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Changes the memory budget; evicts now if the store is over it.
+    pub fn set_budget(&mut self, budget: usize) {
+        self.budget = budget;
+        let _ = self.ensure_room(0, None);
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    /// Changes the eviction policy.
+    pub fn set_policy(&mut self, policy: EvictionPolicy) {
+        self.policy = policy;
+    }
+
+    /// Sets how many keys eviction samples per choice (maxmemory-samples).
+    pub fn set_samples(&mut self, samples: usize) {
+        self.samples = samples.clamp(1, 64);
+    }
+
+    /// Longest string a command may build (proto-max-bulk-len).
+    pub fn max_value_len(&self) -> usize {
+        self.max_value_len
+    }
+
+    /// Sets the longest string a command may build.
+    pub fn set_max_value_len(&mut self, len: usize) {
+        self.max_value_len = len;
+    }
+
+    /// Index bytes charged for one key (values in the slab are charged
+    /// through the arena).
+    pub fn charge(key_len: usize, value_len: usize, volatile: bool) -> usize {
+        key_len + value_len + ENTRY_OVERHEAD + if volatile { EXPIRE_OVERHEAD } else { 0 }
+    }
+
+    fn index(&self, slot: u16) -> usize {
+        slot as usize - self.slots.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slot::{key_slot, SLOTS};
+
+    fn store(budget: usize, policy: EvictionPolicy) -> Store {
+        Store::new(0..SLOTS, budget, policy)
+    }
+
+    fn put(s: &mut Store, key: &str, value: &str, expire_at: u64) -> Result<(), OutOfMemory> {
+        s.insert(
+            key_slot(key.as_bytes()),
+            key.as_bytes(),
+            Bytes::from(value.to_owned()),
+            expire_at,
+            1000,
+        )
+        .map(|_| ())
+    }
+
+    fn get(s: &mut Store, key: &str, now: u64) -> Option<Bytes> {
+        s.read(key_slot(key.as_bytes()), key.as_bytes(), now, true)
+            .and_then(|e| e.value.bytes())
+    }
+
+    #[test]
+    fn insert_read_remove_and_accounting() {
+        let mut s = store(0, EvictionPolicy::NoEviction);
+        put(&mut s, "a", "1", 0).unwrap();
+        put(&mut s, "b", "22", 5000).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.volatile_len(), 1);
+        assert_eq!(
+            s.used_memory(),
+            Store::charge(1, 1, false) + Store::charge(1, 2, true)
+        );
+        assert_eq!(get(&mut s, "a", 1000).unwrap(), "1");
+        assert_eq!(get(&mut s, "b", 4999).unwrap(), "22");
+        assert_eq!(get(&mut s, "b", 5000), None, "expired lazily");
+        assert_eq!(s.stats.expired_keys, 1);
+        assert_eq!(s.volatile_len(), 0);
+        s.remove(key_slot(b"a"), b"a").unwrap();
+        assert_eq!(s.used_memory(), 0);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn active_expiry_pops_due_keys_only() {
+        let mut s = store(0, EvictionPolicy::NoEviction);
+        for i in 0..100 {
+            put(&mut s, &format!("k{i}"), "v", 2000 + i).unwrap();
+        }
+        assert_eq!(s.expire_due(2049, 1000), 50);
+        assert_eq!(s.len(), 50);
+        assert_eq!(s.avg_ttl(2049), (2050 + 2099) / 2 - 2049);
+    }
+
+    #[test]
+    fn set_expire_updates_index_and_charge() {
+        let mut s = store(0, EvictionPolicy::NoEviction);
+        put(&mut s, "k", "v", 0).unwrap();
+        assert!(s.set_expire(key_slot(b"k"), b"k", 9000, 1000));
+        assert_eq!(s.used_memory(), Store::charge(1, 1, true));
+        assert!(s.set_expire(key_slot(b"k"), b"k", 0, 1000));
+        assert_eq!(s.used_memory(), Store::charge(1, 1, false));
+        assert_eq!(s.volatile_len(), 0);
+        assert!(!s.set_expire(key_slot(b"x"), b"x", 5, 1000));
+    }
+
+    #[test]
+    fn noeviction_refuses_and_lru_evicts() {
+        let each = Store::charge(4, 100, false);
+        let mut s = store(each * 10, EvictionPolicy::NoEviction);
+        let v = "x".repeat(100);
+        for i in 0..10 {
+            put(&mut s, &format!("k{i:03}"), &v, 0).unwrap();
+        }
+        assert_eq!(put(&mut s, "k999", &v, 0), Err(OutOfMemory));
+        s.set_policy(EvictionPolicy::AllKeysLru);
+        for i in 10..1000 {
+            put(&mut s, &format!("k{i:03}"), &v, 0).unwrap();
+            assert!(s.used_memory() <= each * 10);
+        }
+        assert_eq!(s.len(), 10);
+        assert_eq!(s.stats.evicted_keys, 990);
+    }
+
+    #[test]
+    fn a_new_ttl_makes_room_for_its_charge() {
+        let each = Store::charge(4, 100, false);
+        let mut s = store(each * 10, EvictionPolicy::AllKeysLru);
+        let v = "x".repeat(100);
+        for i in 0..10 {
+            put(&mut s, &format!("k{i:03}"), &v, 0).unwrap();
+        }
+        assert_eq!(s.used_memory(), each * 10, "exactly full");
+        assert!(s.set_expire(key_slot(b"k005"), b"k005", 9000, 1000));
+        assert!(s.used_memory() <= each * 10, "{}", s.used_memory());
+        assert_eq!(s.stats.evicted_keys, 1);
+    }
+
+    #[test]
+    fn scan_visits_every_key_once() {
+        let mut s = store(0, EvictionPolicy::NoEviction);
+        for i in 0..1000 {
+            put(&mut s, &format!("key:{i}"), "v", 0).unwrap();
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut cursor = Some(0);
+        while let Some(from) = cursor {
+            let (keys, next) = s.scan(from, 10, |_, _| true, 1000);
+            for k in keys {
+                assert!(seen.insert(k));
+            }
+            cursor = next;
+        }
+        assert_eq!(seen.len(), 1000);
+    }
+}
+
+#[cfg(test)]
+mod slab_tests {
+    use super::*;
+    use crate::slot::{key_slot, SLOTS};
+
+    fn block(i: u32, len: usize) -> Bytes {
+        Bytes::from(
+            (0..len)
+                .map(|j| (j as u32 ^ i.wrapping_mul(2654435761)) as u8)
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    fn put(s: &mut Store, key: &str, value: Bytes, parent: Option<&str>) -> i64 {
+        let parent = parent.map(|p| Bytes::copy_from_slice(p.as_bytes()));
+        let code = s.insert_block(
+            key_slot(key.as_bytes()),
+            key.as_bytes(),
+            value,
+            0,
+            parent,
+            false,
+            1000,
+        );
+        settle(s);
+        code
+    }
+
+    /// Delivers link events within one store (every key is local here).
+    fn settle(s: &mut Store) {
+        loop {
+            let events = s.take_link_events();
+            if events.is_empty() {
+                return;
+            }
+            for e in events {
+                s.apply_link(e);
+            }
+        }
+    }
+
+    fn has(s: &mut Store, key: &str) -> bool {
+        s.peek(key_slot(key.as_bytes()), key.as_bytes(), 1000)
+            .is_some()
+    }
+
+    #[test]
+    fn blocks_live_in_the_slab_and_read_back_exactly() {
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        for i in 0..40 {
+            assert_eq!(put(&mut s, &format!("b{i}"), block(i, 64 * 1024), None), 1);
+        }
+        for i in 0..40 {
+            let key = format!("b{i}");
+            let e = s
+                .peek(key_slot(key.as_bytes()), key.as_bytes(), 1000)
+                .unwrap();
+            assert!(e.value.slot().is_some());
+            assert_eq!(e.value.bytes(), Some(block(i, 64 * 1024)));
+        }
+        let stats = s.arena_stats();
+        assert_eq!(stats.classes[0].slot_size, 64 * 1024);
+        assert_eq!(stats.classes[0].used, 40);
+        assert_eq!(s.used_memory(), s.index_memory() + stats.page_bytes);
+    }
+
+    #[test]
+    fn used_memory_stays_under_the_budget_and_held_blocks_survive() {
+        let budget = 4 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);
+        assert_eq!(put(&mut s, "held", block(7, 64 * 1024), None), 1);
+        let held = s
+            .read(key_slot(b"held"), b"held", 1000, true)
+            .unwrap()
+            .value
+            .bytes();
+        for i in 0..500 {
+            assert_eq!(put(&mut s, &format!("k{i}"), block(i, 64 * 1024), None), 1);
+            assert!(s.used_memory() <= budget, "{} > {budget}", s.used_memory());
+        }
+        assert!(
+            has(&mut s, "held"),
+            "a block a reply holds is never evicted"
+        );
+        assert_eq!(held, Some(block(7, 64 * 1024)));
+        assert!(s.stats.evicted_keys > 400);
+    }
+
+    #[test]
+    fn prefix_policy_evicts_orphans_then_leaves_before_inner_blocks() {
+        // Room for about 24 blocks of 64 KiB (pages of 256 KiB).
+        let budget = 24 * 64 * 1024 + 64 * 1024;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        // A chain a0 <- a1 <- ... <- a9.
+        for i in 0..10 {
+            let parent = (i > 0).then(|| format!("a{}", i - 1));
+            assert_eq!(
+                put(
+                    &mut s,
+                    &format!("a{i}"),
+                    block(i, 64 * 1024),
+                    parent.as_deref()
+                ),
+                1
+            );
+        }
+        // An orphan: its parent was never stored.
+        assert_eq!(
+            put(&mut s, "orphan", block(99, 64 * 1024), Some("missing")),
+            1
+        );
+        // Fill the rest with unchained blocks (leaves) until eviction starts.
+        let mut i = 0;
+        while s.stats.evicted_keys == 0 {
+            put(&mut s, &format!("x{i}"), block(1000 + i, 64 * 1024), None);
+            i += 1;
+        }
+        assert!(!has(&mut s, "orphan"), "the orphan goes first");
+        assert_eq!(s.stats.evicted_by[EvictReason::Orphan as usize], 1);
+        // Keep writing: leaves go, the chain's inner blocks stay.
+        for j in 0..40 {
+            put(&mut s, &format!("y{j}"), block(2000 + j, 64 * 1024), None);
+        }
+        for k in 0..9 {
+            assert!(has(&mut s, &format!("a{k}")), "inner block a{k} kept");
+        }
+        assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+    }
+
+    #[test]
+    fn a_departed_parent_orphans_its_children() {
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        put(&mut s, "p", block(1, 8192), None);
+        put(&mut s, "c1", block(2, 8192), Some("p"));
+        put(&mut s, "c2", block(3, 8192), Some("p"));
+        let slot = key_slot(b"p");
+        assert_eq!(s.peek(slot, b"p", 1000).unwrap().children, 2);
+        s.remove(slot, b"p");
+        settle(&mut s);
+        for c in ["c1", "c2"] {
+            assert!(
+                s.peek(key_slot(c.as_bytes()), c.as_bytes(), 1000)
+                    .unwrap()
+                    .orphan
+            );
+        }
+    }
+
+    #[test]
+    fn pages_move_to_a_new_block_size() {
+        let budget = 16 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);
+        // One write per second, so LRU knows the 64 KiB blocks are older.
+        let mut now = 1_000_000;
+        let mut write = |s: &mut Store, key: String, value: Bytes| {
+            now += 1000;
+            s.insert_block(
+                key_slot(key.as_bytes()),
+                key.as_bytes(),
+                value,
+                0,
+                None,
+                false,
+                now,
+            )
+        };
+        for i in 0..400 {
+            assert_eq!(write(&mut s, format!("small{i}"), block(i, 64 * 1024)), 1);
+        }
+        for i in 0..80 {
+            assert_eq!(write(&mut s, format!("big{i}"), block(i, 256 * 1024)), 1);
+            assert!(s.used_memory() <= budget);
+        }
+        let stats = s.arena_stats();
+        let big = stats
+            .classes
+            .iter()
+            .find(|c| c.slot_size == 256 * 1024)
+            .unwrap();
+        assert!(stats.rebalanced_pages > 0, "pages changed class");
+        assert!(big.pages >= 10, "the new size got most pages: {stats:?}");
+        let mut present = 0;
+        for i in 0..80 {
+            let key = format!("big{i}");
+            if let Some(e) = s.peek(key_slot(key.as_bytes()), key.as_bytes(), now) {
+                assert_eq!(e.value.bytes(), Some(block(i, 256 * 1024)));
+                present += 1;
+            }
+        }
+        assert!(present >= 40, "{present} big blocks kept");
+    }
+}

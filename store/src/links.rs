@@ -1,0 +1,156 @@
+//! Chain links between blocks on different shards.
+//!
+//! A block stored with CHAIN names its parent, which may live on another
+//! shard. Prefix-aware eviction needs, for every block, whether it has cached
+//! children (an inner node of some prefix) and whether its parent is gone (an
+//! orphan no lookup can reach). Each store records what happens to its own
+//! keys as [`LinkEvent`]s; the shard layer delivers each event to the store
+//! that owns the key it names (all stores for [`LinkEvent::ParentGone`]),
+//! where [`super::Store::apply_link`] updates the counts. The counts are
+//! eventually consistent: eviction only ranks by them.
+//!
+//! A parent's store remembers *which* children it counted, not only how
+//! many: a child stored while its parent was absent (or before the parent
+//! was deleted and written again) was never counted by the parent that is
+//! there now, and its removal must not take a count away from a child that
+//! was (that parent would look like a leaf and be evicted, stranding the
+//! child).
+
+use bytes::Bytes;
+
+use crate::slot::key_slot;
+use crate::{EvictionPolicy, Store};
+
+/// A change one store tells another about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// `child` was stored naming `parent`: the parent's store counts a
+    /// child, or answers [`LinkEvent::Orphaned`] if it has no such key.
+    ChildAdded {
+        /// The parent's key (routes the event).
+        parent: Bytes,
+        /// The new child's key.
+        child: Bytes,
+    },
+    /// `child`, which names `parent`, went away: one child fewer, if the
+    /// parent counted it (it did not when it was absent at the time, or
+    /// has been deleted and written again since).
+    ChildRemoved {
+        /// The parent's key (routes the event).
+        parent: Bytes,
+        /// The departed child's key.
+        child: Bytes,
+    },
+    /// `parent`, which had children, went away or became an orphan itself:
+    /// every store marks the children it holds as orphans (so an orphan's
+    /// whole subtree is marked, however its blocks are spread).
+    ParentGone {
+        /// The departed parent's key.
+        parent: Bytes,
+    },
+    /// `child`'s parent does not exist: mark it an orphan.
+    Orphaned {
+        /// The child's key (routes the event).
+        child: Bytes,
+    },
+    /// Every store drops or rewrites its records in segment `seq`, so the
+    /// segment can be deleted.
+    ReclaimSegment {
+        /// The segment.
+        seq: u64,
+    },
+}
+
+/// Where a [`LinkEvent`] goes.
+pub enum Route<'a> {
+    /// The store owning this key.
+    Key(&'a Bytes),
+    /// Every store.
+    All,
+}
+
+impl LinkEvent {
+    /// The store(s) that must apply the event.
+    pub fn route(&self) -> Route<'_> {
+        match self {
+            LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent, .. } => {
+                Route::Key(parent)
+            }
+            LinkEvent::ParentGone { .. } | LinkEvent::ReclaimSegment { .. } => Route::All,
+            LinkEvent::Orphaned { child } => Route::Key(child),
+        }
+    }
+}
+impl Store {
+    /// Link changes to deliver to other stores (see [`links`]).
+    pub fn take_link_events(&mut self) -> Vec<LinkEvent> {
+        std::mem::take(&mut self.meta.outbox)
+    }
+
+    /// Applies a link change that names a key of this store (or, for
+    /// `ParentGone`, any store).
+    pub fn apply_link(&mut self, event: LinkEvent) {
+        match event {
+            LinkEvent::ChildAdded { parent, child } => {
+                let index = self.index(key_slot(&parent));
+                match self.maps[index].get_key_value_mut(&parent[..]) {
+                    Some((key, p)) => {
+                        if p.orphan {
+                            // A child of an unreachable block is unreachable.
+                            self.meta.outbox.push(LinkEvent::Orphaned {
+                                child: child.clone(),
+                            });
+                        }
+                        let counted = self.meta.counted.entry(key.clone()).or_default();
+                        if counted.insert(child) {
+                            p.children += 1;
+                        }
+                    }
+                    None => self.meta.outbox.push(LinkEvent::Orphaned { child }),
+                }
+            }
+            LinkEvent::ChildRemoved { parent, child } => {
+                let index = self.index(key_slot(&parent));
+                let Some(p) = self.maps[index].get_mut(&parent[..]) else {
+                    return;
+                };
+                let Some(counted) = self.meta.counted.get_mut(&parent[..]) else {
+                    return;
+                };
+                if counted.remove(&child) {
+                    p.children -= 1;
+                    if counted.is_empty() {
+                        self.meta.counted.remove(&parent[..]);
+                    }
+                }
+            }
+            LinkEvent::ParentGone { parent } => {
+                let children = self.meta.children_of.get(&parent[..]).cloned();
+                for child in children.into_iter().flatten() {
+                    self.mark_orphan(&child);
+                }
+            }
+            LinkEvent::Orphaned { child } => self.mark_orphan(&child),
+            LinkEvent::ReclaimSegment { seq } => self.reclaim_segment(seq),
+        }
+    }
+
+    /// Marks `key` unreachable; its descendants are then unreachable too,
+    /// and are told so (on whichever shard they live).
+    pub(crate) fn mark_orphan(&mut self, key: &[u8]) {
+        let index = self.index(key_slot(key));
+        if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
+            if !e.orphan {
+                e.orphan = true;
+                if self.policy == EvictionPolicy::Prefix {
+                    self.queues.orphans.push_back((k.clone(), e.gen));
+                }
+                if e.children > 0 {
+                    self.meta
+                        .outbox
+                        .push(LinkEvent::ParentGone { parent: k.clone() });
+                }
+            }
+        }
+    }
+}

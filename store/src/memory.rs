@@ -1,0 +1,165 @@
+//! Staying within the budget: placing blocks in the slab arena, evicting by
+//! policy (to the spill tier when it is on), and emptying a page when a new
+//! block size needs one.
+
+use bytes::Bytes;
+
+use crate::slab::{self, NoRoom};
+use crate::slot::key_slot;
+use crate::{key_hash, EvictReason, EvictionPolicy, OutOfMemory, Store};
+
+impl Store {
+    /// A slab slot holding `value`, evicting (never `protect`) until one is
+    /// free or a page fits the budget, with `index_growth` bytes of index
+    /// charge still to come for the write.
+    pub(crate) fn place_in_slab(
+        &mut self,
+        value: &[u8],
+        protect: &[u8],
+        index_growth: usize,
+    ) -> Result<slab::SlotRef, OutOfMemory> {
+        let mut evictions = 0;
+        loop {
+            let growth = self.arena.growth_for(value.len()) + index_growth;
+            let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
+            let class = match self.arena.store(value, may_map) {
+                Ok(slot) => return Ok(slot),
+                Err(NoRoom::Mmap) => return Err(OutOfMemory),
+                Err(NoRoom::Full { class }) => class,
+            };
+            if self.policy == EvictionPolicy::NoEviction {
+                return Err(OutOfMemory);
+            }
+            // Evictions by policy free slots of whatever class the victims
+            // were in; when that keeps missing this value's class, a whole
+            // page is emptied for it (rebalancing).
+            evictions += 1;
+            if evictions <= 64 && self.evict_one(Some(protect), true).is_some() {
+                continue;
+            }
+            let keep = (class != usize::MAX).then_some(class);
+            if !self.empty_a_page(keep, Some(protect)) {
+                return Err(OutOfMemory);
+            }
+            evictions = 0;
+        }
+    }
+
+    /// Evicts every value in the page best suited to be emptied (fewest
+    /// values, none held) and unmaps it when the value needs a span.
+    /// Returns whether it evicted anything.
+    pub(crate) fn empty_a_page(&mut self, keep: Option<usize>, protect: Option<&[u8]>) -> bool {
+        // Slots whose last holder just let go are free, not in use.
+        self.arena.reclaim();
+        let Some((page, slots)) = self.arena.page_to_empty(keep) else {
+            return false;
+        };
+        let keys: Vec<Bytes> = slots
+            .iter()
+            .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
+            .collect();
+        if keys.is_empty() || keys.iter().any(|k| Some(&k[..]) == protect) {
+            return false;
+        }
+        for key in keys {
+            let slot = key_slot(&key);
+            if !self.evict_key(slot, &key) {
+                self.stats.evicted_keys += 1;
+                self.stats.evicted_by[EvictReason::Rebalance as usize] += 1;
+            }
+        }
+        self.arena.reclaim();
+        if keep.is_none() {
+            self.arena.unmap_empty(self.arena.page_size());
+        }
+        true
+    }
+
+    /// Evicts `key`: to the spill tier when it is on and takes it, out of
+    /// the index otherwise. Whether the key is still indexed.
+    pub(crate) fn evict_key(&mut self, slot: u16, key: &[u8]) -> bool {
+        if self.spill_out(slot, key, false) {
+            return true;
+        }
+        self.drop_entry(slot, key);
+        false
+    }
+
+    /// Evicts by policy until `extra` more bytes fit the budget. `protect`
+    /// is never chosen (the key being written).
+    pub fn ensure_room(&mut self, extra: usize, protect: Option<&[u8]>) -> Result<(), OutOfMemory> {
+        if self.budget == 0 {
+            return Ok(());
+        }
+        if extra > self.budget {
+            // Evicting everything would not make room.
+            return Err(OutOfMemory);
+        }
+        let mut misses = 0;
+        while self.used_memory() + extra > self.budget {
+            // Empty pages are the cheapest memory to give back.
+            let over = self.used_memory() + extra - self.budget;
+            if self.arena.unmap_empty(over) > 0 {
+                continue;
+            }
+            if self.policy == EvictionPolicy::NoEviction {
+                return Err(OutOfMemory);
+            }
+            // Evicting a block frees a slot, not always a whole page: after
+            // a few tries, empty a page outright.
+            misses += 1;
+            if misses <= 16 && self.evict_one(protect, false).is_some() {
+                continue;
+            }
+            if !self.empty_a_page(None, protect) && self.evict_one(protect, false).is_none() {
+                return Err(OutOfMemory);
+            }
+            misses = 0;
+        }
+        Ok(())
+    }
+
+    /// Whether `extra` more bytes would fit without evicting.
+    pub fn fits(&self, extra: usize) -> bool {
+        self.budget == 0 || self.used_memory() + extra <= self.budget
+    }
+
+    /// Evicts one key by policy; `None` if nothing may go.
+    /// Evicts one key by policy; `None` if nothing may go. With the spill
+    /// tier on, a block in DRAM is written to disk and stays readable.
+    /// `dram_only`: only keys whose value is in DRAM (a slot is needed).
+    pub(crate) fn evict_one(
+        &mut self,
+        protect: Option<&[u8]>,
+        dram_only: bool,
+    ) -> Option<EvictReason> {
+        let (slot, key, reason) = if self.policy == EvictionPolicy::Prefix {
+            match self.prefix_victim(protect, dram_only) {
+                Some(found) => found,
+                // Keys written before the policy changed are not queued.
+                None => {
+                    let (slot, key) = self.pick_victim(protect, dram_only)?;
+                    (slot, key, EvictReason::Leaf)
+                }
+            }
+        } else {
+            let (slot, key) = self.pick_victim(protect, dram_only)?;
+            (slot, key, EvictReason::Policy)
+        };
+        let in_dram = self.maps[self.index(slot)]
+            .get(&key[..])
+            .is_some_and(|e| e.value.in_dram());
+        let kept = in_dram && self.spill_out(slot, &key, false);
+        if !kept {
+            self.drop_entry(slot, &key)?;
+            if self.policy == EvictionPolicy::Prefix {
+                let capacity = self.meta.main_live;
+                self.queues.ghost.insert(key_hash(&key), capacity);
+            }
+            self.stats.evicted_keys += 1;
+            self.stats.evicted_by[reason as usize] += 1;
+        }
+        self.arena.reclaim();
+        Some(reason)
+    }
+}

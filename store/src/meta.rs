@@ -1,0 +1,188 @@
+//! The counts and indexes a store keeps beside its maps (keys, charged
+//! bytes, the expiry set, WATCHed keys, which key holds each slab slot,
+//! chain links, spill-tier records), updated on every insert and removal.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hashbrown::hash_map::EntryRef;
+use hashbrown::HashMap;
+
+use crate::entry::{Entry, Queue};
+use crate::links::LinkEvent;
+use crate::{spill, StoreStats};
+
+/// Counts and indexes kept beside the maps, updated on every insert and
+/// removal (a separate struct so they can be borrowed beside a map entry).
+#[derive(Default)]
+pub(crate) struct Meta {
+    /// Keys with a TTL, ordered by expiry.
+    pub(crate) expires: BTreeSet<(u64, Bytes)>,
+    /// Sum of `expire_at` over `expires` (for avg_ttl).
+    pub(crate) expire_sum: u128,
+    pub(crate) keys: usize,
+    /// Bytes charged to the index (keys, overhead, small values, links).
+    pub(crate) used: usize,
+    /// WATCHed keys: the flags of the clients watching each (set on any
+    /// change of the key, EXEC then fails).
+    pub(crate) watched: HashMap<Bytes, Vec<(u64, Arc<AtomicBool>)>>,
+    /// Which key holds each slab slot (page, slot): to empty a page.
+    pub(crate) slot_keys: HashMap<(u32, u32), Bytes>,
+    /// Parent key → children of it stored here.
+    pub(crate) children_of: HashMap<Bytes, Vec<Bytes>>,
+    /// Key stored here → the children (on any shard) its `children` count
+    /// counts.
+    pub(crate) counted: HashMap<Bytes, HashSet<Bytes>>,
+    /// Link changes for other stores.
+    pub(crate) outbox: Vec<LinkEvent>,
+    /// Live entries in each S3-FIFO queue.
+    pub(crate) small_live: usize,
+    pub(crate) main_live: usize,
+    /// The spill directory, when the tier is on (live record counts).
+    pub(crate) disk: Option<Arc<spill::SpillDir>>,
+    /// Keys of this store with a record in each segment (for reclaim).
+    pub(crate) disk_keys: HashMap<u64, HashSet<Bytes>>,
+}
+
+impl Meta {
+    pub(crate) fn modified(&self, key: &[u8]) {
+        if !self.watched.is_empty() {
+            if let Some(flags) = self.watched.get(key) {
+                for (_, dirty) in flags {
+                    dirty.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn index_expiry(&mut self, key: &Bytes, at: u64) {
+        if at != 0 {
+            self.expires.insert((at, key.clone()));
+            self.expire_sum += at as u128;
+        }
+    }
+
+    pub(crate) fn unindex_expiry(&mut self, key: &Bytes, at: u64) {
+        if at != 0 && self.expires.remove(&(at, key.clone())) {
+            self.expire_sum -= at as u128;
+        }
+    }
+
+    pub(crate) fn track_disk(&mut self, key: &Bytes, loc: &spill::DiskLoc) {
+        match self.disk_keys.get_mut(&loc.segment.seq) {
+            Some(keys) => {
+                keys.insert(key.clone());
+            }
+            None => {
+                self.disk_keys
+                    .insert(loc.segment.seq, HashSet::from([key.clone()]));
+            }
+        }
+    }
+
+    /// `key` no longer points to the record at `loc`.
+    pub(crate) fn untrack_disk(&mut self, key: &[u8], loc: &spill::DiskLoc) {
+        if let Some(keys) = self.disk_keys.get_mut(&loc.segment.seq) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.disk_keys.remove(&loc.segment.seq);
+            }
+        }
+        if let Some(dir) = &self.disk {
+            dir.drop_live(&loc.segment);
+        }
+    }
+
+    pub(crate) fn added(&mut self, key: &Bytes, entry: &Entry) {
+        self.modified(key);
+        if let Some(loc) = entry.value.disk() {
+            self.track_disk(key, loc);
+        }
+        self.index_expiry(key, entry.expire_at);
+        self.used += entry.charge(key.len());
+        self.keys += 1;
+        if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
+            self.slot_keys.insert(slot, key.clone());
+        }
+        if let Some(parent) = &entry.parent {
+            match self.children_of.get_mut(parent) {
+                Some(children) => children.push(key.clone()),
+                None => {
+                    self.children_of.insert(parent.clone(), vec![key.clone()]);
+                }
+            }
+            self.outbox.push(LinkEvent::ChildAdded {
+                parent: parent.clone(),
+                child: key.clone(),
+            });
+        }
+        match entry.queue {
+            Queue::Small => self.small_live += 1,
+            Queue::Main => self.main_live += 1,
+            Queue::Out => {}
+        }
+    }
+
+    /// `replaced`: a new value takes the key's place at once (its children
+    /// stay its children).
+    pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
+        self.modified(key);
+        if let Some(loc) = entry.value.disk() {
+            self.untrack_disk(key, loc);
+        }
+        self.unindex_expiry(key, entry.expire_at);
+        self.used -= entry.charge(key.len());
+        self.keys -= 1;
+        if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
+            self.slot_keys.remove(&slot);
+        }
+        if let Some(parent) = &entry.parent {
+            if let Some(children) = self.children_of.get_mut(parent) {
+                children.retain(|c| c != key);
+                if children.is_empty() {
+                    self.children_of.remove(parent);
+                }
+            }
+            self.outbox.push(LinkEvent::ChildRemoved {
+                parent: parent.clone(),
+                child: key.clone(),
+            });
+        }
+        if !replaced {
+            // A key written here again starts counting from zero.
+            self.counted.remove(key);
+            if entry.children > 0 {
+                self.outbox.push(LinkEvent::ParentGone {
+                    parent: key.clone(),
+                });
+            }
+        }
+        match entry.queue {
+            Queue::Small => self.small_live -= 1,
+            Queue::Main => self.main_live -= 1,
+            Queue::Out => {}
+        }
+    }
+}
+
+/// The live entry for `key` in `map`, removing it first if it expired.
+pub(crate) fn live<'m>(
+    map: &'m mut HashMap<Bytes, Entry>,
+    meta: &mut Meta,
+    stats: &mut StoreStats,
+    key: &[u8],
+    now: u64,
+) -> Option<&'m mut Entry> {
+    match map.entry_ref(key) {
+        EntryRef::Occupied(o) if o.get().expired(now) => {
+            let (key, entry) = o.remove_entry();
+            meta.removed(&key, &entry, false);
+            stats.expired_keys += 1;
+            None
+        }
+        EntryRef::Occupied(o) => Some(o.into_mut()),
+        EntryRef::Vacant(_) => None,
+    }
+}

@@ -1,0 +1,69 @@
+//! Who waits for a key: blocked readers (`MGETPREFIX ... BLOCK`) woken by
+//! any write of a key they miss, and WATCH flags set by any change.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::Store;
+
+/// A blocked reader (MGETPREFIX BLOCK) waiting for a key to be written.
+#[derive(Clone)]
+pub struct Waiter {
+    /// Identifies the waiter when it unregisters.
+    pub id: u64,
+    /// Woken on every write of a watched key.
+    pub wake: Arc<Notify>,
+}
+
+impl Store {
+    /// Wakes `waiter` whenever `key` is written, until [`Store::unwatch`].
+    pub fn watch(&mut self, key: &[u8], waiter: Waiter) {
+        match self.watchers.get_mut(key) {
+            Some(waiters) => waiters.push(waiter),
+            None => {
+                self.watchers
+                    .insert(Bytes::copy_from_slice(key), vec![waiter]);
+            }
+        }
+    }
+
+    /// Forgets waiter `id` on `key`.
+    pub fn unwatch(&mut self, key: &[u8], id: u64) {
+        if let Some(waiters) = self.watchers.get_mut(key) {
+            waiters.retain(|w| w.id != id);
+            if waiters.is_empty() {
+                self.watchers.remove(key);
+            }
+        }
+    }
+
+    /// Number of keys readers are waiting for.
+    pub fn watched_keys(&self) -> usize {
+        self.watchers.len()
+    }
+
+    /// WATCH: sets `dirty` whenever `key` changes, until unwatched.
+    pub fn watch_changes(&mut self, key: &[u8], client: u64, dirty: Arc<AtomicBool>) {
+        match self.meta.watched.get_mut(key) {
+            Some(flags) => flags.push((client, dirty)),
+            None => {
+                self.meta
+                    .watched
+                    .insert(Bytes::copy_from_slice(key), vec![(client, dirty)]);
+            }
+        }
+    }
+
+    /// UNWATCH of one key for one client.
+    pub fn unwatch_changes(&mut self, key: &[u8], client: u64) {
+        if let Some(flags) = self.meta.watched.get_mut(key) {
+            flags.retain(|(id, _)| *id != client);
+            if flags.is_empty() {
+                self.meta.watched.remove(key);
+            }
+        }
+    }
+}
