@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use clap::Parser;
 use kvtier_store::EvictionPolicy;
@@ -311,7 +311,7 @@ pub struct LiveConfig {
     /// Cap on blocking reads, ms.
     pub max_block_ms: AtomicU64,
     /// AUTH password; empty: none.
-    pub requirepass: RwLock<String>,
+    pub requirepass: Arc<RwLock<String>>,
     /// Log level name.
     pub loglevel: RwLock<String>,
     /// `save` (kept for clients that read it; kvtier has no RDB).
@@ -341,7 +341,7 @@ impl LiveConfig {
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
-            requirepass: RwLock::new(config.requirepass.clone()),
+            requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             loglevel: RwLock::new(config.loglevel.clone()),
             save: RwLock::new(String::new()),
             hugepages: config.hugepages,
@@ -401,10 +401,14 @@ impl LiveConfig {
         }
     }
 
-    /// The password peers send (requirepass), if one is set.
-    pub fn password(&self) -> Option<String> {
-        let pass = self.requirepass.read().unwrap_or_else(|e| e.into_inner());
-        (!pass.is_empty()).then(|| pass.clone())
+    /// Reads the password peers send (requirepass) when a peer connection
+    /// opens: CONFIG SET applies to the next one.
+    pub fn peer_password(&self) -> impl Fn() -> Option<String> + Send + Sync + 'static {
+        let requirepass = Arc::clone(&self.requirepass);
+        move || {
+            let pass = requirepass.read().unwrap_or_else(|e| e.into_inner());
+            (!pass.is_empty()).then(|| pass.clone())
+        }
     }
 
     /// The eviction policy.

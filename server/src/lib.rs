@@ -8,9 +8,9 @@
 //! * [`long_double`]: INCRBYFLOAT's x87 extended-precision arithmetic.
 
 pub mod clients;
-pub mod cluster;
 pub mod commands;
 pub mod config;
+pub mod coordination;
 pub mod glob;
 pub mod long_double;
 pub mod net;

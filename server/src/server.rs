@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kvtier_cluster::Cluster;
 use kvtier_store::spill::{self, IoPool, Recovered, SpillDir};
 use kvtier_store::{MemoryOptions, SpillConfig, Store, StoreJob};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -17,7 +18,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::LocalSet;
 use tracing::{info, warn};
 
-use crate::cluster::Cluster;
 use crate::config::{Config, LiveConfig};
 use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
 
@@ -164,7 +164,8 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
-        let cluster = Cluster::from_config(config)
+        let live = LiveConfig::new(config, shards, addr.port());
+        let cluster = Cluster::new(&cluster_settings(config), live.peer_password())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
         let (shutdown, _) = watch::channel(false);
@@ -172,7 +173,7 @@ impl Server {
         let shared = Arc::new(Shared {
             shards,
             mailboxes: senders,
-            config: LiveConfig::new(config, shards, addr.port()),
+            config: live,
             started: Instant::now(),
             started_unix,
             run_id: run_id(),
@@ -205,13 +206,16 @@ impl Server {
             threads.push(handle);
         }
         if let Some(cluster) = &shared.cluster {
-            threads.push(crate::cluster::start_gossip(Arc::clone(&shared))?);
+            threads.push(kvtier_cluster::gossip::start(
+                Arc::clone(cluster),
+                shared.shutdown_signal(),
+            )?);
             let view = cluster.view();
             info!(
                 "cluster node {} of {} ({}), {}",
                 cluster.me,
                 view.nodes.len(),
-                crate::cluster::topology::format_nodes(&view.nodes),
+                kvtier_cluster::topology::format_nodes(&view.nodes),
                 if cluster.redirect {
                     "answering MOVED"
                 } else {
@@ -472,7 +476,7 @@ fn hot_window(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
     if shard.id == 0 {
         let (shard, cluster) = (Rc::clone(shard), Arc::clone(cluster));
         tokio::task::spawn_local(async move {
-            crate::cluster::hot::replicate_hot(&shard, &cluster).await;
+            crate::coordination::replicate_hot(&shard, &cluster).await;
         });
     }
 }
@@ -491,4 +495,18 @@ pub async fn apply_live_config(shard: &Shard) {
             store.set_spill_admission(spill_admission(config));
         })
         .await;
+}
+
+/// The cluster part of the configuration.
+fn cluster_settings(config: &Config) -> kvtier_cluster::Settings {
+    kvtier_cluster::Settings {
+        nodes: config.cluster_nodes.clone().unwrap_or_default(),
+        node_id: config.node_id.clone(),
+        port: config.port,
+        epoch: config.cluster_epoch,
+        redirect: config.cluster_redirect,
+        node_timeout_ms: config.cluster_node_timeout,
+        hot_threshold: config.hot_key_threshold,
+        hot_replicas: config.hot_key_replicas,
+    }
 }

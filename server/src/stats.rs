@@ -275,7 +275,7 @@ pub fn export_spill(dir: &kvtier_store::spill::SpillDir) {
 }
 
 /// Exports the cluster's counters and node health (shard 0, once a second).
-pub fn export_cluster(cluster: &crate::cluster::Cluster) {
+pub fn export_cluster(cluster: &kvtier_cluster::Cluster) {
     use std::sync::atomic::Ordering::Relaxed;
     let st = &cluster.stats;
     let counters = [

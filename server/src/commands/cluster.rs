@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvtier_cluster::hot;
+use kvtier_cluster::topology::View;
+use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::keyspace::help_reply;
 use super::{parse_int, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS};
-use crate::cluster::hot;
-use crate::cluster::topology::View;
-use crate::cluster::Cluster;
 use crate::shard::slot::{key_slot, SLOTS};
 
 const SUB: CommandSpec = CommandSpec {
@@ -545,7 +545,7 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         };
         let (key, value) = (args[2].clone(), args[3].clone());
         let lease = Duration::from_millis(lease as u64).min(hot::LEASE);
-        let stored = hot::on_all_copies(&client.shard, move |c| {
+        let stored = crate::coordination::on_all_copies(&client.shard, move |c| {
             c.insert(key.clone(), value.clone(), expire_at as u64, lease)
         })
         .await;
@@ -569,8 +569,10 @@ fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         };
         let key = args[2].clone();
         let lease = Duration::from_millis(lease as u64);
-        let renewed =
-            hot::on_all_copies(&client.shard, move |c| c.renew(&key, lease, digest as u32)).await;
+        let renewed = crate::coordination::on_all_copies(&client.shard, move |c| {
+            c.renew(&key, lease, digest as u32)
+        })
+        .await;
         Reply::Int(renewed as i64)
     })
 }
@@ -582,7 +584,7 @@ fn uncopy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
         }
         let keys: Vec<Bytes> = args[2..].to_vec();
         let n = keys.len() as i64;
-        hot::on_all_copies(&client.shard, move |c| {
+        crate::coordination::on_all_copies(&client.shard, move |c| {
             keys.iter().for_each(|k| c.invalidate(k));
             true
         })

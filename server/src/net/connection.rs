@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use kvtier_cluster::Cluster;
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::now_ms;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,13 +29,12 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::clients::ClientInfo;
-use crate::cluster::route::{self, Decision};
-use crate::cluster::Cluster;
 use crate::commands::transaction::Watching;
 use crate::commands::{
     arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
     Handler, KeyFn, KeyOp,
 };
+use crate::coordination::{self, Decision};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
@@ -389,7 +389,7 @@ impl Connection {
         let decision = if self.client.peer {
             Decision::Local
         } else {
-            route::decide(&self.client, cluster, &view, spec, args, keys)
+            coordination::decide(&self.client, cluster, &view, spec, args, keys)
         };
         let in_multi = self.client.multi.is_some();
         match decision {
@@ -411,18 +411,20 @@ impl Connection {
                         }
                     }
                 }
-                let reply = route::forward(
+                let reply = coordination::forward(
                     &self.client.shard,
                     cluster,
                     &view,
                     node,
-                    route::lane(&self.client),
+                    coordination::lane(&self.client),
                     args.to_vec(),
-                    route::blocks(spec, args),
+                    coordination::blocks(spec, args),
                 );
                 return Routed::Done(reply);
             }
-            Decision::Coordinate => return Routed::Here(Some(Handler::Async(route::coordinate))),
+            Decision::Coordinate => {
+                return Routed::Here(Some(Handler::Async(coordination::coordinate)))
+            }
         }
         // Runs here: count reads for hot-key detection; writes to keys with
         // copies elsewhere (and flushes) drop the copies before replying.
@@ -433,13 +435,13 @@ impl Connection {
                 hot.record(&args[i]);
             }
         } else if matches!(spec.name, "flushall" | "flushdb") {
-            return Routed::Here(Some(Handler::Async(route::flush_through)));
+            return Routed::Here(Some(Handler::Async(coordination::flush_through)));
         } else if spec.has(flags::WRITE)
             && cluster.has_replicated()
             && keys.iter().any(|&i| cluster.is_replicated(&args[i]))
         {
             if !in_multi {
-                return Routed::Here(Some(Handler::Async(route::write_through)));
+                return Routed::Here(Some(Handler::Async(coordination::write_through)));
             }
             // Queued in MULTI: the copies go now, ahead of EXEC.
             let taken: Vec<(Bytes, Vec<String>)> = keys
@@ -452,7 +454,7 @@ impl Connection {
                 .collect();
             let (shard, cluster) = (Rc::clone(&self.client.shard), Arc::clone(cluster));
             tokio::task::spawn_local(async move {
-                crate::cluster::hot::uncopy(&shard, &cluster, taken).await;
+                crate::coordination::uncopy(&shard, &cluster, taken).await;
             });
         }
         Routed::Here(None)

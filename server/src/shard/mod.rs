@@ -15,14 +15,14 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use kvtier_cluster::hot::{Copies, HotCounter};
+use kvtier_cluster::peer::PeerPool;
+use kvtier_cluster::topology::View;
 use kvtier_store::links::Route;
 use kvtier_store::Store;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clients::ClientRegistry;
-use crate::cluster::hot::{Copies, HotCounter};
-use crate::cluster::peer::PeerPool;
-use crate::cluster::topology::View;
 use crate::server::Shared;
 use crate::stats::ShardStats;
 
@@ -78,7 +78,7 @@ impl Shard {
     /// The cluster view (a cached handle; cluster mode only).
     pub fn view(&self) -> Rc<View> {
         match &self.shared.cluster {
-            Some(cluster) => crate::cluster::route::shard_view(self, cluster),
+            Some(cluster) => crate::coordination::shard_view(self, cluster),
             None => Rc::new(View::new(0, Vec::new(), Vec::new(), None)),
         }
     }
@@ -87,7 +87,7 @@ impl Shard {
     pub fn node_owns(&self, key: &[u8]) -> bool {
         match &self.shared.cluster {
             Some(cluster) => {
-                crate::cluster::route::shard_view(self, cluster).owns(slot::key_slot(key))
+                crate::coordination::shard_view(self, cluster).owns(slot::key_slot(key))
             }
             None => true,
         }

@@ -23,25 +23,15 @@
 //!   carry the owner's expiry and a lease, so a copy never outlives either.
 
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
 
-use super::peer::Lane;
-use super::topology::View;
-use super::Cluster;
-use crate::shard::slot::key_slot;
-use crate::shard::Shard;
-
-/// The pooled connection copies, leases and invalidations travel on.
-const CONTROL: Lane = Lane {
-    resp3: false,
-    id: 0,
-};
+use crate::peer::{call_once, PeerPool, CONTROL};
+use crate::topology::View;
+use crate::Cluster;
 
 /// One read in this many is counted.
 pub const SAMPLE: u64 = 16;
@@ -271,132 +261,6 @@ impl Copies {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_the_heaviest_keys_in_bounded_memory() {
-        let mut c = HotCounter::default();
-        // Key i is read 20000 / (i + 1) times, among 60000 one-off keys.
-        for round in 0..20_000u32 {
-            for i in 0..20u32 {
-                if round % (i + 1) == 0 {
-                    c.record(&Bytes::from(format!("hot:{i}")));
-                }
-            }
-            for j in 0..3 {
-                c.record(&Bytes::from(format!("cold:{round}:{j}")));
-            }
-        }
-        let top = c.rotate();
-        assert!(top.len() <= TOP_K);
-        for i in 0..20 {
-            let key = Bytes::from(format!("hot:{i}"));
-            assert!(top.iter().any(|(k, _)| *k == key), "hot:{i} missing");
-        }
-        assert!(c.rotate().is_empty(), "a new window starts empty");
-    }
-
-    #[test]
-    fn copies_expire_with_their_lease_and_refuse_after_invalidation() {
-        let mut c = Copies::default();
-        let k = Bytes::from_static(b"k");
-        assert!(c.insert(
-            k.clone(),
-            Bytes::from_static(b"v"),
-            0,
-            Duration::from_secs(5)
-        ));
-        assert_eq!(c.get(b"k"), Some(&Bytes::from_static(b"v")));
-        assert!(
-            !c.renew(b"k", LEASE, crc32c::crc32c(b"other")),
-            "another value"
-        );
-        assert_eq!(c.get(b"k"), None, "dropped: it was a copy of another value");
-        assert!(c.insert(
-            k.clone(),
-            Bytes::from_static(b"v"),
-            0,
-            Duration::from_secs(5)
-        ));
-        assert!(c.renew(b"k", Duration::from_millis(0), crc32c::crc32c(b"v")));
-        assert_eq!(c.get(b"k"), None, "lapsed lease");
-        c.invalidate(&k);
-        assert!(
-            !c.insert(k.clone(), Bytes::from_static(b"v"), 0, LEASE),
-            "tombstoned"
-        );
-        assert_eq!(c.bytes(), 0);
-        // The owner's expiry bounds the copy too.
-        let past = kvtier_store::now_ms() - 1;
-        assert!(c.insert(
-            Bytes::from_static(b"e"),
-            Bytes::from_static(b"x"),
-            past,
-            LEASE
-        ));
-        assert_eq!(c.get(b"e"), None);
-        c.purge(Instant::now());
-        assert!(c.is_empty());
-    }
-}
-
-/// Commands a copy can answer.
-pub fn served_by_copies(name: &str) -> bool {
-    matches!(
-        name,
-        "get"
-            | "mget"
-            | "exists"
-            | "strlen"
-            | "getrange"
-            | "substr"
-            | "mexists"
-            | "prefixlen"
-            | "mgetprefix"
-    )
-}
-
-/// Answers a read from this shard's copies, if every key has one.
-pub fn answer_from_copies(
-    copies: &Copies,
-    name: &str,
-    args: &[Bytes],
-    keys: &[usize],
-) -> Option<Reply> {
-    let values: Vec<&Bytes> = keys
-        .iter()
-        .map(|&i| copies.get(&args[i]))
-        .collect::<Option<Vec<_>>>()?;
-    let reply = match name {
-        "get" => Reply::Bulk(values[0].clone()),
-        "mget" => Reply::Array(values.into_iter().map(|v| Reply::Bulk(v.clone())).collect()),
-        "exists" => Reply::Int(values.len() as i64),
-        "strlen" => Reply::Int(values[0].len() as i64),
-        "mexists" => Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()),
-        "prefixlen" => Reply::Int(values.len() as i64),
-        "mgetprefix" => {
-            // Options after the keys: only MAXBYTES can be answered here
-            // (BLOCK has nothing to wait for when every key is present).
-            let read = crate::commands::block::parse_prefix_read(args).ok()?;
-            let mut total = 0u64;
-            let items = values
-                .into_iter()
-                .take_while(|v| {
-                    total += v.len() as u64;
-                    read.max_bytes.is_none_or(|m| total <= m)
-                })
-                .map(|v| Reply::Bulk(v.clone()))
-                .collect();
-            Reply::Array(items)
-        }
-        // GETRANGE's index arithmetic is the command's own: read through.
-        _ => return None,
-    };
-    Some(reply)
-}
-
 /// Where a key of this node is copied, and when its lease was last given.
 #[derive(Debug, Clone)]
 pub struct Replicated {
@@ -496,7 +360,7 @@ impl Cluster {
 
     /// Forgets keys no longer hot whose copies have all lapsed (a write to
     /// a key whose copy may still be live must still reach it).
-    fn forget_replicated(&self, keep: &[Bytes]) {
+    pub fn forget_replicated(&self, keep: &[Bytes]) {
         let mut state = self.hot.lock().unwrap_or_else(|e| e.into_inner());
         let lapsed = LEASE + Duration::from_secs(1);
         state
@@ -523,168 +387,187 @@ impl Cluster {
     }
 }
 
-/// Once a window, on shard 0: copies the node's hot keys to their replicas
-/// and renews the leases of those still hot.
-pub async fn replicate_hot(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
-    let hot = cluster.aggregate_hot();
-    let view = shard.view();
-    let mine: Vec<Bytes> = hot
-        .into_iter()
-        .map(|(k, _)| k)
-        .filter(|k| view.owns(key_slot(k)))
-        .collect();
-    // Keys no longer hot: their copies lapse with the lease.
-    cluster.forget_replicated(&mine);
-    for key in mine {
-        copy_key(shard, cluster, &view, key).await;
-    }
-}
-
-fn arg(s: impl Into<Bytes>) -> Bytes {
-    s.into()
-}
-
-async fn copy_key(shard: &Rc<Shard>, cluster: &Arc<Cluster>, view: &View, key: Bytes) {
-    let slot = key_slot(&key);
-    let targets: Vec<usize> = view.replicas(slot, cluster.hot_replicas);
-    if targets.is_empty() {
-        return;
-    }
-    // Recorded before any copy is sent: a write from now on finds the key
-    // replicated and sends UNCOPY, which also stops a copy still in flight
-    // (the replica's tombstone refuses it, or UNCOPY removes it).
-    cluster.note_replicated(
-        key.clone(),
-        targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
-    );
-    // The value now: copies are checked against it every window, so a copy
-    // of an older value (a write that raced the copy) lives one window at
-    // most, and a deleted key's copies go at once.
-    let owner = shard.owner_of(slot);
-    let k = key.clone();
-    let now = kvtier_store::now_ms();
-    let found = shard
-        .call(owner, move |s| {
-            let mut store = s.store.borrow_mut();
-            let Some(expire_at) = store.peek(slot, &k, now).map(|e| e.expire_at) else {
-                return Current::Absent;
-            };
-            match store.fetch(slot, &k, now) {
-                Some(kvtier_store::Fetched::Now(v)) => Current::Value(v, expire_at),
-                // On disk: copies lapse with their lease (the read promotes it).
-                Some(_) => Current::Unknown,
-                None => Current::Absent,
-            }
-        })
-        .await
-        .unwrap_or(Current::Unknown);
-    let (value, expire_at) = match found {
-        Current::Value(v, e) => (v, e),
-        Current::Unknown => return,
-        Current::Absent => {
-            if let Some(nodes) = cluster.take_replicated(&key) {
-                uncopy(shard, cluster, vec![(key, nodes)]).await;
-            }
-            return;
-        }
-    };
-    let digest = arg(crc32c::crc32c(&value).to_string());
-    let lease = arg(LEASE.as_millis().to_string());
-    let password = shard.shared.config.password();
-    // Renew where a copy of this value is held; send the value elsewhere.
-    let mut missing = Vec::new();
-    for &t in &targets {
-        let rx = shard.peers.send(
-            &view.nodes[t].addr(),
-            CONTROL,
-            password.clone(),
-            &cluster.me,
-            &[
-                arg("CLUSTER"),
-                arg("LEASE"),
-                key.clone(),
-                lease.clone(),
-                digest.clone(),
-            ],
-        );
-        if !matches!(rx.await, Ok(Reply::Int(1))) {
-            missing.push(t);
-        }
-    }
-    for t in missing {
-        let rx = shard.peers.send(
-            &view.nodes[t].addr(),
-            CONTROL,
-            password.clone(),
-            &cluster.me,
-            &[
-                arg("CLUSTER"),
-                arg("COPY"),
-                key.clone(),
-                value.clone(),
-                arg(expire_at.to_string()),
-                lease.clone(),
-            ],
-        );
-        if matches!(rx.await, Ok(Reply::Int(1))) {
-            cluster.stats.copies_sent.fetch_add(1, Relaxed);
-        }
-    }
-}
-
 /// What the owner holds for a replicated key this window.
-enum Current {
+pub enum Current {
+    /// The value and its expiry (Unix ms, 0: none).
     Value(Bytes, u64),
+    /// The key is gone: its copies must go too.
     Absent,
+    /// Not known now (the value is on disk): copies lapse with their lease.
     Unknown,
 }
 
-/// Tells every node holding a copy of one of `keys` to drop it, and waits
-/// for their answers.
-pub async fn uncopy(shard: &Rc<Shard>, cluster: &Cluster, keys: Vec<(Bytes, Vec<String>)>) {
-    let view = shard.view();
-    let password = shard.shared.config.password();
-    let mut waits = Vec::new();
-    for (key, nodes) in keys {
-        for id in nodes {
-            let Some(i) = view.index_of(&id) else {
-                continue;
-            };
-            let addr = view.nodes[i].addr();
-            let rx = shard.peers.send(
-                &addr,
-                CONTROL,
-                password.clone(),
-                &cluster.me,
-                &[arg("CLUSTER"), arg("UNCOPY"), key.clone()],
-            );
-            waits.push((rx, addr, key.clone()));
+impl Cluster {
+    /// The first half of copying a hot key: records which nodes will hold
+    /// copies, before the value is read, so that a write from now on finds
+    /// the key replicated and sends UNCOPY (which also stops a copy still
+    /// in flight: the replica's tombstone refuses it, or UNCOPY removes
+    /// it). `false` when the slot has no replicas.
+    pub fn start_copy(&self, view: &View, key: &Bytes) -> bool {
+        let targets = view.replicas(kvtier_store::slot::key_slot(key), self.hot_replicas);
+        if targets.is_empty() {
+            return false;
+        }
+        self.note_replicated(
+            key.clone(),
+            targets.iter().map(|&t| view.nodes[t].id.clone()).collect(),
+        );
+        true
+    }
+
+    /// The second half, with the owner's value read after
+    /// [`Cluster::start_copy`]: copies are checked against it every window,
+    /// so a copy of an older value (a write that raced the copy) lives one
+    /// window at most, and a deleted key's copies go at once. Replicas
+    /// holding this value get their lease renewed; the others get the value.
+    pub async fn finish_copy(&self, pool: &PeerPool, view: &View, key: Bytes, current: Current) {
+        let (value, expire_at) = match current {
+            Current::Value(v, e) => (v, e),
+            Current::Unknown => return,
+            Current::Absent => {
+                if let Some(nodes) = self.take_replicated(&key) {
+                    self.uncopy(pool, view, vec![(key, nodes)]).await;
+                }
+                return;
+            }
+        };
+        let targets = view.replicas(kvtier_store::slot::key_slot(&key), self.hot_replicas);
+        let digest = Bytes::from(crc32c::crc32c(&value).to_string());
+        let lease = Bytes::from(LEASE.as_millis().to_string());
+        let mut missing = Vec::new();
+        for &t in &targets {
+            let args = vec![
+                Bytes::from_static(b"CLUSTER"),
+                Bytes::from_static(b"LEASE"),
+                key.clone(),
+                lease.clone(),
+                digest.clone(),
+            ];
+            let rx = pool.send(&self.identity, &view.nodes[t], CONTROL, args);
+            if !matches!(rx.await, Ok(Reply::Int(1))) {
+                missing.push(t);
+            }
+        }
+        for t in missing {
+            let args = vec![
+                Bytes::from_static(b"CLUSTER"),
+                Bytes::from_static(b"COPY"),
+                key.clone(),
+                value.clone(),
+                Bytes::from(expire_at.to_string()),
+                lease.clone(),
+            ];
+            let rx = pool.send(&self.identity, &view.nodes[t], CONTROL, args);
+            if matches!(rx.await, Ok(Reply::Int(1))) {
+                self.stats.copies_sent.fetch_add(1, Relaxed);
+            }
         }
     }
-    for (w, addr, key) in waits {
-        if w.await.is_err() {
-            // The pooled connection failed: once more on a fresh one (UNCOPY
-            // can be repeated safely).
-            let args = [arg("CLUSTER"), arg("UNCOPY"), key];
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                super::peer::call_once(&addr, false, password.as_deref(), &cluster.me, &args),
-            )
-            .await;
+
+    /// Tells every node holding a copy of one of `keys` to drop it, and
+    /// waits for their answers.
+    pub async fn uncopy(&self, pool: &PeerPool, view: &View, keys: Vec<(Bytes, Vec<String>)>) {
+        let mut waits = Vec::new();
+        for (key, nodes) in keys {
+            for id in nodes {
+                let Some(i) = view.index_of(&id) else {
+                    continue;
+                };
+                let args = vec![
+                    Bytes::from_static(b"CLUSTER"),
+                    Bytes::from_static(b"UNCOPY"),
+                    key.clone(),
+                ];
+                let rx = pool.send(&self.identity, &view.nodes[i], CONTROL, args);
+                waits.push((rx, i, key.clone()));
+            }
+        }
+        for (w, i, key) in waits {
+            if w.await.is_err() {
+                // The pooled connection failed: once more on a fresh one
+                // (UNCOPY can be repeated safely).
+                let args = [
+                    Bytes::from_static(b"CLUSTER"),
+                    Bytes::from_static(b"UNCOPY"),
+                    key,
+                ];
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    call_once(&self.identity, view.nodes[i].addr(), false, &args),
+                )
+                .await;
+            }
         }
     }
 }
 
-/// Applies `f` to every shard's copies (a copy is served by whichever
-/// shard the reading client is on).
-pub async fn on_all_copies(
-    shard: &Shard,
-    f: impl Fn(&mut Copies) -> bool + Send + Sync + 'static,
-) -> bool {
-    let f = Arc::new(f);
-    let results = shard
-        .call_all(move |s| f(&mut s.copies.borrow_mut()))
-        .await
-        .unwrap_or_default();
-    results.into_iter().any(|r| r)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_the_heaviest_keys_in_bounded_memory() {
+        let mut c = HotCounter::default();
+        // Key i is read 20000 / (i + 1) times, among 60000 one-off keys.
+        for round in 0..20_000u32 {
+            for i in 0..20u32 {
+                if round % (i + 1) == 0 {
+                    c.record(&Bytes::from(format!("hot:{i}")));
+                }
+            }
+            for j in 0..3 {
+                c.record(&Bytes::from(format!("cold:{round}:{j}")));
+            }
+        }
+        let top = c.rotate();
+        assert!(top.len() <= TOP_K);
+        for i in 0..20 {
+            let key = Bytes::from(format!("hot:{i}"));
+            assert!(top.iter().any(|(k, _)| *k == key), "hot:{i} missing");
+        }
+        assert!(c.rotate().is_empty(), "a new window starts empty");
+    }
+
+    #[test]
+    fn copies_expire_with_their_lease_and_refuse_after_invalidation() {
+        let mut c = Copies::default();
+        let k = Bytes::from_static(b"k");
+        assert!(c.insert(
+            k.clone(),
+            Bytes::from_static(b"v"),
+            0,
+            Duration::from_secs(5)
+        ));
+        assert_eq!(c.get(b"k"), Some(&Bytes::from_static(b"v")));
+        assert!(
+            !c.renew(b"k", LEASE, crc32c::crc32c(b"other")),
+            "another value"
+        );
+        assert_eq!(c.get(b"k"), None, "dropped: it was a copy of another value");
+        assert!(c.insert(
+            k.clone(),
+            Bytes::from_static(b"v"),
+            0,
+            Duration::from_secs(5)
+        ));
+        assert!(c.renew(b"k", Duration::from_millis(0), crc32c::crc32c(b"v")));
+        assert_eq!(c.get(b"k"), None, "lapsed lease");
+        c.invalidate(&k);
+        assert!(
+            !c.insert(k.clone(), Bytes::from_static(b"v"), 0, LEASE),
+            "tombstoned"
+        );
+        assert_eq!(c.bytes(), 0);
+        // The owner's expiry bounds the copy too.
+        let past = kvtier_store::now_ms() - 1;
+        assert!(c.insert(
+            Bytes::from_static(b"e"),
+            Bytes::from_static(b"x"),
+            past,
+            LEASE
+        ));
+        assert_eq!(c.get(b"e"), None);
+        c.purge(Instant::now());
+        assert!(c.is_empty());
+    }
 }

@@ -1,19 +1,23 @@
-//! kvtier cluster: slots placed over nodes by rendezvous hashing, a
-//! Redis Cluster–compatible topology, forwarding between nodes, and copies
-//! of hot blocks on extra nodes.
+//! kvtier-cluster: what a node knows and does as one of several, with no
+//! knowledge of commands (the server decides what a command needs; see
+//! its `coordination` module).
 //!
 //! * [`topology`]: the slot map every node computes from the node list.
 //! * Membership (here): the node list and its epoch, which nodes answer,
-//!   kept by a gossip thread that pings every peer with `CLUSTER PING`,
-//!   carrying the list so the highest epoch (CLUSTER SETNODES) spreads.
-//! * [`peer`]: pooled, pipelined connections that carry forwarded commands.
-//! * [`route`]: what a node does with a command for slots it does not own
-//!   (run, forward, redirect, or coordinate across nodes).
-//! * [`hot`]: read counting and the copies of hot keys.
+//!   kept by a gossip thread ([`gossip`]) that pings every peer with
+//!   `CLUSTER PING`, carrying the list so the highest epoch (CLUSTER
+//!   SETNODES) spreads.
+//! * [`peer`]: pooled, pipelined connections that carry forwarded commands,
+//!   and who this node is to its peers ([`peer::Identity`]).
+//! * [`hot`]: read counting, the copies of other nodes' hot keys, and the
+//!   copy / lease / invalidation exchange.
+//!
+//! Depends on kvtier-protocol (the wire to peers) and kvtier-store (the
+//! slot function) only.
 
+pub mod gossip;
 pub mod hot;
 pub mod peer;
-pub mod route;
 pub mod topology;
 
 use std::collections::HashMap;
@@ -21,16 +25,32 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use kvtier_protocol::reply::encode_command;
-use kvtier_protocol::{Reply, ReplyParser};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use topology::{format_nodes, parse_nodes, Node, View};
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::config::Config;
-use crate::server::Shared;
+use peer::Identity;
+use topology::{format_nodes, parse_nodes, Node, View};
+
+/// How a node is set up as a member (flags `--cluster-*`, `--node-id`,
+/// `--hot-key-*`).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// `ID@HOST:PORT,...`: the members (empty: not a cluster).
+    pub nodes: String,
+    /// This node's id; `None`: the member with `port` on a local address.
+    pub node_id: Option<String>,
+    /// The port this node serves.
+    pub port: u16,
+    /// Epoch of the list.
+    pub epoch: u64,
+    /// Answer MOVED instead of forwarding.
+    pub redirect: bool,
+    /// Milliseconds of silence after which a peer counts as failed.
+    pub node_timeout_ms: u64,
+    /// Reads per second that make a key hot (0: no copies).
+    pub hot_threshold: u64,
+    /// Extra nodes a hot key is copied to.
+    pub hot_replicas: usize,
+}
 
 /// Counters for INFO and metrics.
 #[derive(Default)]
@@ -76,6 +96,8 @@ pub struct Cluster {
     pub hot: Mutex<hot::HotState>,
     /// Number of this node's keys with copies (checked on every write).
     pub replicated_count: AtomicUsize,
+    /// Who this node is to its peers.
+    pub identity: Identity,
     members: Mutex<Members>,
     view: RwLock<Arc<View>>,
     version: AtomicU64,
@@ -83,17 +105,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The cluster of `config`, or `None` for a plain single server.
-    pub fn from_config(config: &Config) -> Result<Option<Cluster>, String> {
-        let Some(list) = config.cluster_nodes.as_deref().filter(|s| !s.is_empty()) else {
+    /// The cluster of `settings`, or `None` for a plain single server (no
+    /// node list). Peers are authenticated with what `password` returns
+    /// when a connection to one opens.
+    pub fn new(
+        settings: &Settings,
+        password: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) -> Result<Option<Cluster>, String> {
+        let list = settings.nodes.trim();
+        if list.is_empty() {
             return Ok(None);
-        };
+        }
         let nodes = parse_nodes(list)?;
-        let me = match &config.node_id {
+        let me = match &settings.node_id {
             Some(id) => id.clone(),
             None => nodes
                 .iter()
-                .find(|n| n.port == config.port && is_local(&n.host))
+                .find(|n| n.port == settings.port && is_local(&n.host))
                 .map(|n| n.id.clone())
                 .ok_or(
                     "--cluster-nodes needs --node-id (no member has this port on a local host)",
@@ -104,17 +132,18 @@ impl Cluster {
         }
         let started = Instant::now();
         let members = Members {
-            epoch: config.cluster_epoch,
+            epoch: settings.epoch,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
         };
         let view = Arc::new(build_view(&members, &me, started, Duration::MAX));
         Ok(Some(Cluster {
+            identity: Identity::new(&me, password),
             me,
-            redirect: config.cluster_redirect,
-            node_timeout: Duration::from_millis(config.cluster_node_timeout.max(1)),
-            hot_threshold: config.hot_key_threshold,
-            hot_replicas: config.hot_key_replicas,
+            redirect: settings.redirect,
+            node_timeout: Duration::from_millis(settings.node_timeout_ms.max(1)),
+            hot_threshold: settings.hot_threshold,
+            hot_replicas: settings.hot_replicas,
             stats: ClusterStats::default(),
             hot: Mutex::default(),
             replicated_count: AtomicUsize::new(0),
@@ -166,7 +195,7 @@ impl Cluster {
     }
 
     /// A peer answered a ping.
-    fn heard_from(&self, id: &str) {
+    pub(crate) fn heard_from(&self, id: &str) {
         self.lock().last_seen.insert(id.to_string(), Instant::now());
     }
 
@@ -271,117 +300,4 @@ fn is_local(host: &str) -> bool {
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
-}
-
-/// Starts the gossip thread: every peer is pinged a few times per node
-/// timeout, each by its own task with its own connection, and liveness is
-/// recomputed after every round. Ends at shutdown.
-pub fn start_gossip(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("kvtier-cluster".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    warn!("cluster gossip: cannot start its runtime: {e}");
-                    return;
-                }
-            };
-            runtime.block_on(gossip_loop(shared));
-        })
-}
-
-async fn gossip_loop(shared: Arc<Shared>) {
-    let Some(cluster) = shared.cluster.clone() else {
-        return;
-    };
-    let interval =
-        (cluster.node_timeout / 5).clamp(Duration::from_millis(20), Duration::from_secs(1));
-    let mut shutdown = shared.shutdown_signal();
-    let mut pingers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-    loop {
-        let (_, nodes) = cluster.members();
-        pingers.retain(|key, task| {
-            // A member's pinger that ended (it should not) is started again.
-            let keep = nodes.iter().any(|n| &n.to_string() == key) && !task.is_finished();
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        for node in nodes.into_iter().filter(|n| n.id != cluster.me) {
-            let key = node.to_string();
-            pingers
-                .entry(key)
-                .or_insert_with(|| tokio::spawn(ping_peer(Arc::clone(&shared), node, interval)));
-        }
-        cluster.refresh();
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = shutdown.changed() => break,
-        }
-    }
-    for task in pingers.values() {
-        task.abort();
-    }
-}
-
-/// Pings one peer every `interval` for as long as it is a member.
-async fn ping_peer(shared: Arc<Shared>, node: Node, interval: Duration) {
-    let Some(cluster) = shared.cluster.clone() else {
-        return;
-    };
-    let mut conn: Option<(TcpStream, BytesMut)> = None;
-    loop {
-        let (epoch, nodes) = cluster.members();
-        let ping = encode_command(&[
-            Bytes::from_static(b"CLUSTER"),
-            Bytes::from_static(b"PING"),
-            Bytes::from(cluster.me.clone()),
-            Bytes::from(epoch.to_string()),
-            Bytes::from(format_nodes(&nodes)),
-        ]);
-        let password = shared.config.password();
-        let exchange = async {
-            if conn.is_none() {
-                let mut stream = TcpStream::connect(node.addr()).await?;
-                let _ = stream.set_nodelay(true);
-                if let Some(pass) = &password {
-                    let auth =
-                        encode_command(&[Bytes::from_static(b"AUTH"), Bytes::from(pass.clone())]);
-                    stream.write_all(&auth).await?;
-                    read_reply(&mut stream, &mut BytesMut::new()).await?;
-                }
-                let hello = encode_command(&[
-                    Bytes::from_static(b"CLUSTER"),
-                    Bytes::from_static(b"PEER"),
-                    Bytes::from(cluster.me.clone()),
-                ]);
-                stream.write_all(&hello).await?;
-                read_reply(&mut stream, &mut BytesMut::new()).await?;
-                conn = Some((stream, BytesMut::new()));
-            }
-            let (stream, buf) = conn.as_mut().expect("connected above");
-            stream.write_all(&ping).await?;
-            read_reply(stream, buf).await
-        };
-        let answer = tokio::time::timeout(interval.max(Duration::from_millis(200)), exchange).await;
-        match answer {
-            Ok(Ok(Reply::Array(items))) => {
-                cluster.heard_from(&node.id);
-                if let [Reply::Int(epoch), Reply::Bulk(list)] = items.as_slice() {
-                    cluster.gossip(&node.id, *epoch as u64, &String::from_utf8_lossy(list));
-                }
-            }
-            _ => conn = None,
-        }
-        tokio::time::sleep(interval).await;
-    }
-}
-
-async fn read_reply(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Reply> {
-    ReplyParser::<Reply>::new().read_from(stream, buf).await
 }

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use crate::shard::slot::SLOTS;
+use kvtier_store::slot::SLOTS;
 
 /// One member of the cluster as configured: `ID@HOST:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,12 +21,24 @@ pub struct Node {
     pub host: String,
     /// RESP port.
     pub port: u16,
+    /// `host:port`, formed once (every forwarded command names it).
+    addr: String,
 }
 
 impl Node {
+    /// A member `id` at `host:port`.
+    pub fn new(id: &str, host: &str, port: u16) -> Node {
+        Node {
+            id: id.to_string(),
+            host: host.to_string(),
+            port,
+            addr: format!("{host}:{port}"),
+        }
+    }
+
     /// `host:port`, as MOVED and peers use it.
-    pub fn addr(&self) -> String {
-        format!("{}:{}", self.host, self.port)
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 }
 
@@ -67,11 +79,11 @@ pub fn parse_nodes(list: &str) -> Result<Vec<Node>, String> {
         if nodes.iter().any(|n: &Node| n.id == id) {
             return Err(format!("cluster node id '{id}' appears twice"));
         }
-        nodes.push(Node {
-            id: id.to_string(),
-            host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
+        nodes.push(Node::new(
+            id,
+            host.trim_matches(|c| c == '[' || c == ']'),
             port,
-        });
+        ));
     }
     if nodes.is_empty() {
         return Err("the cluster node list is empty".into());

@@ -1,0 +1,179 @@
+//! Hot-key copies, as commands see them: which reads a copy may answer
+//! and how, the writes that must drop copies before they reply, and the
+//! once-a-window driver that copies this node's hot keys out (the exchange
+//! with the replicas is kvtier-cluster's).
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvtier_cluster::hot::{Copies, Current};
+use kvtier_cluster::Cluster;
+use kvtier_protocol::Reply;
+
+use super::run_local;
+use crate::commands::{table, Client, LocalBoxFuture};
+use crate::shard::slot::key_slot;
+use crate::shard::Shard;
+
+/// Commands a copy can answer.
+pub fn served_by_copies(name: &str) -> bool {
+    matches!(
+        name,
+        "get"
+            | "mget"
+            | "exists"
+            | "strlen"
+            | "getrange"
+            | "substr"
+            | "mexists"
+            | "prefixlen"
+            | "mgetprefix"
+    )
+}
+
+/// Answers a read from this shard's copies, if every key has one.
+pub fn answer_from_copies(
+    copies: &Copies,
+    name: &str,
+    args: &[Bytes],
+    keys: &[usize],
+) -> Option<Reply> {
+    let values: Vec<&Bytes> = keys
+        .iter()
+        .map(|&i| copies.get(&args[i]))
+        .collect::<Option<Vec<_>>>()?;
+    let reply = match name {
+        "get" => Reply::Bulk(values[0].clone()),
+        "mget" => Reply::Array(values.into_iter().map(|v| Reply::Bulk(v.clone())).collect()),
+        "exists" => Reply::Int(values.len() as i64),
+        "strlen" => Reply::Int(values[0].len() as i64),
+        "mexists" => Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()),
+        "prefixlen" => Reply::Int(values.len() as i64),
+        "mgetprefix" => {
+            // Options after the keys: only MAXBYTES can be answered here
+            // (BLOCK has nothing to wait for when every key is present).
+            let read = crate::commands::block::parse_prefix_read(args).ok()?;
+            let mut total = 0u64;
+            let items = values
+                .into_iter()
+                .take_while(|v| {
+                    total += v.len() as u64;
+                    read.max_bytes.is_none_or(|m| total <= m)
+                })
+                .map(|v| Reply::Bulk(v.clone()))
+                .collect();
+            Reply::Array(items)
+        }
+        // GETRANGE's index arithmetic is the command's own: read through.
+        _ => return None,
+    };
+    Some(reply)
+}
+
+/// Once a window, on shard 0: copies the node's hot keys to their replicas
+/// and renews the leases of those still hot.
+pub async fn replicate_hot(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
+    let hot = cluster.aggregate_hot();
+    let view = shard.view();
+    let mine: Vec<Bytes> = hot
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| view.owns(key_slot(k)))
+        .collect();
+    // Keys no longer hot: their copies lapse with the lease.
+    cluster.forget_replicated(&mine);
+    for key in mine {
+        if !cluster.start_copy(&view, &key) {
+            continue;
+        }
+        let current = current_value(shard, key.clone()).await;
+        cluster.finish_copy(&shard.peers, &view, key, current).await;
+    }
+}
+
+/// The owner's value of `key` now, read on the shard that holds it.
+async fn current_value(shard: &Shard, key: Bytes) -> Current {
+    let slot = key_slot(&key);
+    let now = kvtier_store::now_ms();
+    shard
+        .call(shard.owner_of(slot), move |s| {
+            let mut store = s.store.borrow_mut();
+            let Some(expire_at) = store.peek(slot, &key, now).map(|e| e.expire_at) else {
+                return Current::Absent;
+            };
+            match store.fetch(slot, &key, now) {
+                Some(kvtier_store::Fetched::Now(v)) => Current::Value(v, expire_at),
+                // On disk: copies lapse with their lease (the read promotes it).
+                Some(_) => Current::Unknown,
+                None => Current::Absent,
+            }
+        })
+        .await
+        .unwrap_or(Current::Unknown)
+}
+
+/// Tells every node holding a copy of one of `keys` to drop it, and waits.
+pub async fn uncopy(shard: &Shard, cluster: &Cluster, keys: Vec<(Bytes, Vec<String>)>) {
+    if keys.is_empty() {
+        return;
+    }
+    let view = shard.view();
+    cluster.uncopy(&shard.peers, &view, keys).await;
+}
+
+/// Applies `f` to every shard's copies (a copy is served by whichever
+/// shard the reading client is on).
+pub async fn on_all_copies(
+    shard: &Shard,
+    f: impl Fn(&mut Copies) -> bool + Send + Sync + 'static,
+) -> bool {
+    let f = Arc::new(f);
+    let results = shard
+        .call_all(move |s| f(&mut s.copies.borrow_mut()))
+        .await
+        .unwrap_or_default();
+    results.into_iter().any(|r| r)
+}
+
+/// A write to keys that have copies elsewhere: run it here, then drop the
+/// copies, and only then reply (once DEL returns, no node serves the key).
+pub fn write_through(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let reply = run_local(client, args.clone()).await;
+        if let Some(cluster) = client.shard.shared.cluster.clone() {
+            let keys = table()
+                .lookup(&args[0])
+                .and_then(|(_, spec)| spec.key_indexes(&args))
+                .unwrap_or_default();
+            let taken: Vec<(Bytes, Vec<String>)> = keys
+                .iter()
+                .filter_map(|&i| {
+                    cluster
+                        .take_replicated(&args[i])
+                        .map(|n| (args[i].clone(), n))
+                })
+                .collect();
+            uncopy(&client.shard, &cluster, taken).await;
+        }
+        reply
+    })
+}
+
+/// FLUSHALL / FLUSHDB in a cluster: also drops every copy this node made
+/// elsewhere and every copy it holds.
+pub fn flush_through(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let reply = run_local(client, args).await;
+        if let Some(cluster) = client.shard.shared.cluster.clone() {
+            let taken = cluster.take_all_replicated().into_iter().collect();
+            uncopy(&client.shard, &cluster, taken).await;
+            on_all_copies(&client.shard, |c| {
+                c.clear();
+                true
+            })
+            .await;
+        }
+        reply
+    })
+}
