@@ -1,0 +1,167 @@
+"""The block dialect's requests and replies, shared by the sync and asyncio
+clients (see docs/commands.md for the server side)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+from urllib.parse import unquote, urlparse
+
+from ._resp import Arg
+from .errors import ProtocolError
+
+Key = Union[str, bytes]
+#: A value to store: one buffer, or several sent back to back as one value.
+Value = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, memoryview]]]
+
+
+def _keys(keys: Sequence[Key]) -> list[Arg]:
+    if not keys:
+        raise ValueError("at least one key is needed")
+    return [len(keys), *keys]
+
+
+def prefixlen_args(keys: Sequence[Key]) -> list[Arg]:
+    """``PREFIXLEN numkeys key...``"""
+    return ["PREFIXLEN", *_keys(keys)]
+
+
+def mexists_args(keys: Sequence[Key]) -> list[Arg]:
+    """``MEXISTS numkeys key...``"""
+    return ["MEXISTS", *_keys(keys)]
+
+
+def mgetprefix_args(
+    keys: Sequence[Key],
+    max_bytes: int | None = None,
+    block_ms: int | None = None,
+    min: int | None = None,  # noqa: A002 - the dialect's own option name
+) -> list[Arg]:
+    """``MGETPREFIX numkeys key... [MAXBYTES b] [BLOCK ms [MIN m]]``"""
+    args: list[Arg] = ["MGETPREFIX", *_keys(keys)]
+    if max_bytes is not None:
+        args += ["MAXBYTES", int(max_bytes)]
+    if block_ms is not None:
+        args += ["BLOCK", int(block_ms)]
+        if min is not None:
+            args += ["MIN", int(min)]
+    elif min is not None:
+        raise ValueError("min needs block_ms")
+    return args
+
+
+def msetblock_args(
+    keys: Sequence[Key],
+    values: Sequence[Value],
+    parent: Key | None = None,
+    replace: bool = False,
+    chain: bool = True,
+    ex: int | None = None,
+    px: int | None = None,
+) -> list[Arg]:
+    """``MSETBLOCK n key value... [EX s | PX ms] [CHAIN [PARENT p]] [REPLACE]``"""
+    if len(keys) != len(values):
+        raise ValueError("%d keys but %d values" % (len(keys), len(values)))
+    if not keys:
+        raise ValueError("at least one block is needed")
+    if parent is not None and not chain:
+        raise ValueError("parent needs chain=True")
+    if ex is not None and px is not None:
+        raise ValueError("give ex or px, not both")
+    args: list[Arg] = ["MSETBLOCK", len(keys)]
+    for k, v in zip(keys, values):
+        args.append(k)
+        args.append(v)  # type: ignore[arg-type]
+    if ex is not None:
+        args += ["EX", int(ex)]
+    if px is not None:
+        args += ["PX", int(px)]
+    if chain:
+        args.append("CHAIN")
+        if parent is not None:
+            args += ["PARENT", parent]
+    if replace:
+        args.append("REPLACE")
+    return args
+
+
+def int_reply(reply: object) -> int:
+    if not isinstance(reply, int):
+        raise ProtocolError("expected an integer reply, got %r" % (reply,))
+    return reply
+
+
+def int_list_reply(reply: object, n: int | None = None) -> list[int]:
+    if not isinstance(reply, list) or not all(isinstance(x, int) for x in reply):
+        raise ProtocolError("expected an array of integers, got %r" % (reply,))
+    if n is not None and len(reply) != n:
+        raise ProtocolError("expected %d integers, got %d" % (n, len(reply)))
+    return reply
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server address."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return "%s:%d" % (self.host, self.port)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a ``kvtier://`` URL says: the nodes and how to talk to them."""
+
+    nodes: tuple[Node, ...]
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+
+
+def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tuple[Node, ...]:
+    """``"h1:p1,h2:p2"``, ``["h1:p1", ("h2", p2)]`` -> nodes (port 6379 by default)."""
+    items: list[Union[str, tuple[str, int]]]
+    if isinstance(spec, str):
+        items = [s for s in spec.split(",") if s.strip()]
+    else:
+        items = list(spec)
+    nodes = []
+    for item in items:
+        if isinstance(item, tuple):
+            host, port = item
+        else:
+            text = item.strip()
+            if text.startswith("["):  # [::1]:6379
+                host, _, rest = text[1:].partition("]")
+                port = int(rest[1:]) if rest.startswith(":") else 6379
+            elif text.count(":") == 1:
+                host, p = text.split(":")
+                port = int(p)
+            else:
+                host, port = text, 6379
+        if not host:
+            raise ValueError("no host in %r" % (item,))
+        nodes.append(Node(host, int(port)))
+    if not nodes:
+        raise ValueError("no nodes in %r" % (spec,))
+    return tuple(nodes)
+
+
+def parse_url(url: str) -> Endpoint:
+    """Parses ``kvtier://[user:password@]host:port[,host:port...]`` (``kvtiers://``
+    for TLS). Several hosts name nodes of one cluster."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("kvtier", "kvtiers"):
+        raise ValueError("not a kvtier:// URL: %r" % url)
+    auth, at, hosts = rest.rpartition("@")
+    hosts = hosts.split("/", 1)[0].split("?", 1)[0]
+    username = password = None
+    if at:
+        # urlparse understands user:password; reuse it for the unquoting.
+        parsed = urlparse("x://%s@h" % auth)
+        username = unquote(parsed.username) if parsed.username else None
+        password = unquote(parsed.password) if parsed.password else None
+    return Endpoint(parse_nodes(hosts), username, password, scheme == "kvtiers")

@@ -1,0 +1,369 @@
+"""RESP without I/O: request encoding and a reply parser that lands bulk
+payloads in caller buffers.
+
+Both clients (``kvtier.Client`` over redis-py's sockets and
+``kvtier.AsyncClient`` over an asyncio ``BufferedProtocol``) drive the same
+:class:`ReplyParser`; only the way bytes arrive differs::
+
+    parser = ReplyParser(sink)
+    while not parser.done:
+        n = sock.recv_into(parser.buffer())   # or: BufferedProtocol.get_buffer
+        parser.advance(n)                     #     and buffer_updated(n)
+    reply = parser.result()
+
+``buffer()`` returns either a window of the parser's small scratch buffer
+(for headers, integers, errors and small replies) or, while the payload of a
+bulk string in a sink-handled array is arriving, a slice of the caller's own
+buffer: the kernel copies those bytes straight into the destination. Only the
+few bytes that arrive in the same read as a bulk header (at most
+``HEADER_READ`` of each value) pass through the scratch buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Union
+
+from .errors import ProtocolError, ResponseError
+
+#: A request argument: bytes-like, text (UTF-8), an integer, or a sequence of
+#: bytes-like pieces sent back to back as one bulk string (a value gathered
+#: from several buffers without joining them).
+Arg = Union[bytes, bytearray, memoryview, str, int, Sequence[Union[bytes, bytearray, memoryview]]]
+
+#: Where the payload of bulk string ``index`` (``length`` bytes) goes: an
+#: iterable of writable buffers filled in order. A generator may look at the
+#: bytes of one buffer (a header) before it yields the next. Bytes left over
+#: when it ends (or yields ``None``) are read and dropped.
+BulkSink = Callable[[int, int], Iterable[Union[memoryview, bytearray, None]]]
+
+#: Pieces of at most this size are copied into one request buffer; larger
+#: ones are sent from the caller's memory as they are.
+SMALL_PIECE = 16 * 1024
+#: Bytes read at a time while a sink-handled array expects its next bulk
+#: header, so that little of the payload after it lands in scratch memory.
+HEADER_READ = 32
+SCRATCH_SIZE = 64 * 1024
+#: Longest header line accepted (an integer, a simple string, an error).
+MAX_LINE = 64 * 1024
+
+
+def _as_bytes(arg: Union[bytes, bytearray, memoryview, str, int]) -> Union[bytes, bytearray, memoryview]:
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, bool):
+        raise TypeError("a bool is not a RESP argument")
+    if isinstance(arg, int):
+        return str(arg).encode()
+    return arg
+
+
+def _nbytes(buf: Union[bytes, bytearray, memoryview]) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def encode_command(args: Sequence[Arg]) -> list[Union[bytes, bytearray, memoryview]]:
+    """Encodes one command as a list of buffers to send in order.
+
+    Small arguments are joined into shared buffers; large ones are passed
+    through as memoryviews of the caller's memory, never copied.
+    """
+    out: list[Union[bytes, bytearray, memoryview]] = []
+    head = bytearray(b"*%d\r\n" % len(args))
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            pieces = [_as_bytes(p) for p in arg]
+        else:
+            pieces = [_as_bytes(arg)]  # type: ignore[arg-type]
+        total = sum(_nbytes(p) for p in pieces)
+        head += b"$%d\r\n" % total
+        for piece in pieces:
+            if _nbytes(piece) <= SMALL_PIECE:
+                head += piece
+            else:
+                out.append(head)
+                view = piece if isinstance(piece, memoryview) else memoryview(piece)
+                out.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+                head = bytearray()
+        head += b"\r\n"
+    if head:
+        out.append(head)
+    return out
+
+
+class _Container:
+    """An aggregate being filled: what kind, how many items are still due."""
+
+    __slots__ = ("kind", "items", "left")
+
+    def __init__(self, kind: bytes, left: int) -> None:
+        self.kind = kind
+        self.items: list[object] = []
+        self.left = left
+
+
+class ReplyParser:
+    """Parses exactly one RESP2/RESP3 reply fed through :meth:`buffer`.
+
+    With a ``sink``, the bulk strings that are direct items of a top-level
+    array are not returned as ``bytes``: their payloads go where the sink
+    says, and the array holds each one's length instead. Errors at the top
+    level are raised by :meth:`result`; errors inside an aggregate are kept as
+    :class:`ResponseError` items.
+    """
+
+    def __init__(self, sink: BulkSink | None = None) -> None:
+        self._sink = sink
+        self._scratch = bytearray(SCRATCH_SIZE)
+        self._view = memoryview(self._scratch)
+        self._start = 0  # first unparsed byte in scratch
+        self._end = 0  # end of received bytes in scratch
+        self._stack: list[_Container] = []
+        self._done = False
+        self._value: object = None
+        # A bulk string being received: bytes still due (payload + CRLF).
+        self._bulk_left = 0
+        self._bulk_len = 0
+        self._bulk_direct = False
+        self._bulk_buf: bytearray | None = None  # small bulk assembled here
+        self._bulk_pos = 0
+        self._targets: Iterator[memoryview | bytearray | None] | None = None
+        self._target: memoryview | None = None  # unfilled part of the current target
+        self._bulk_index = 0  # index of the next sink-handled bulk
+
+    # -- driver interface -------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """True once a whole reply has been parsed."""
+        return self._done
+
+    def buffer(self) -> memoryview:
+        """Where the next received bytes should be written (never empty)."""
+        if self._bulk_left > 2:
+            payload_left = self._bulk_left - 2
+            if self._target is not None:
+                return self._target[: min(self._target.nbytes, payload_left)]
+            if self._bulk_buf is not None:
+                return memoryview(self._bulk_buf)[self._bulk_pos : self._bulk_pos + payload_left]
+            limit = self._bulk_left  # payload nobody wants: dropped from scratch
+        elif self._small_reads():
+            limit = HEADER_READ
+        else:
+            limit = SCRATCH_SIZE
+        self._compact()
+        room = min(len(self._scratch) - self._end, limit)
+        if room <= 0:
+            raise ProtocolError("reply line longer than %d bytes" % MAX_LINE)
+        return self._view[self._end : self._end + room]
+
+    def advance(self, n: int) -> None:
+        """Records that ``n`` bytes were written into the last :meth:`buffer`."""
+        if n <= 0:
+            raise ValueError("advance needs a positive byte count")
+        if self._bulk_left > 2 and self._target is not None:
+            self._bulk_left -= n
+            if n >= self._target.nbytes:
+                self._next_target()
+            else:
+                self._target = self._target[n:]
+        elif self._bulk_left > 2 and self._bulk_buf is not None:
+            self._bulk_pos += n
+            self._bulk_left -= n
+        else:
+            self._end += n
+        self._parse()
+
+    def result(self) -> object:
+        """The parsed reply; raises :class:`ResponseError` for an error reply."""
+        if not self._done:
+            raise ProtocolError("reply is not complete")
+        if isinstance(self._value, ResponseError):
+            raise self._value
+        return self._value
+
+    # -- parsing ------------------------------------------------------------
+
+    def _compact(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > SCRATCH_SIZE // 2:
+            n = self._end - self._start
+            self._scratch[:n] = self._scratch[self._start : self._end]
+            self._start, self._end = 0, n
+
+    def _small_reads(self) -> bool:
+        """While a sink-handled array's headers are due, read little at a time."""
+        return self._sink is not None and (
+            not self._stack or (len(self._stack) == 1 and self._stack[0].kind == b"*")
+        )
+
+    def _line(self) -> bytes | None:
+        i = self._scratch.find(b"\r\n", self._start, self._end)
+        if i < 0:
+            if self._end - self._start > MAX_LINE:
+                raise ProtocolError("reply line longer than %d bytes" % MAX_LINE)
+            return None
+        line = bytes(self._scratch[self._start : i])
+        self._start = i + 2
+        return line
+
+    def _parse(self) -> None:
+        while not self._done:
+            if self._bulk_left:
+                if not self._continue_bulk():
+                    return
+                continue
+            line = self._line()
+            if line is None:
+                return
+            if not line:
+                raise ProtocolError("empty reply line")
+            kind, rest = line[:1], line[1:]
+            if kind in (b"+",):
+                self._emit(rest)
+            elif kind == b"-":
+                self._emit(ResponseError(rest.decode(errors="replace")))
+            elif kind == b":":
+                self._emit(self._int(rest))
+            elif kind in (b"$", b"=", b"!"):
+                length = self._int(rest)
+                if length < 0:
+                    self._emit(None)
+                else:
+                    self._start_bulk(kind, length)
+            elif kind in (b"*", b"~", b">"):
+                count = self._int(rest)
+                if count < 0:
+                    self._emit(None)
+                elif count == 0:
+                    self._emit([])
+                else:
+                    self._stack.append(_Container(kind, count))
+            elif kind == b"%":
+                count = self._int(rest)
+                if count == 0:
+                    self._emit({})
+                else:
+                    self._stack.append(_Container(kind, 2 * count))
+            elif kind == b"_":
+                self._emit(None)
+            elif kind == b"#":
+                self._emit(rest == b"t")
+            elif kind == b",":
+                self._emit(float(rest))
+            elif kind == b"(":
+                self._emit(self._int(rest))
+            else:
+                raise ProtocolError("unknown RESP type byte %r" % kind)
+
+    @staticmethod
+    def _int(text: bytes) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ProtocolError("not an integer: %r" % text[:40]) from None
+
+    def _start_bulk(self, kind: bytes, length: int) -> None:
+        self._bulk_len = length
+        self._bulk_left = length + 2
+        self._bulk_direct = kind == b"$" and self._expect_direct_bulk_item()
+        self._bulk_buf = None
+        self._bulk_pos = 0
+        self._target = None
+        self._targets = None
+        if self._bulk_direct:
+            assert self._sink is not None
+            index = self._bulk_index
+            self._bulk_index += 1
+            self._targets = iter(self._sink(index, length))
+            self._next_target()
+        else:
+            self._bulk_buf = bytearray(length)
+        self._take_buffered()
+
+    def _expect_direct_bulk_item(self) -> bool:
+        return self._sink is not None and len(self._stack) == 1 and self._stack[0].kind == b"*"
+
+    def _next_target(self) -> None:
+        self._target = None
+        if self._targets is None:
+            return
+        for t in self._targets:
+            if t is None:
+                break
+            view = t if isinstance(t, memoryview) else memoryview(t)
+            if view.readonly:
+                raise TypeError("a sink yielded a read-only buffer")
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            if view.nbytes:
+                self._target = view
+                return
+        self._targets = None
+
+    def _take_buffered(self) -> None:
+        """Moves payload bytes that arrived in scratch along with the header."""
+        while self._bulk_left > 2 and self._start < self._end:
+            payload_left = self._bulk_left - 2
+            avail = min(self._end - self._start, payload_left)
+            if self._target is not None:
+                n = min(avail, self._target.nbytes)
+                self._target[:n] = self._view[self._start : self._start + n]
+                self._target = self._target[n:] if n < self._target.nbytes else None
+                if self._target is None:
+                    self._next_target()
+            elif self._bulk_buf is not None:
+                n = avail
+                self._bulk_buf[self._bulk_pos : self._bulk_pos + n] = self._view[self._start : self._start + n]
+                self._bulk_pos += n
+            else:
+                n = avail  # dropped: nobody wants these bytes
+            self._start += n
+            self._bulk_left -= n
+
+    def _continue_bulk(self) -> bool:
+        """Finishes the current bulk if its bytes are here; False if not yet."""
+        if self._bulk_left > 2:
+            self._take_buffered()
+            if self._bulk_left > 2:
+                return False
+        if self._end - self._start < 2:
+            return False
+        if self._scratch[self._start : self._start + 2] != b"\r\n":
+            raise ProtocolError("bulk string not followed by CRLF")
+        self._start += 2
+        self._bulk_left = 0
+        if self._bulk_direct:
+            self._targets = None
+            self._target = None
+            self._emit(self._bulk_len)
+        else:
+            value = self._bulk_buf if self._bulk_buf is not None else bytearray()
+            self._bulk_buf = None
+            # Small values as bytes; a large one stays the bytearray it was
+            # received into (no second copy).
+            self._emit(bytes(value) if len(value) <= SMALL_PIECE else value)
+        return True
+
+    def _emit(self, value: object) -> None:
+        while True:
+            if not self._stack:
+                self._value = value
+                self._done = True
+                return
+            top = self._stack[-1]
+            top.items.append(value)
+            top.left -= 1
+            if top.left:
+                return
+            self._stack.pop()
+            if top.kind == b"%":
+                it = iter(top.items)
+                value = {_hashable(k): v for k, v in zip(it, it)}
+            else:
+                value = top.items
+
+
+def _hashable(key: object) -> object:
+    return tuple(key) if isinstance(key, list) else key

@@ -1,0 +1,366 @@
+"""The synchronous client: the block dialect over redis-py's connections."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Optional, Union, overload
+
+import redis
+import redis.connection
+import redis.exceptions
+
+from . import _commands as cmd
+from ._buffers import BufferSink, Buffer
+from ._commands import Key, Node, Value
+from ._resp import Arg, BulkSink, ReplyParser, encode_command
+from .errors import ConnectionError, ProtocolError, ResponseError, TimeoutError
+
+#: Seconds a node that refused a connection is skipped before it is tried again.
+NODE_RETRY_AFTER = 2.0
+#: How often a command that got ``TRYAGAIN`` (a cluster node died and is not
+#: yet detected) is sent again, and the pause between tries.
+TRYAGAIN_TRIES = 20
+TRYAGAIN_PAUSE = 0.1
+
+
+class _Retry(Exception):
+    """Internal: the command did not reach this node; try it elsewhere."""
+
+    def __init__(self, cause: BaseException, node: Optional[Node] = None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.node = node
+
+
+def _no_setinfo() -> dict[str, None]:
+    """Options that make redis-py skip its ``CLIENT SETINFO`` round trips on
+    connect (spelled differently across redis-py versions)."""
+    params = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    if "driver_info" in params:
+        return {"driver_info": None}
+    if "lib_name" in params:
+        return {"lib_name": None, "lib_version": None}
+    return {}
+
+
+_NO_SETINFO = _no_setinfo()
+
+
+def _get_connection(pool: redis.ConnectionPool) -> redis.Connection:
+    try:
+        return pool.get_connection()  # type: ignore[call-arg,no-any-return]
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return pool.get_connection("_")  # type: ignore[arg-type,no-any-return]
+
+
+class Client:
+    """A kvtier client for one node or a cluster's nodes (thread-safe).
+
+    ``nodes`` is ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of addresses.
+    kvtier nodes coordinate multi-key dialect commands themselves (the node
+    that receives ``PREFIXLEN``/``MGETPREFIX``/``MSETBLOCK`` splits the keys by
+    owner and merges the answers), so each command goes to one node: the
+    client spreads commands over the nodes in turn and skips nodes that do
+    not answer. See docs/connectors.md for the measurement behind this.
+
+    Connections come from one redis-py ``ConnectionPool`` per node (AUTH,
+    TLS, timeouts); :attr:`redis` is a plain ``redis.Redis`` for every other
+    command.
+    """
+
+    def __init__(
+        self,
+        nodes: Union[str, Sequence[Union[str, tuple[str, int]]]] = "127.0.0.1:6379",
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        ssl: bool = False,
+        socket_timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        max_connections: Optional[int] = None,
+        **connection_kwargs: Any,
+    ) -> None:
+        self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
+        self.socket_timeout = socket_timeout
+        self._options: dict[str, Any] = dict(
+            username=username,
+            password=password,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            connection_class=redis.SSLConnection if ssl else redis.Connection,
+            **connection_kwargs,
+        )
+        self._pools = [self._make_pool(n) for n in self.nodes]
+        self._down_until = [0.0] * len(self.nodes)
+        self._lock = threading.Lock()
+        self._turn = random.randrange(len(self.nodes))
+        self._extra: dict[Node, redis.ConnectionPool] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "Client":
+        """A client for ``kvtier://[user:pass@]host:port[,host:port...]``."""
+        ep = cmd.parse_url(url)
+        kwargs.setdefault("username", ep.username)
+        kwargs.setdefault("password", ep.password)
+        kwargs.setdefault("ssl", ep.ssl)
+        return cls([(n.host, n.port) for n in ep.nodes], **kwargs)
+
+    def _make_pool(self, node: Node) -> redis.ConnectionPool:
+        opts = {k: v for k, v in self._options.items() if v is not None}
+        opts.update(_NO_SETINFO)
+        return redis.ConnectionPool(host=node.host, port=node.port, protocol=2, **opts)
+
+    @property
+    def redis(self) -> redis.Redis:
+        """A redis-py client on the first node, for commands outside the dialect."""
+        return redis.Redis(connection_pool=self._pools[0])
+
+    def close(self) -> None:
+        """Closes every pooled connection."""
+        for pool in [*self._pools, *self._extra.values()]:
+            pool.disconnect()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the dialect ----------------------------------------------------------
+
+    def prefix_len(self, keys: Sequence[Key]) -> int:
+        """How many leading keys are present (one ``PREFIXLEN``; no side effects)."""
+        return cmd.int_reply(self.execute(*cmd.prefixlen_args(keys)))
+
+    def exists_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key is present, in order (one ``MEXISTS``)."""
+        reply = cmd.int_list_reply(self.execute(*cmd.mexists_args(keys)), len(keys))
+        return [bool(x) for x in reply]
+
+    @overload
+    def get_prefix(
+        self,
+        keys: Sequence[Key],
+        *,
+        max_bytes: Optional[int] = ...,
+        block_ms: Optional[int] = ...,
+        min: Optional[int] = ...,
+        into: None = ...,
+    ) -> list[Union[bytes, bytearray]]: ...
+
+    @overload
+    def get_prefix(
+        self,
+        keys: Sequence[Key],
+        *,
+        max_bytes: Optional[int] = ...,
+        block_ms: Optional[int] = ...,
+        min: Optional[int] = ...,
+        into: Union[Sequence[Buffer], BulkSink],
+    ) -> list[int]: ...
+
+    def get_prefix(
+        self,
+        keys: Sequence[Key],
+        *,
+        max_bytes: Optional[int] = None,
+        block_ms: Optional[int] = None,
+        min: Optional[int] = None,  # noqa: A002 - the dialect's option name
+        into: Union[Sequence[Buffer], BulkSink, None] = None,
+    ) -> Union[list[Union[bytes, bytearray]], list[int]]:
+        """The values of the longest run of leading keys that are present
+        (one ``MGETPREFIX``).
+
+        Without ``into`` the values come back as bytes. With ``into`` — one
+        writable buffer per key (a ``bytearray``, a ``memoryview``, a numpy
+        array, a tensor's storage...) or a sink ``(index, length) ->
+        iterable of buffers`` — each value is received straight into its
+        buffer and the call returns the values' lengths. A value longer than
+        its buffer raises :class:`~kvtier.errors.BufferTooSmall` after the
+        reply has been read.
+
+        ``max_bytes`` caps the total size of the prefix; ``block_ms`` waits
+        up to that long for missing keys (for at least ``min`` of them).
+        """
+        args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
+        extra = block_ms / 1000.0 if block_ms else 0.0
+        if into is None:
+            reply = self._run(args, None, extra)
+            if not isinstance(reply, list):
+                raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
+            return reply
+        sink = BufferSink.of(into, len(keys))
+        reply = self._run(args, sink, extra)
+        return sink.finish(reply)
+
+    def put_chain(
+        self,
+        keys: Sequence[Key],
+        values: Sequence[Value],
+        parent: Optional[Key] = None,
+        replace: bool = False,
+        *,
+        chain: bool = True,
+        ex: Optional[int] = None,
+        px: Optional[int] = None,
+    ) -> list[int]:
+        """Stores blocks as a chain in one ``MSETBLOCK ... CHAIN [PARENT p]``.
+
+        Each value is a buffer or a sequence of buffers sent back to back as
+        one value (header and payload without joining them). Existing keys
+        are kept unless ``replace``. Returns one code per block: 1 stored,
+        0 already present, -1 not stored (see docs/commands.md).
+        """
+        args = cmd.msetblock_args(keys, values, parent, replace, chain, ex, px)
+        return cmd.int_list_reply(self.execute(*args), len(keys))
+
+    def scan_keys(self, pattern: str = "*", count: int = 1000) -> list[str]:
+        """Every key matching ``pattern`` on every node (``SCAN`` is per node,
+        as in Redis Cluster)."""
+        found: list[str] = []
+        for pool in self._pools:
+            found.extend(k.decode() for k in redis.Redis(connection_pool=pool).scan_iter(match=pattern, count=count))
+        return found
+
+    def execute(self, *args: Arg) -> object:
+        """Sends any command and returns its parsed reply (bulk strings as
+        bytes); an error reply raises :class:`~kvtier.errors.ResponseError`."""
+        return self._run(list(args), None, 0.0)
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _order(self) -> list[int]:
+        with self._lock:
+            start = self._turn
+            self._turn = (self._turn + 1) % len(self.nodes)
+        now = time.monotonic()
+        order = [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
+        up = [i for i in order if self._down_until[i] <= now]
+        down = [i for i in order if self._down_until[i] > now]
+        return up + down
+
+    def _pool_for(self, node: Node) -> redis.ConnectionPool:
+        if node in self.nodes:
+            return self._pools[self.nodes.index(node)]
+        with self._lock:
+            if node not in self._extra:
+                self._extra[node] = self._make_pool(node)
+            return self._extra[node]
+
+    def _run(self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float) -> object:
+        buffers = encode_command(args)
+        errors: list[str] = []
+        timed_out = False
+        tryagain = 0
+        order = self._order()
+        targets: list[Union[int, Node]] = list(order)
+        while targets:
+            target = targets.pop(0)
+            if isinstance(target, int):
+                pool, node = self._pools[target], self.nodes[target]
+            else:
+                pool, node = self._pool_for(target), target
+            try:
+                return self._run_on(pool, buffers, sink, extra_timeout)
+            except _Retry as r:
+                errors.append("%s: %s" % (node, r.cause))
+                timed_out = isinstance(r.cause, TimeoutError)
+                if r.node is not None:  # MOVED: the owner is elsewhere
+                    targets.insert(0, r.node)
+                    continue
+                if isinstance(r.cause, ResponseError):  # TRYAGAIN
+                    tryagain += 1
+                    if tryagain < TRYAGAIN_TRIES:
+                        time.sleep(TRYAGAIN_PAUSE)
+                        targets.insert(0, target)
+                        continue
+                    raise r.cause from None
+                if isinstance(target, int):
+                    self._down_until[target] = time.monotonic() + NODE_RETRY_AFTER
+        if timed_out:
+            raise TimeoutError("no kvtier node answered in time: " + "; ".join(errors))
+        raise ConnectionError("no kvtier node answered: " + "; ".join(errors))
+
+    def _run_on(
+        self,
+        pool: redis.ConnectionPool,
+        buffers: list[Union[bytes, bytearray, memoryview]],
+        sink: Optional[BulkSink],
+        extra_timeout: float,
+    ) -> object:
+        try:
+            conn = _get_connection(pool)
+        except redis.exceptions.TimeoutError as e:
+            raise _Retry(TimeoutError("connecting: %s" % e)) from None
+        except (redis.exceptions.ConnectionError, OSError) as e:
+            raise _Retry(e) from None
+        received = False
+        try:
+            try:
+                conn.send_packed_command(buffers, check_health=False)
+            except redis.exceptions.TimeoutError as e:
+                conn.disconnect()
+                raise TimeoutError(str(e)) from None
+            except (redis.exceptions.ConnectionError, OSError) as e:
+                # Nothing was answered: safe to send it again elsewhere (a
+                # stale pooled connection, a node that went away).
+                conn.disconnect()
+                raise _Retry(e) from None
+            sock: Optional[socket.socket] = getattr(conn, "_sock", None)
+            if sock is None:
+                raise ConnectionError("connection closed while sending")
+            if extra_timeout:
+                sock.settimeout(self.socket_timeout + extra_timeout)
+            parser = ReplyParser(sink)
+            while not parser.done:
+                n = sock.recv_into(parser.buffer())
+                if n == 0:
+                    raise ConnectionError("the server closed the connection")
+                received = True
+                parser.advance(n)
+            if extra_timeout:
+                sock.settimeout(self.socket_timeout)
+        except socket.timeout:
+            conn.disconnect()
+            raise TimeoutError("no reply within %.1fs" % (self.socket_timeout + extra_timeout)) from None
+        except (ProtocolError, ConnectionError):
+            conn.disconnect()
+            raise
+        except OSError as e:
+            conn.disconnect()
+            if not received and sink is None:
+                raise _Retry(e) from None
+            raise ConnectionError(str(e)) from e
+        except BaseException:
+            # Anything else mid-reply (a sink raising, KeyboardInterrupt):
+            # the connection is in an unknown state.
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        try:
+            return parser.result()
+        except ResponseError as e:
+            moved = _moved(str(e))
+            if moved is not None:
+                raise _Retry(e, moved) from None
+            if str(e).startswith("TRYAGAIN"):
+                raise _Retry(e) from None
+            raise
+
+
+def _moved(message: str) -> Optional[Node]:
+    """The node of a ``MOVED slot host:port`` error, else None."""
+    parts = message.split()
+    if len(parts) == 3 and parts[0] == "MOVED":
+        return cmd.parse_nodes(parts[2])[0]
+    return None
+
+
+__all__ = ["Client"]

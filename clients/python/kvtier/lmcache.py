@@ -1,0 +1,494 @@
+"""LMCache remote-storage plugin: kvtier as LMCache's remote backend.
+
+Load it from the LMCache config (see docs/connectors.md)::
+
+    remote_storage_plugins: ["kvtier"]
+    extra_config:
+      remote_storage_plugin.kvtier.module_path: kvtier.lmcache
+      remote_storage_plugin.kvtier.class_name: KvtierConnectorAdapter
+      remote_storage_plugin.kvtier.url: "kvtier://10.0.0.1:6379,10.0.0.2:6379"
+
+What each connector call sends:
+
+=========================================  ===========================================
+``batched_contains`` / ``batched_async_``  one ``PREFIXLEN`` (with TP > 1: over every
+``contains``                               rank's keys, then one ``SET NX GET`` to agree)
+``get`` / ``batched_get`` / ``batched_``   one ``MGETPREFIX``, values received into
+``get_non_blocking``                       LMCache ``MemoryObj`` buffers
+``put`` / ``batched_put``                  one ``MSETBLOCK ... CHAIN`` (existing kept)
+``exists`` / ``exists_sync``               ``PREFIXLEN 1 key``
+``remove_sync``                            ``DEL``
+=========================================  ===========================================
+
+One key per chunk (``CacheEngineKey.to_string()``); its value is a 32-byte
+kvtier header, LMCache's ``RemoteMetadata`` (shapes, dtypes, format) and the
+KV bytes, so metadata and data are stored, evicted and read as one. A value
+that fails any check is a miss, never bytes handed to the engine::
+
+    +-------+--------+-------------+--------+-------+------------+--------------+-----------+
+    | "KVTL"| hdrlen | payload len | crc32  | flags | key digest | RemoteMeta.  | KV bytes  |
+    | 4 B   | u32    | u64         | u32    | u32   | 8 B        | M bytes      | payload   |
+    +-------+--------+-------------+--------+-------+------------+--------------+-----------+
+     0       4        8             16       20      24           32             32 + M
+
+The header is checked against the key it was read for (digest), the value's
+size, the engine's shapes/dtypes/format (a partial chunk may have fewer
+tokens); with ``checksum`` on, writers add a CRC32 of the payload that every
+reader verifies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Optional, Union
+
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.connector import (
+    ConnectorAdapter,
+    ConnectorContext,
+    extract_plugin_type,
+)
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from . import _commands as cmd
+from ._buffers import writable_view
+from .aio import AsyncClient
+from .client import Client
+
+logger = init_logger(__name__)
+
+MAGIC = b"KVTL"
+#: magic, header length, payload length, crc32, flags, key digest
+_FIXED = struct.Struct("<4sIQII8s")
+FLAG_CRC = 1
+
+#: ``extra_config`` keys (``remote_storage_plugin.<name>.<option>``) and
+#: their defaults. ``url`` is required with ``plugin://``.
+DEFAULTS: dict[str, Any] = {
+    "url": None,
+    # Writers add a CRC32 of the payload; readers verify values that have one.
+    "checksum": False,
+    # TP agreement: "auto" (on when world_size > 1, unless MLA keys are
+    # shared as worker 0) or "off".
+    "tp_agreement": "auto",
+    # How long a lookup's agreed count is kept for the other ranks (ms).
+    "tp_agreement_ttl_ms": 2000,
+    # Time to live of stored chunks in seconds (0: none).
+    "ttl": 0,
+    "socket_timeout": 30.0,
+    "connect_timeout": 5.0,
+}
+
+
+def key_digest(key: str) -> bytes:
+    """8 bytes naming the key a value was stored under."""
+    return hashlib.blake2b(key.encode(), digest_size=8).digest()
+
+
+class KvtierConnectorAdapter(ConnectorAdapter):
+    """LMCache ``ConnectorAdapter`` for ``kvtier://host:port[,host:port]`` and for
+    ``plugin://kvtier`` (the address is ``extra_config``'s
+    ``remote_storage_plugin.kvtier.url``)."""
+
+    def __init__(self) -> None:
+        super().__init__("kvtier://")
+
+    def can_parse(self, url: str) -> bool:
+        if url.startswith(("kvtier://", "kvtiers://")):
+            return True
+        if url.startswith("plugin://"):
+            return extract_plugin_type(url[len("plugin://") :]) == "kvtier"
+        return False
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        config = context.config
+        if config is None:
+            raise ValueError("the kvtier connector needs the LMCache config")
+        plugin = context.plugin_name
+        if plugin is None and context.url.startswith("plugin://"):
+            plugin = context.url[len("plugin://") :]
+        options = plugin_options(config.extra_config or {}, plugin or "kvtier")
+        url = context.url
+        if url.startswith("plugin://"):
+            url = options["url"]
+            if not url:
+                raise ValueError(
+                    "plugin://%s needs extra_config['remote_storage_plugin.%s.url'] = 'kvtier://host:port'"
+                    % (plugin, plugin)
+                )
+        metadata = context.metadata
+        if metadata is None:
+            metadata = getattr(context.local_cpu_backend, "metadata", None)
+        logger.info("Creating kvtier connector for %s", url)
+        return KvtierConnector(url, context.loop, context.local_cpu_backend, config, metadata, options)
+
+
+def plugin_options(extra_config: dict[str, Any], plugin: str) -> dict[str, Any]:
+    """The plugin's options: ``remote_storage_plugin.<plugin>.<name>`` (also
+    read as ``kvtier.<name>``), else the defaults."""
+    options = dict(DEFAULTS)
+    for name in DEFAULTS:
+        for key in ("remote_storage_plugin.%s.%s" % (plugin, name), "kvtier.%s" % name):
+            if key in extra_config:
+                options[name] = extra_config[key]
+                break
+    options["checksum"] = _truthy(options["checksum"])
+    return options
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+class ChunkCodec:
+    """Packs a chunk's header and checks a header read back."""
+
+    def __init__(self, connector: "KvtierConnector") -> None:
+        self.meta_bytes: int = connector.remote_metadata_bytes
+        self.header_len = _FIXED.size + self.meta_bytes
+        self.shapes = [list(s) for s in connector.meta_shapes]
+        self.dtypes = list(connector.meta_dtypes)
+        self.fmt: MemoryFormat = connector.meta_fmt
+        self.checksum: bool = connector.options["checksum"]
+
+    def header(self, key: str, obj: MemoryObj, payload: memoryview) -> bytearray:
+        meta = RemoteMetadata(payload.nbytes, obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
+        crc, flags = (zlib.crc32(payload), FLAG_CRC) if self.checksum else (0, 0)
+        head = bytearray(self.header_len)
+        _FIXED.pack_into(head, 0, MAGIC, self.header_len, payload.nbytes, crc, flags, key_digest(key))
+        meta.serialize_into(memoryview(head)[_FIXED.size :])
+        return head
+
+    def check(self, key: str, head: Union[bytes, bytearray], total: int) -> Optional[tuple[RemoteMetadata, int, int]]:
+        """``(metadata, crc, flags)`` when the header fits this key, this value's
+        size and the engine's layout, else None (logged)."""
+        try:
+            magic, hlen, plen, crc, flags, digest = _FIXED.unpack_from(head, 0)
+        except struct.error:
+            return self._bad(key, "short header")
+        if magic != MAGIC or hlen != self.header_len:
+            return self._bad(key, "not a kvtier chunk of this layout")
+        if plen != total - hlen:
+            return self._bad(key, "value is %d bytes, header says %d" % (total, hlen + plen))
+        if digest != key_digest(key):
+            return self._bad(key, "value was stored under another key")
+        try:
+            meta = RemoteMetadata.deserialize(bytes(head[_FIXED.size :]))
+        except (ValueError, KeyError, struct.error) as e:
+            return self._bad(key, "unreadable metadata (%s)" % e)
+        if meta.length != plen or meta.fmt != self.fmt or list(meta.dtypes) != self.dtypes:
+            return self._bad(key, "metadata does not match the engine's format")
+        if len(meta.shapes) != len(self.shapes):
+            return self._bad(key, "wrong number of KV groups")
+        size = 0
+        for got, want, dtype in zip(meta.shapes, self.shapes, meta.dtypes):
+            got = list(got)
+            if not self._shape_fits(got, want):
+                return self._bad(key, "shape %s does not fit %s" % (got, want))
+            n = 1
+            for d in got:
+                n *= d
+            size += n * dtype.itemsize
+        if size != plen:
+            return self._bad(key, "shapes describe %d bytes, payload is %d" % (size, plen))
+        return meta, crc, flags
+
+    @staticmethod
+    def _shape_fits(got: list[int], want: list[int]) -> bool:
+        """Same shape, except that a partial chunk has fewer tokens."""
+        if len(got) != len(want):
+            return False
+        token_dim = 2 if len(want) == 4 else 0
+        for i, (g, w) in enumerate(zip(got, want)):
+            if i == token_dim:
+                if not 0 < g <= w:
+                    return False
+            elif g != w:
+                return False
+        return True
+
+    @staticmethod
+    def _bad(key: str, why: str) -> None:
+        logger.warning("kvtier: treating %s as a miss: %s", key, why)
+        return None
+
+
+class _ChunkSink:
+    """Receives an ``MGETPREFIX`` reply into freshly allocated MemoryObjs.
+
+    For value ``i`` it first takes the header, checks it, allocates a
+    MemoryObj of the stored shapes and then hands out that object's buffer,
+    so the KV bytes go from the socket straight into LMCache's memory. The
+    first value that fails a check, or that no memory can be allocated for,
+    ends the prefix: it and every later value are read and dropped.
+    """
+
+    def __init__(self, connector: "KvtierConnector", keys: list[str]) -> None:
+        self.connector = connector
+        self.codec = connector.codec
+        self.keys = keys
+        self.objs: list[MemoryObj] = []
+        self.crcs: list[tuple[int, int]] = []
+        self.broken = False
+
+    def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
+        if self.broken or index != len(self.objs):
+            self.broken = True
+            return ()
+        return self._fill(index, length)
+
+    def _fill(self, index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
+        codec = self.codec
+        if length < codec.header_len:
+            codec._bad(self.keys[index], "value of %d bytes is shorter than a header" % length)
+            self.broken = True
+            return
+        head = bytearray(codec.header_len)
+        yield head
+        checked = codec.check(self.keys[index], head, length)
+        if checked is None:
+            self.broken = True
+            return
+        meta, crc, flags = checked
+        obj = self.connector._allocate(meta)
+        if obj is None:
+            logger.warning("kvtier: no memory for %s; the prefix ends before it", self.keys[index])
+            self.broken = True
+            return
+        view = writable_view(obj.byte_array)
+        if view.nbytes < meta.length:
+            obj.ref_count_down()
+            codec._bad(self.keys[index], "allocated buffer is smaller than the chunk")
+            self.broken = True
+            return
+        self.objs.append(obj)
+        self.crcs.append((crc, flags))
+        yield view[: meta.length]
+
+    def result(self, lengths: Sequence[int]) -> list[MemoryObj]:
+        """The verified leading run; everything after the first bad one is freed."""
+        good: list[MemoryObj] = []
+        n = min(len(lengths), len(self.objs))
+        for i, obj in enumerate(self.objs):
+            ok = i < n and len(good) == i
+            if ok:
+                crc, flags = self.crcs[i]
+                if flags & FLAG_CRC:
+                    length = lengths[i] - self.codec.header_len
+                    if zlib.crc32(writable_view(obj.byte_array)[:length]) != crc:
+                        self.codec._bad(self.keys[i], "CRC32 mismatch")
+                        ok = False
+            if ok:
+                good.append(obj)
+            else:
+                obj.ref_count_down()
+        return good
+
+    def release(self) -> None:
+        for obj in self.objs:
+            obj.ref_count_down()
+        self.objs = []
+
+
+class KvtierConnector(RemoteConnector):
+    """LMCache ``RemoteConnector`` on kvtier's block dialect (see the module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        loop: asyncio.AbstractEventLoop,
+        local_cpu_backend: Any,
+        config: Any,
+        metadata: Any,
+        options: Optional[dict[str, Any]] = None,
+    ) -> None:
+        super().__init__(config, metadata)
+        self.options = dict(DEFAULTS) if options is None else options
+        if getattr(config, "use_layerwise", False):
+            raise ValueError("the kvtier connector does not support use_layerwise")
+        self.url = url
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.metadata = metadata
+        self.codec = ChunkCodec(self)
+        timeouts = dict(
+            socket_timeout=float(self.options["socket_timeout"]),
+            connect_timeout=float(self.options["connect_timeout"]),
+        )
+        self.client = Client.from_url(url, **timeouts)
+        self.aclient = AsyncClient.from_url(url, **timeouts)
+        self.ttl = int(self.options["ttl"]) or None
+        self.agreement_ranks = self._agreement_ranks(config, metadata)
+        self.agreement_ttl_ms = int(self.options["tp_agreement_ttl_ms"])
+
+    def _agreement_ranks(self, config: Any, metadata: Any) -> Optional[list[int]]:
+        mode = str(self.options["tp_agreement"]).lower()
+        world = int(getattr(metadata, "world_size", 1) or 1)
+        if mode == "off" or world <= 1:
+            return None
+        if mode != "auto":
+            raise ValueError("tp_agreement must be 'auto' or 'off', not %r" % mode)
+        mla_as0 = bool(
+            getattr(metadata, "use_mla", False)
+            and config.get_extra_config_value("remote_enable_mla_worker_id_as0", metadata.use_mla)
+        )
+        return None if mla_as0 else list(range(world))
+
+    def __repr__(self) -> str:
+        return "<KvtierConnector %s>" % self.url
+
+    # -- memory ---------------------------------------------------------------
+
+    def _allocate(self, meta: RemoteMetadata) -> Optional[MemoryObj]:
+        try:
+            return self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt, busy_loop=False)
+        except TypeError:  # an allocator without busy_loop
+            return self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+
+    def _value(self, key: str, obj: MemoryObj) -> list[Union[bytes, bytearray, memoryview]]:
+        length = sum(s.numel() * d.itemsize for s, d in zip(obj.get_shapes(), obj.get_dtypes()))
+        payload = writable_view(obj.byte_array)[:length]
+        if payload.nbytes != length:
+            raise ValueError("MemoryObj holds %d bytes, its shapes need %d" % (payload.nbytes, length))
+        return [self.codec.header(key, obj, payload), payload]
+
+    # -- lookup -----------------------------------------------------------------
+
+    def _lookup_keys(self, keys: Sequence[CacheEngineKey]) -> tuple[list[str], int]:
+        if self.agreement_ranks is None:
+            return [k.to_string() for k in keys], 1
+        ranks = self.agreement_ranks
+        return [k.with_new_worker_id(r).to_string() for k in keys for r in ranks], len(ranks)
+
+    def _agreement_key(self, keys: Sequence[CacheEngineKey], lookup_id: Optional[str]) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(("%s\0" % (lookup_id or "")).encode())
+        for k in keys:
+            h.update(k.with_new_worker_id(0).to_string().encode())
+            h.update(b"\0")
+        return "kvtier:tp-lookup:" + h.hexdigest()
+
+    def batched_contains(self, keys: list[CacheEngineKey]) -> int:
+        """Leading chunks present: one ``PREFIXLEN`` (TP: over all ranks, agreed)."""
+        if not keys:
+            return 0
+        lookup, width = self._lookup_keys(keys)
+        n = self.client.prefix_len(lookup) // width
+        if width == 1:
+            return n
+        agreed = self.client.execute(
+            "SET", self._agreement_key(keys, None), n, "NX", "PX", self.agreement_ttl_ms, "GET"
+        )
+        return n if agreed is None else int(agreed)  # type: ignore[call-overload]
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        if not keys:
+            return 0
+        lookup, width = self._lookup_keys(keys)
+        n = await self.aclient.prefix_len(lookup) // width
+        if width == 1:
+            return n
+        agreed = await self.aclient.execute(
+            "SET", self._agreement_key(keys, lookup_id), n, "NX", "PX", self.agreement_ttl_ms, "GET"
+        )
+        return n if agreed is None else int(agreed)  # type: ignore[call-overload]
+
+    async def exists(self, key: CacheEngineKey) -> bool:
+        return await self.aclient.prefix_len([key.to_string()]) == 1
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        return self.client.prefix_len([key.to_string()]) == 1
+
+    # -- fetch -------------------------------------------------------------------
+
+    async def _fetch(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
+        names = [k.to_string() for k in keys]
+        sink = _ChunkSink(self, names)
+        try:
+            lengths = await self.aclient.get_prefix(names, into=sink)
+        except BaseException:
+            sink.release()
+            raise
+        return sink.result(lengths)
+
+    async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        objs = await self._fetch([key])
+        return objs[0] if objs else None
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: list[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+        objs = await self._fetch(keys)
+        return [*objs, *([None] * (len(keys) - len(objs)))]
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey]) -> list[MemoryObj]:
+        """Only the leading run: LMCache matches results to keys by position."""
+        return await self._fetch(keys)
+
+    # -- store --------------------------------------------------------------------
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
+        name = key.to_string()
+        codes = await self.aclient.put_chain([name], [self._value(name, memory_obj)], chain=False, ex=self.ttl)
+        if codes[0] < 0:
+            logger.warning("kvtier: %s was not stored (no memory on the server)", name)
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]) -> None:
+        """One ``MSETBLOCK ... CHAIN``: the chunks of a prompt, in order."""
+        if not keys:
+            return
+        names = [k.to_string() for k in keys]
+        values = [self._value(n, o) for n, o in zip(names, memory_objs)]
+        codes = await self.aclient.put_chain(names, values, ex=self.ttl)
+        failed = sum(1 for c in codes if c < 0)
+        if failed:
+            logger.warning("kvtier: %d of %d chunks were not stored (no memory on the server)", failed, len(codes))
+
+    # -- the rest ----------------------------------------------------------------
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        return bool(self.client.execute("DEL", key.to_string()))
+
+    async def list(self) -> list[str]:
+        """Keys of this model's chunks on every node (``SCAN``)."""
+        pattern = "%s@*" % self.metadata.model_name if self.metadata is not None else "*"
+        return await asyncio.to_thread(self.client.scan_keys, pattern)
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        try:
+            return 0 if await self.aclient.execute("PING") == b"PONG" else 1
+        except Exception:
+            return 1
+
+    async def close(self) -> None:
+        await self.aclient.close()
+        self.client.close()
+        logger.info("Closed the kvtier connection")
+
+
+__all__ = ["KvtierConnector", "KvtierConnectorAdapter", "ChunkCodec", "cmd"]
