@@ -3,8 +3,10 @@
 # missing (redis-server and redis-tools from apt, a Python venv in .venv) and
 # runs everything: rustfmt, clippy, the Rust tests, the Python tests (redis-py
 # and a differential run against a real redis-server) and the redis-cli /
-# redis-benchmark checks. It prints a PASS/FAIL summary and exits non-zero if
-# any step failed.
+# redis-benchmark checks, and the Python connectors (the kvtier package, its
+# LMCache plugin and SGLang backend, in a cached venv with torch, lmcache and
+# sglang that tests/connectors/venv.sh builds outside the clone). It prints a
+# PASS/FAIL summary and exits non-zero if any step failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -116,6 +118,7 @@ step "cargo clippy" 1200 cargo clippy --all-targets -- -D warnings
 step "cargo test" 1800 cargo test --workspace
 step "cargo build kvtier-server" 1200 cargo build -p kvtier-server
 step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider -ra
+step "connectors: kvtier package, LMCache, SGLang" 1200 tests/connectors/run.sh
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
 if docker info >/dev/null 2>&1; then
     step "docker compose cluster" 1500 env PROFILE=debug scripts/docker-test.sh

@@ -145,10 +145,14 @@ def start_cluster(workdir: Path, n: int = 3, *extra: str) -> list[Server]:
     return [
         start_kvtier(
             workdir / ("n%d.log" % (i + 1)),
-            "--port", str(p),
-            "--threads", "2",
-            "--cluster-nodes", members,
-            "--node-id", "n%d" % (i + 1),
+            "--port",
+            str(p),
+            "--threads",
+            "2",
+            "--cluster-nodes",
+            members,
+            "--node-id",
+            "n%d" % (i + 1),
             *extra,
         )
         for i, p in enumerate(ports)

@@ -67,7 +67,12 @@ class Worker:
         self.thread.start()
         self.cpu = LocalCPUBackend(config=config, metadata=meta, dst_device="cpu")
         self.backend = RemoteBackend(
-            config=config, metadata=meta, loop=self.loop, local_cpu_backend=self.cpu, dst_device="cpu", plugin_name="kvtier"
+            config=config,
+            metadata=meta,
+            loop=self.loop,
+            local_cpu_backend=self.cpu,
+            dst_device="cpu",
+            plugin_name="kvtier",
         )
         assert self.backend.connection is not None, "the plugin did not load"
         self.connector = self.backend.connection  # InstrumentedRemoteConnector
@@ -125,4 +130,6 @@ def _up(obj: MemoryObj) -> MemoryObj:
 
 def same_bytes(a: MemoryObj, b: MemoryObj) -> bool:
     assert a.tensor is not None and b.tensor is not None
-    return a.tensor.shape == b.tensor.shape and bool(torch.equal(a.tensor.view(torch.uint8), b.tensor.view(torch.uint8)))
+    return a.tensor.shape == b.tensor.shape and bool(
+        torch.equal(a.tensor.view(torch.uint8), b.tensor.view(torch.uint8))
+    )

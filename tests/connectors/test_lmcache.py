@@ -17,9 +17,10 @@ import pytest
 
 pytest.importorskip("lmcache")
 
-import kvtier  # noqa: E402
-from conftest import ROOT, Server, start_kvtier  # noqa: E402
-from lmcache_env import Worker, metadata, plugin_config, same_bytes  # noqa: E402
+import kvtier
+
+from conftest import ROOT, Server, start_kvtier
+from lmcache_env import Worker, metadata, plugin_config, same_bytes
 
 
 @pytest.fixture
@@ -195,7 +196,10 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server) -> None:
     short-lived rendezvous key even when a chunk vanishes between their
     lookups. With the agreement off, the same sequence disagrees."""
     cfg = plugin_config(server.url)
-    r0, r1 = Worker(cfg, metadata(world_size=2, worker_id=0)), Worker(cfg, metadata(world_size=2, worker_id=1))
+    r0, r1 = (
+        Worker(cfg, metadata(world_size=2, worker_id=0)),
+        Worker(cfg, metadata(world_size=2, worker_id=1)),
+    )
     try:
         k0, k1 = r0.keys(10), r1.keys(10)
         assert k0[0].to_string() != k1[0].to_string()
@@ -355,7 +359,13 @@ def test_adapter_urls() -> None:
     from kvtier.lmcache import KvtierConnectorAdapter, plugin_options
 
     a = KvtierConnectorAdapter()
-    assert a.can_parse("kvtier://h:1,h:2") and a.can_parse("plugin://kvtier") and a.can_parse("plugin://kvtier.b")
+    assert (
+        a.can_parse("kvtier://h:1,h:2")
+        and a.can_parse("plugin://kvtier")
+        and a.can_parse("plugin://kvtier.b")
+    )
     assert not a.can_parse("redis://h:1") and not a.can_parse("plugin://redis")
-    opts = plugin_options({"remote_storage_plugin.kvtier.url": "kvtier://x:1", "kvtier.checksum": "yes"}, "kvtier")
+    opts = plugin_options(
+        {"remote_storage_plugin.kvtier.url": "kvtier://x:1", "kvtier.checksum": "yes"}, "kvtier"
+    )
     assert opts["url"] == "kvtier://x:1" and opts["checksum"] is True

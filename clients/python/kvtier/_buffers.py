@@ -39,7 +39,7 @@ class BufferSink:
         self._too_small: Optional[BufferTooSmall] = None
 
     @classmethod
-    def of(cls, into: Union[Sequence[Buffer], BulkSink], nkeys: int) -> "BufferSink":
+    def of(cls, into: Union[Sequence[Buffer], BulkSink], nkeys: int) -> BufferSink:
         if callable(into):
             return cls(None, into)
         views = [writable_view(b) for b in into]

@@ -94,7 +94,7 @@ def encode_command(args: Sequence[Arg]) -> list[Union[bytes, bytearray, memoryvi
 class _Container:
     """An aggregate being filled: what kind, how many items are still due."""
 
-    __slots__ = ("kind", "items", "left")
+    __slots__ = ("items", "kind", "left")
 
     def __init__(self, kind: bytes, left: int) -> None:
         self.kind = kind
@@ -315,7 +315,9 @@ class ReplyParser:
                     self._next_target()
             elif self._bulk_buf is not None:
                 n = avail
-                self._bulk_buf[self._bulk_pos : self._bulk_pos + n] = self._view[self._start : self._start + n]
+                self._bulk_buf[self._bulk_pos : self._bulk_pos + n] = self._view[
+                    self._start : self._start + n
+                ]
                 self._bulk_pos += n
             else:
                 n = avail  # dropped: nobody wants these bytes

@@ -117,6 +117,7 @@ class _Connection(asyncio.BufferedProtocol):
         loop = asyncio.get_running_loop()
         self._parser = parser
         self._waiter = waiter = loop.create_future()
+
         async def send_and_wait() -> None:
             assert self.transport is not None
             for buf in buffers:
@@ -144,7 +145,7 @@ class _Connection(asyncio.BufferedProtocol):
 class _NodePool:
     """Idle connections to one node, made on demand."""
 
-    def __init__(self, node: Node, client: "AsyncClient") -> None:
+    def __init__(self, node: Node, client: AsyncClient) -> None:
         self.node = node
         self.client = client
         self.idle: list[_Connection] = []
@@ -191,7 +192,11 @@ class AsyncClient:
         self.username = username
         self.password = password
         self.ssl: Optional[ssl_module.SSLContext] = (
-            ssl if isinstance(ssl, ssl_module.SSLContext) else ssl_module.create_default_context() if ssl else None
+            ssl
+            if isinstance(ssl, ssl_module.SSLContext)
+            else ssl_module.create_default_context()
+            if ssl
+            else None
         )
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
@@ -201,7 +206,7 @@ class AsyncClient:
         self._turn = random.randrange(len(self.nodes))
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> "AsyncClient":
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncClient:
         """A client for ``kvtier://[user:pass@]host:port[,host:port...]``."""
         ep = cmd.parse_url(url)
         kwargs.setdefault("username", ep.username)
@@ -214,7 +219,7 @@ class AsyncClient:
         for pool in self._pools.values():
             pool.close()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -306,7 +311,9 @@ class AsyncClient:
         except OSError as e:
             raise ConnectionError("cannot connect to %s: %s" % (node, e)) from e
         if self.password is not None:
-            auth: list[Arg] = ["AUTH", self.password] if self.username is None else ["AUTH", self.username, self.password]
+            auth: list[Arg] = (
+                ["AUTH", self.password] if self.username is None else ["AUTH", self.username, self.password]
+            )
             await conn.request(encode_command(auth), None, self.socket_timeout)
         return conn
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import random
 import socket
@@ -15,7 +16,7 @@ import redis.connection
 import redis.exceptions
 
 from . import _commands as cmd
-from ._buffers import BufferSink, Buffer
+from ._buffers import Buffer, BufferSink
 from ._commands import Key, Node, Value
 from ._resp import Arg, BulkSink, ReplyParser, encode_command
 from .errors import ConnectionError, ProtocolError, ResponseError, TimeoutError
@@ -37,6 +38,9 @@ class _Retry(Exception):
         self.node = node
 
 
+ConnectionPool = redis.connection.ConnectionPool
+
+
 def _no_setinfo() -> dict[str, None]:
     """Options that make redis-py skip its ``CLIENT SETINFO`` round trips on
     connect (spelled differently across redis-py versions)."""
@@ -51,7 +55,7 @@ def _no_setinfo() -> dict[str, None]:
 _NO_SETINFO = _no_setinfo()
 
 
-def _get_connection(pool: redis.ConnectionPool) -> redis.Connection:
+def _get_connection(pool: ConnectionPool) -> redis.Connection:
     try:
         return pool.get_connection()  # type: ignore[call-arg,no-any-return]
     except TypeError:  # redis-py < 5.3 wants a command name
@@ -100,10 +104,10 @@ class Client:
         self._down_until = [0.0] * len(self.nodes)
         self._lock = threading.Lock()
         self._turn = random.randrange(len(self.nodes))
-        self._extra: dict[Node, redis.ConnectionPool] = {}
+        self._extra: dict[Node, ConnectionPool] = {}
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> "Client":
+    def from_url(cls, url: str, **kwargs: Any) -> Client:
         """A client for ``kvtier://[user:pass@]host:port[,host:port...]``."""
         ep = cmd.parse_url(url)
         kwargs.setdefault("username", ep.username)
@@ -111,7 +115,7 @@ class Client:
         kwargs.setdefault("ssl", ep.ssl)
         return cls([(n.host, n.port) for n in ep.nodes], **kwargs)
 
-    def _make_pool(self, node: Node) -> redis.ConnectionPool:
+    def _make_pool(self, node: Node) -> ConnectionPool:
         opts = {k: v for k, v in self._options.items() if v is not None}
         opts.update(_NO_SETINFO)
         return redis.ConnectionPool(host=node.host, port=node.port, protocol=2, **opts)
@@ -126,7 +130,7 @@ class Client:
         for pool in [*self._pools, *self._extra.values()]:
             pool.disconnect()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -225,7 +229,9 @@ class Client:
         as in Redis Cluster)."""
         found: list[str] = []
         for pool in self._pools:
-            found.extend(k.decode() for k in redis.Redis(connection_pool=pool).scan_iter(match=pattern, count=count))
+            found.extend(
+                k.decode() for k in redis.Redis(connection_pool=pool).scan_iter(match=pattern, count=count)
+            )
         return found
 
     def execute(self, *args: Arg) -> object:
@@ -245,7 +251,7 @@ class Client:
         down = [i for i in order if self._down_until[i] > now]
         return up + down
 
-    def _pool_for(self, node: Node) -> redis.ConnectionPool:
+    def _pool_for(self, node: Node) -> ConnectionPool:
         if node in self.nodes:
             return self._pools[self.nodes.index(node)]
         with self._lock:
@@ -289,7 +295,7 @@ class Client:
 
     def _run_on(
         self,
-        pool: redis.ConnectionPool,
+        pool: ConnectionPool,
         buffers: list[Union[bytes, bytearray, memoryview]],
         sink: Optional[BulkSink],
         extra_timeout: float,
@@ -326,7 +332,7 @@ class Client:
                 parser.advance(n)
             if extra_timeout:
                 sock.settimeout(self.socket_timeout)
-        except socket.timeout:
+        except builtins.TimeoutError:
             conn.disconnect()
             raise TimeoutError("no reply within %.1fs" % (self.socket_timeout + extra_timeout)) from None
         except (ProtocolError, ConnectionError):

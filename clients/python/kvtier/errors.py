@@ -36,9 +36,7 @@ class BufferTooSmall(KvtierError):
     position and ``length`` the value's size."""
 
     def __init__(self, index: int, length: int, capacity: int) -> None:
-        super().__init__(
-            "value %d is %d bytes, its buffer holds %d" % (index, length, capacity)
-        )
+        super().__init__("value %d is %d bytes, its buffer holds %d" % (index, length, capacity))
         self.index = index
         self.length = length
         self.capacity = capacity

@@ -104,7 +104,7 @@ class KvtierConnectorAdapter(ConnectorAdapter):
         if url.startswith(("kvtier://", "kvtiers://")):
             return True
         if url.startswith("plugin://"):
-            return extract_plugin_type(url[len("plugin://") :]) == "kvtier"
+            return bool(extract_plugin_type(url[len("plugin://") :]) == "kvtier")
         return False
 
     def create_connector(self, context: ConnectorContext) -> RemoteConnector:
@@ -152,7 +152,7 @@ def _truthy(value: Any) -> bool:
 class ChunkCodec:
     """Packs a chunk's header and checks a header read back."""
 
-    def __init__(self, connector: "KvtierConnector") -> None:
+    def __init__(self, connector: KvtierConnector) -> None:
         self.meta_bytes: int = connector.remote_metadata_bytes
         self.header_len = _FIXED.size + self.meta_bytes
         self.shapes = [list(s) for s in connector.meta_shapes]
@@ -168,7 +168,9 @@ class ChunkCodec:
         meta.serialize_into(memoryview(head)[_FIXED.size :])
         return head
 
-    def check(self, key: str, head: Union[bytes, bytearray], total: int) -> Optional[tuple[RemoteMetadata, int, int]]:
+    def check(
+        self, key: str, head: Union[bytes, bytearray], total: int
+    ) -> Optional[tuple[RemoteMetadata, int, int]]:
         """``(metadata, crc, flags)`` when the header fits this key, this value's
         size and the engine's layout, else None (logged)."""
         try:
@@ -232,7 +234,7 @@ class _ChunkSink:
     ends the prefix: it and every later value are read and dropped.
     """
 
-    def __init__(self, connector: "KvtierConnector", keys: list[str]) -> None:
+    def __init__(self, connector: KvtierConnector, keys: list[str]) -> None:
         self.connector = connector
         self.codec = connector.codec
         self.keys = keys
@@ -396,7 +398,9 @@ class KvtierConnector(RemoteConnector):
     def support_batched_async_contains(self) -> bool:
         return True
 
-    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
+    ) -> int:
         if not keys:
             return 0
         lookup, width = self._lookup_keys(keys)
@@ -448,7 +452,9 @@ class KvtierConnector(RemoteConnector):
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
         name = key.to_string()
-        codes = await self.aclient.put_chain([name], [self._value(name, memory_obj)], chain=False, ex=self.ttl)
+        codes = await self.aclient.put_chain(
+            [name], [self._value(name, memory_obj)], chain=False, ex=self.ttl
+        )
         if codes[0] < 0:
             logger.warning("kvtier: %s was not stored (no memory on the server)", name)
 
@@ -464,7 +470,9 @@ class KvtierConnector(RemoteConnector):
         codes = await self.aclient.put_chain(names, values, ex=self.ttl)
         failed = sum(1 for c in codes if c < 0)
         if failed:
-            logger.warning("kvtier: %d of %d chunks were not stored (no memory on the server)", failed, len(codes))
+            logger.warning(
+                "kvtier: %d of %d chunks were not stored (no memory on the server)", failed, len(codes)
+            )
 
     # -- the rest ----------------------------------------------------------------
 

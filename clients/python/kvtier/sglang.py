@@ -36,6 +36,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
@@ -109,7 +110,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
             )
         self.suffix = "@sgl@%s@%s" % (model, rank)
         self.mem_pool_host: Any = None
-        self._stats = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
+        self._stats: dict[str, list[Any]] = {
+            "prefetch_pgs": [],
+            "backup_pgs": [],
+            "prefetch_bandwidth": [],
+            "backup_bandwidth": [],
+        }
         self.gets = self.hits = self.sets = 0
 
     # -- keys and pages -----------------------------------------------------------
@@ -124,7 +130,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise RuntimeError("register_mem_pool_host was not called")
         page_size = int(pool.page_size)
         if len(host_indices) != len(keys) * page_size:
-            raise ValueError("%d keys need %d host indices, got %d" % (len(keys), len(keys) * page_size, len(host_indices)))
+            raise ValueError(
+                "%d keys need %d host indices, got %d" % (len(keys), len(keys) * page_size, len(host_indices))
+            )
         ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         ptrs, sizes = _flatten(ptrs), _flatten(sizes)
         if len(ptrs) != len(sizes) or len(ptrs) % len(keys):
@@ -202,7 +210,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return [True] * len(keys)  # an MLA replica: rank 0 of its group writes
         pages = self._page_views(keys, host_indices)
         names = [self._key(k) for k in keys]
-        values = [[self._header(n, p), *p] for n, p in zip(names, pages)]
+        values: list[list[Union[bytes, memoryview]]] = [
+            [self._header(n, p), *p] for n, p in zip(names, pages)
+        ]
         prefix = extra_info.prefix_keys if extra_info is not None else None
         parent = self._key(prefix[-1]) if prefix else None
         t0 = time.perf_counter()
@@ -272,7 +282,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         names = [self._key(k) for k in keys]
         pieces = [[_tensor_view(v)] for v in values]
         try:
-            codes = self.client.put_chain(names, [[self._header(n, p), *p] for n, p in zip(names, pieces)], ex=self.ttl)
+            codes = self.client.put_chain(
+                names, [[self._header(n, p), *p] for n, p in zip(names, pieces)], ex=self.ttl
+            )
         except Exception as e:
             logger.warning("kvtier: batch_set failed: %s", e)
             return False
@@ -285,10 +297,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self.client.execute("DEL", *keys[i : i + 512])
 
     def get_stats(self) -> Any:
-        """SGLang's ``StorageMetrics`` for the pages moved since the last call."""
-        from sglang.srt.observability.metrics_collector import StorageMetrics
+        """SGLang's ``StorageMetrics`` for the pages moved since the last call
+        (an object with the same four lists where that module cannot be
+        imported, e.g. without torchvision)."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
 
-        metrics = StorageMetrics()
+            metrics: Any = StorageMetrics()
+        except Exception:
+            metrics = PageStats()
         for name, values in self._stats.items():
             getattr(metrics, name).extend(values)
             values.clear()
@@ -303,6 +320,16 @@ class KvtierHiCacheStorage(HiCacheStorage):
         nbytes = sum(v.nbytes for v in views[0]) * pages
         self._stats["%s_pgs" % kind].append(pages)
         self._stats["%s_bandwidth" % kind].append(nbytes / 1e9 / max(seconds, 1e-9))
+
+
+@dataclass
+class PageStats:
+    """The fields of SGLang's ``StorageMetrics``."""
+
+    prefetch_pgs: list[int] = field(default_factory=list)
+    backup_pgs: list[int] = field(default_factory=list)
+    prefetch_bandwidth: list[float] = field(default_factory=list)
+    backup_bandwidth: list[float] = field(default_factory=list)
 
 
 def _tensor_view(t: Any) -> memoryview:

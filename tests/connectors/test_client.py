@@ -1,0 +1,288 @@
+"""The kvtier package itself: the RESP parser fed in every split, the sync
+and asyncio clients against the real binary (one node, failover, a cluster
+in forward and redirect mode), values received into caller buffers without
+a copy, and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import kvtier
+from kvtier._resp import ReplyParser, encode_command
+
+from conftest import ROOT, Server, free_ports, start_cluster
+
+
+def feed(data: bytes, parser: ReplyParser, step: int) -> object:
+    pos = 0
+    while not parser.done:
+        buf = parser.buffer()
+        n = min(len(buf), step, len(data) - pos)
+        assert n > 0, "parser wants more than the reply has"
+        buf[:n] = data[pos : pos + n]
+        pos += n
+        parser.advance(n)
+    assert pos == len(data), "parser stopped before the end of the reply"
+    return parser.result()
+
+
+REPLIES: list[tuple[bytes, object]] = [
+    (b"+OK\r\n", b"OK"),
+    (b":-42\r\n", -42),
+    (b"$5\r\nhello\r\n", b"hello"),
+    (b"$0\r\n\r\n", b""),
+    (b"$-1\r\n", None),
+    (b"*3\r\n$1\r\na\r\n:7\r\n*1\r\n$-1\r\n", [b"a", 7, [None]]),
+    (b"*0\r\n", []),
+    (b"%1\r\n+k\r\n:1\r\n", {b"k": 1}),
+    (b"#t\r\n", True),
+    (b"_\r\n", None),
+]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
+def test_parser_in_every_split(step: int) -> None:
+    for data, want in REPLIES:
+        assert feed(data, ReplyParser(), step) == want, data
+
+
+def test_parser_errors() -> None:
+    with pytest.raises(kvtier.ResponseError, match="ERR nope"):
+        feed(b"-ERR nope\r\n", ReplyParser(), 3)
+    inner = feed(b"*2\r\n-ERR a\r\n:1\r\n", ReplyParser(), 4)
+    assert isinstance(inner, list) and isinstance(inner[0], kvtier.ResponseError) and inner[1] == 1
+    with pytest.raises(kvtier.ProtocolError):
+        feed(b"$3\r\nabcXY", ReplyParser(), 100)
+    with pytest.raises(kvtier.ProtocolError):
+        feed(b"?\r\n", ReplyParser(), 100)
+
+
+@pytest.mark.parametrize("step", [1, 5, 33, 1 << 20])
+def test_parser_sink_lands_payloads_in_buffers(step: int) -> None:
+    values = [os.urandom(n) for n in (10, 0, 70000, 3)]
+    data = b"*%d\r\n" % len(values) + b"".join(b"$%d\r\n%s\r\n" % (len(v), v) for v in values)
+    dest = [bytearray(len(v) + 5) for v in values]
+    split = bytearray(4), bytearray(70000 - 4)
+
+    def sink(i: int, length: int):  # type: ignore[no-untyped-def]
+        if i == 2:
+            return iter(split)  # one value scattered over two buffers
+        return [memoryview(dest[i])[:length]]
+
+    lengths = feed(data, ReplyParser(sink), step)
+    assert lengths == [len(v) for v in values]
+    assert bytes(dest[0][:10]) == values[0] and bytes(dest[3][:3]) == values[3]
+    assert bytes(split[0] + split[1]) == values[2]
+
+
+def test_parser_sink_drops_what_it_does_not_want() -> None:
+    values = [b"x" * 100, b"y" * 100]
+    data = b"*2\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(v), v) for v in values)
+    got = bytearray(10)
+
+    def sink(i: int, length: int):  # type: ignore[no-untyped-def]
+        return [memoryview(got)] if i == 0 else []
+
+    assert feed(data, ReplyParser(sink), 16) == [100, 100]
+    assert bytes(got) == b"x" * 10
+
+
+def test_encode_keeps_large_values_as_views() -> None:
+    big = bytearray(1 << 20)
+    parts = encode_command(["MSETBLOCK", 1, "k", [b"head", big]])
+    assert any(isinstance(p, memoryview) and p.obj is big for p in parts)
+    assert b"".join(bytes(p) for p in parts).startswith(
+        b"*4\r\n$9\r\nMSETBLOCK\r\n$1\r\n1\r\n$1\r\nk\r\n$1048580\r\nhead"
+    )
+
+
+def test_core_package_imports_no_torch() -> None:
+    code = "import sys, kvtier; bad = {'torch', 'lmcache', 'sglang'} & set(sys.modules); assert not bad, bad"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+# -- against the server ---------------------------------------------------------
+
+
+def test_dialect_round_trip(server: Server) -> None:
+    c = server.client()
+    assert c.put_chain(["a", "b", "c"], [b"AAAA", [b"BB", b"BB"], b"C" * 100_000]) == [1, 1, 1]
+    assert c.put_chain(["a", "d"], [b"XXXX", b"DDDD"], parent="c") == [0, 1]
+    assert c.put_chain(["a"], [b"ZZZZ"], replace=True) == [1]
+    assert c.prefix_len(["a", "b", "c", "nope", "d"]) == 3
+    assert c.exists_many(["a", "nope", "d"]) == [True, False, True]
+    got = c.get_prefix(["a", "b", "c", "nope"])
+    assert got[:2] == [b"ZZZZ", b"BBBB"] and bytes(got[2]) == b"C" * 100_000 and len(got) == 3
+    assert c.get_prefix(["a", "b", "c"], max_bytes=8) == [b"ZZZZ", b"BBBB"]
+    bufs = [bytearray(4), bytearray(8), bytearray(100_000)]
+    assert c.get_prefix(["a", "b", "c"], into=bufs) == [4, 4, 100_000]
+    assert bytes(bufs[1][:4]) == b"BBBB" and bufs[2] == b"C" * 100_000
+
+
+def test_errors_carry_the_servers_text(server: Server) -> None:
+    c = server.client()
+    with pytest.raises(kvtier.ResponseError, match="ERR MIN must be between 1 and numkeys"):
+        c.get_prefix(["a"], block_ms=10, min=5)
+    with pytest.raises(ValueError):
+        c.prefix_len([])
+    c.put_chain(["a", "b"], [b"1234", b"5678"])
+    with pytest.raises(kvtier.BufferTooSmall) as e:
+        c.get_prefix(["a", "b"], into=[bytearray(4), bytearray(2)])
+    assert (e.value.index, e.value.length) == (1, 4)
+    assert c.execute("PING") == b"PONG"  # the connection survived
+
+
+def test_block_waits_for_a_writer(server: Server) -> None:
+    c = server.client(socket_timeout=1.0)  # the wait is longer than the socket timeout
+    threading.Timer(1.5, lambda: server.client().put_chain(["p", "q"], [b"P", b"Q"])).start()
+    t0 = time.monotonic()
+    assert c.get_prefix(["p", "q"], block_ms=5000) == [b"P", b"Q"]
+    assert 1.0 < time.monotonic() - t0 < 5
+
+
+def test_values_land_in_buffers_without_a_copy(server: Server) -> None:
+    """64 MiB received into caller buffers allocates (almost) nothing."""
+    c = server.client()
+    keys = ["big%d" % i for i in range(8)]
+    values = [os.urandom(8 << 20) for _ in keys]
+    c.put_chain(keys, values)
+    dest = [bytearray(8 << 20) for _ in keys]
+    c.get_prefix(keys[:1], into=dest[:1])  # warm the connection
+    tracemalloc.start()
+    try:
+        assert c.get_prefix(keys, into=dest) == [8 << 20] * 8
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert all(d == v for d, v in zip(dest, values))
+    assert peak < 1 << 20, "receiving 64 MiB allocated %d bytes" % peak
+
+    async def run() -> int:
+        a = kvtier.AsyncClient(server.addr)
+        d2 = [bytearray(8 << 20) for _ in keys]
+        await a.get_prefix(keys[:1], into=d2[:1])
+        tracemalloc.start()
+        try:
+            await a.get_prefix(keys, into=d2)
+            _, apeak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert all(d == v for d, v in zip(d2, values))
+        await a.close()
+        return apeak
+
+    assert asyncio.run(run()) < 1 << 20
+
+
+def test_async_client(server: Server) -> None:
+    async def run() -> None:
+        async with kvtier.AsyncClient(server.addr) as a:
+            assert await a.put_chain(["x", "y"], [b"xx", [b"y", b"y"]]) == [1, 1]
+            assert await a.prefix_len(["x", "y", "z"]) == 2
+            assert await a.exists_many(["x", "z"]) == [True, False]
+            assert await a.get_prefix(["x", "y", "z"]) == [b"xx", b"yy"]
+            buf = [bytearray(2), bytearray(2)]
+            assert await a.get_prefix(["x", "y"], into=buf) == [2, 2] and buf[1] == b"yy"
+            with pytest.raises(kvtier.ResponseError, match="numkeys should be greater than 0"):
+                await a.execute("PREFIXLEN", 0, "x")
+            results = await asyncio.gather(*(a.prefix_len(["x", "y"]) for _ in range(20)))
+            assert results == [2] * 20
+            # BLOCK outlasting the socket timeout
+            a.socket_timeout = 0.5
+            later = asyncio.get_running_loop().call_later(
+                1.0, lambda: server.client().put_chain(["late"], [b"L"])
+            )
+            assert await a.get_prefix(["late"], block_ms=3000) == [b"L"]
+            later.cancel()
+
+    asyncio.run(run())
+
+
+def test_server_down_and_timeouts() -> None:
+    port = free_ports(1)[0]
+    with pytest.raises(kvtier.ConnectionError, match="no kvtier node answered"):
+        kvtier.Client("127.0.0.1:%d" % port, connect_timeout=1).prefix_len(["a"])
+    with pytest.raises(kvtier.ConnectionError):
+        asyncio.run(kvtier.AsyncClient("127.0.0.1:%d" % port).prefix_len(["a"]))
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    addr = "127.0.0.1:%d" % listener.getsockname()[1]
+    try:
+        with pytest.raises(kvtier.TimeoutError):
+            kvtier.Client(addr, socket_timeout=0.3).prefix_len(["a"])
+        with pytest.raises(kvtier.TimeoutError):
+            asyncio.run(kvtier.AsyncClient(addr, socket_timeout=0.3).prefix_len(["a"]))
+    finally:
+        listener.close()
+
+
+def test_failover_to_a_live_node(server: Server) -> None:
+    dead = "127.0.0.1:%d" % free_ports(1)[0]
+    c = kvtier.Client([dead, server.addr], connect_timeout=1)
+    c.put_chain(["f"], [b"F"])
+    for _ in range(4):  # whichever node comes first in the rotation
+        assert c.prefix_len(["f"]) == 1
+
+    async def run() -> None:
+        a = kvtier.AsyncClient([dead, server.addr], connect_timeout=1)
+        for _ in range(4):
+            assert await a.prefix_len(["f"]) == 1
+        await a.close()
+
+    asyncio.run(run())
+
+
+def test_cluster_forward_mode(cluster_nodes: list[Server]) -> None:
+    c = kvtier.Client([s.addr for s in cluster_nodes])
+    keys = ["ck%d" % i for i in range(60)]
+    assert c.put_chain(keys, [k.encode() * 10 for k in keys]) == [1] * 60
+    held = [int(s.client().execute("DBSIZE")) for s in cluster_nodes]  # type: ignore[call-overload]
+    assert sum(held) == 60 and all(held), held
+    for _ in range(3):  # every node coordinates the same answer
+        assert c.prefix_len(keys) == 60
+        assert c.get_prefix(keys) == [k.encode() * 10 for k in keys]
+    c.execute("DEL", keys[33])
+    assert c.prefix_len(keys) == 33
+    assert len(c.get_prefix(keys, into=[bytearray(40) for _ in keys])) == 33
+
+
+def test_cluster_redirect_mode_follows_moved(tmp_path: Path) -> None:
+    nodes = start_cluster(tmp_path, 3, "--cluster-redirect", "yes")
+    try:
+        c = kvtier.Client([nodes[0].addr])  # one seed node: the rest come from MOVED
+        for i in range(30):
+            assert c.put_chain(["rk%d" % i], [b"v%d" % i]) == [1]
+            assert c.get_prefix(["rk%d" % i]) == [b"v%d" % i]
+        assert c.prefix_len(["rk%d" % i for i in range(30)]) == 30
+
+        async def run() -> None:
+            a = kvtier.AsyncClient([nodes[0].addr])
+            for i in range(30):
+                assert await a.get_prefix(["rk%d" % i]) == [b"v%d" % i]
+            await a.close()
+
+        asyncio.run(run())
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_urls() -> None:
+    ep = kvtier.parse_url("kvtier://u:p%40ss@h1:1,h2:2")
+    assert [str(n) for n in ep.nodes] == ["h1:1", "h2:2"] and (ep.username, ep.password) == ("u", "p@ss")
+    assert kvtier.parse_url("kvtiers://h").ssl and kvtier.parse_url("kvtiers://h").nodes[0].port == 6379
+    with pytest.raises(ValueError):
+        kvtier.parse_url("redis://h:1")
