@@ -12,7 +12,7 @@ use crate::entry::{Encoding, Entry, Queue, Value};
 use crate::eviction::{self, EvictionPolicy};
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
-use crate::{key_hash, OutOfMemory, PrefixQueues, Store, EXPIRE_OVERHEAD, SLAB_MIN};
+use crate::{key_hash, InPrefix, OutOfMemory, PrefixQueues, Store, EXPIRE_OVERHEAD, SLAB_MIN};
 
 impl Store {
     /// A live entry for reading: counts a hit or miss and, unless `touch` is
@@ -73,6 +73,60 @@ impl Store {
             }
             None => false,
         }
+    }
+
+    /// A block of a prefix read (MGETPREFIX), with one lookup: when it is
+    /// present and no longer than `room` bytes, it is counted as a hit,
+    /// marked used unless `touch` is false, and, when it was read right
+    /// after `previous` and that is its parent, reachable whatever the link
+    /// events said. Nothing is counted for a block that is absent
+    /// (`Err(InPrefix::Absent)`) or too long (`Err(InPrefix::TooLong)`).
+    pub(crate) fn prefix_hit(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        now: u64,
+        touch: bool,
+        previous: Option<&[u8]>,
+        room: u64,
+    ) -> Result<&mut Entry, InPrefix> {
+        let index = self.index(slot);
+        let policy = self.policy;
+        let Some(entry) = live(
+            &mut self.maps[index],
+            &mut self.meta,
+            &mut self.stats,
+            key,
+            now,
+        ) else {
+            return Err(InPrefix::Absent);
+        };
+        if entry.value.len() as u64 > room {
+            return Err(InPrefix::TooLong);
+        }
+        self.stats.keyspace_hits += 1;
+        if touch {
+            eviction::touch(entry, policy, now);
+            entry.reads = entry.reads.saturating_add(1);
+        }
+        if previous.is_some() && entry.parent.as_deref() == previous {
+            entry.orphan = false;
+        }
+        Ok(entry)
+    }
+
+    /// Counts a block of a prefix already returned, as [`Store::prefix_hit`]
+    /// does (the reads of a prefix spread over shards are counted once the
+    /// prefix is known).
+    pub fn count_prefix_hit(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        now: u64,
+        touch: bool,
+        previous: Option<&[u8]>,
+    ) {
+        let _ = self.prefix_hit(slot, key, now, touch, previous, u64::MAX);
     }
 
     /// A block read as part of a prefix right after `previous`: if that is

@@ -42,7 +42,7 @@ pub use links::LinkEvent;
 use meta::Meta;
 use slab::{ArenaStats, SlabArena};
 use spilling::SpillState;
-pub use spilling::{DiskRead, Fetched, PostToStore, SpillConfig, StoreJob};
+pub use spilling::{DiskRead, Fetched, InPrefix, PostToStore, SpillConfig, StoreJob};
 pub use watches::Waiter;
 
 /// Index bytes charged per key besides the key and value themselves: the

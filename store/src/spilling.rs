@@ -66,6 +66,16 @@ pub enum Fetched {
     },
 }
 
+/// The next block of a prefix read ([`Store::read_in_prefix`]).
+pub enum InPrefix {
+    /// Present and within the byte budget.
+    Value(Fetched),
+    /// Absent (or expired): the prefix ends here.
+    Absent,
+    /// Longer than the bytes left: the prefix ends here.
+    TooLong,
+}
+
 /// A disk read in flight: the value once read and checksummed, or `None`
 /// when it failed its checksum or could not be read (the block is then
 /// gone: wrong bytes are never returned).
@@ -315,6 +325,32 @@ impl Store {
             v => return v.bytes().map(Fetched::Now),
         };
         Some(self.later(key, loc))
+    }
+
+    /// The next block of a prefix read on one shard (MGETPREFIX): its value
+    /// when present and no longer than `room` bytes, counted and touched as
+    /// [`Store::prefix_hit`] says; one lookup.
+    pub fn read_in_prefix(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        now: u64,
+        touch: bool,
+        previous: Option<&[u8]>,
+        room: u64,
+    ) -> InPrefix {
+        let loc = match self.prefix_hit(slot, key, now, touch, previous, room) {
+            Err(end) => return end,
+            Ok(entry) => match &entry.value {
+                Value::Spilled(loc) => loc.clone(),
+                v => {
+                    return v
+                        .bytes()
+                        .map_or(InPrefix::Absent, |b| InPrefix::Value(Fetched::Now(b)))
+                }
+            },
+        };
+        InPrefix::Value(self.later(key, loc))
     }
 
     /// The value of a live key without counting or touching it (the caller

@@ -10,8 +10,8 @@ use kvtier_store::{now_ms, Encoding, Store};
 use super::flags::*;
 use super::keyspace::fan_out;
 use super::{
-    is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp,
-    KeySpec, LocalBoxFuture, KEY1,
+    is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
+    KeySpec, LocalBoxFuture, Spread, KEY1,
 };
 use crate::shard::slot::key_slot;
 
@@ -28,6 +28,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// The bitmap family.
@@ -107,7 +109,7 @@ pub const COMMANDS: &[CommandSpec] = &[
 /// BITOP: the sources are read on their shards in parallel, combined here,
 /// and the result stored on the destination's shard (or the destination
 /// deleted when every source is empty), as Redis does.
-fn bitop(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         #[derive(Clone, Copy, PartialEq)]
         enum Op {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
-use kvtier_store::{now_ms, Fetched, Store, Waiter};
+use kvtier_store::{now_ms, Fetched, InPrefix, Store, Waiter};
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
@@ -30,10 +30,9 @@ use super::keyspace::fan_out;
 use super::string::expire_at_from;
 use super::value_reply;
 use super::{
-    always, is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, KeyOp, KeySpec,
-    LocalBoxFuture, OneShard,
+    always, is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
+    KeySpec, LocalBoxFuture, OneShard, Spread,
 };
-use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
 const BASE: CommandSpec = CommandSpec {
@@ -49,6 +48,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// The block family.
@@ -66,6 +67,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: msetblock_one,
             applies: always,
         }),
+        spread: Spread::Blocks,
         ..BASE
     },
     CommandSpec {
@@ -78,6 +80,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: mgetprefix_one,
             applies: no_block,
         }),
+        spread: Spread::PrefixValues,
+        from_copies: Some(copy_mgetprefix),
         ..BASE
     },
     CommandSpec {
@@ -88,6 +92,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: prefixlen_one,
             applies: always,
         }),
+        spread: Spread::PrefixCount,
+        from_copies: Some(copy_prefixlen),
         ..BASE
     },
     CommandSpec {
@@ -98,6 +104,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: mexists_one,
             applies: always,
         }),
+        spread: Spread::ByPosition,
+        from_copies: Some(copy_mexists),
         ..BASE
     },
 ];
@@ -169,7 +177,7 @@ pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOption
     Ok(opts)
 }
 
-fn msetblock(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let (n, end) = match parse_count(&args, 2, "numblocks") {
             Ok(found) => found,
@@ -204,8 +212,8 @@ fn msetblock(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-/// One block of a chain being stored: key, value, parent key.
-type ChainBlock = (Bytes, Bytes, Option<Bytes>);
+/// One block of a chain being stored: key, its slot, value, parent key.
+type ChainBlock = (Bytes, u16, Bytes, Option<Bytes>);
 
 /// A chain on its way through the shards (see [`store_chain`]).
 struct ChainRelay {
@@ -230,19 +238,11 @@ impl ChainRelay {
         {
             let mut store = shard.store.borrow_mut();
             let now = now_ms();
-            for (key, value, parent) in run {
+            for (key, slot, value, parent) in run {
                 let code = if failed {
                     -1
                 } else {
-                    store.insert_block(
-                        key_slot(&key),
-                        &key,
-                        value,
-                        self.expire_at,
-                        parent,
-                        self.replace,
-                        now,
-                    )
+                    store.insert_block(slot, &key, value, self.expire_at, parent, self.replace, now)
                 };
                 failed |= code < 0;
                 self.codes.push(code);
@@ -275,19 +275,20 @@ impl ChainRelay {
 /// without block i-1, at the cost of one one-way hop per change of shard.
 async fn store_chain(
     shard: &Rc<Shard>,
-    args: &[Bytes],
+    args: &Args,
     key_indexes: &[usize],
     opts: &SetOptions,
 ) -> Option<Vec<i64>> {
     let mut runs: VecDeque<(usize, Vec<ChainBlock>)> = VecDeque::new();
     for (i, &k) in key_indexes.iter().enumerate() {
-        let owner = shard.owner_of(key_slot(&args[k]));
+        let slot = args.slot(k);
+        let owner = shard.owner_of(slot);
         let parent = if i == 0 {
             opts.parent.clone()
         } else {
             Some(args[key_indexes[i - 1]].clone())
         };
-        let block = (args[k].clone(), args[k + 1].clone(), parent);
+        let block = (args[k].clone(), slot, args[k + 1].clone(), parent);
         match runs.back_mut() {
             Some((o, run)) if *o == owner => run.push(block),
             _ => runs.push_back((owner, vec![block])),
@@ -330,12 +331,13 @@ enum Watch {
 /// after it can be part of the prefix.
 async fn read_values(
     shard: &Rc<Shard>,
-    keys: &[Bytes],
+    keys: &[(Bytes, u16)],
     watch: Watch,
 ) -> Option<Vec<Option<Fetched>>> {
-    let mut per_shard: Vec<Vec<(usize, Bytes)>> = (0..shard.count()).map(|_| Vec::new()).collect();
-    for (pos, key) in keys.iter().enumerate() {
-        per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
+    let mut per_shard: Vec<Vec<(usize, Bytes, u16)>> =
+        (0..shard.count()).map(|_| Vec::new()).collect();
+    for (pos, (key, slot)) in keys.iter().enumerate() {
+        per_shard[shard.owner_of(*slot)].push((pos, key.clone(), *slot));
     }
     let mut pending = Vec::new();
     for (target, work) in per_shard.into_iter().enumerate() {
@@ -347,10 +349,10 @@ async fn read_values(
             let mut store = s.store.borrow_mut();
             let now = now_ms();
             let mut out = Vec::with_capacity(work.len());
-            for (pos, key) in work {
+            for (pos, key, slot) in work {
                 // A spilled block's disk read starts here; the reply
                 // awaits it.
-                let value = store.fetch(key_slot(&key), &key, now);
+                let value = store.fetch(slot, &key, now);
                 let missing = value.is_none();
                 out.push((pos, value));
                 match &watch {
@@ -390,13 +392,13 @@ fn leading(values: Vec<Option<Fetched>>, max_bytes: Option<u64>) -> Vec<Fetched>
 
 /// Counts the returned blocks as keyspace hits and, unless `touch` is false
 /// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
-fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
+fn touch_returned(shard: &Rc<Shard>, keys: &[(Bytes, u16)], touch: bool) {
     // Each key with the one returned before it.
-    type Work = Vec<(Bytes, Option<Bytes>)>;
+    type Work = Vec<(Bytes, u16, Option<Bytes>)>;
     let mut per_shard: Vec<Work> = (0..shard.count()).map(|_| Vec::new()).collect();
-    for (pos, key) in keys.iter().enumerate() {
-        let previous = pos.checked_sub(1).map(|p| keys[p].clone());
-        per_shard[shard.owner_of(key_slot(key))].push((key.clone(), previous));
+    for (pos, (key, slot)) in keys.iter().enumerate() {
+        let previous = pos.checked_sub(1).map(|p| keys[p].0.clone());
+        per_shard[shard.owner_of(*slot)].push((key.clone(), *slot, previous));
     }
     for (target, work) in per_shard.into_iter().enumerate() {
         if work.is_empty() {
@@ -405,13 +407,8 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
         let job = move |s: &Shard| {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
-            for (key, previous) in work {
-                store.read(key_slot(&key), &key, now, touch);
-                if let Some(previous) = previous {
-                    // Read right after its parent: reachable, whatever the
-                    // link events said.
-                    store.mark_reachable(key_slot(&key), &key, &previous);
-                }
+            for (key, slot, previous) in work {
+                store.count_prefix_hit(slot, &key, now, touch, previous.as_deref());
             }
         };
         if target == shard.id {
@@ -426,15 +423,15 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[Bytes], touch: bool) {
 /// timeout, and when the client disconnects mid-wait.
 struct WatchGuard {
     shard: Rc<Shard>,
-    keys: Vec<Bytes>,
+    keys: Vec<(Bytes, u16)>,
     id: u64,
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
         let mut per_shard: Vec<Vec<Bytes>> = (0..self.shard.count()).map(|_| Vec::new()).collect();
-        for key in self.keys.drain(..) {
-            per_shard[self.shard.owner_of(key_slot(&key))].push(key);
+        for (key, slot) in self.keys.drain(..) {
+            per_shard[self.shard.owner_of(slot)].push(key);
         }
         let id = self.id;
         for (target, work) in per_shard.into_iter().enumerate() {
@@ -511,7 +508,7 @@ pub(crate) fn parse_prefix_read(args: &[Bytes]) -> Result<PrefixRead, Reply> {
     Ok(read)
 }
 
-fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let PrefixRead {
             end,
@@ -522,7 +519,7 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             Ok(read) => read,
             Err(e) => return e,
         };
-        let keys: Vec<Bytes> = args[2..end].to_vec();
+        let keys: Vec<(Bytes, u16)> = (2..end).map(|i| (args[i].clone(), args.slot(i))).collect();
         let shard = Rc::clone(&client.shard);
         let values = match block_ms {
             None => read_values(&shard, &keys, Watch::No).await,
@@ -546,7 +543,7 @@ fn mgetprefix(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
 /// present, waits (up to `timeout`) for writes of the missing ones.
 async fn blocking_read(
     shard: &Rc<Shard>,
-    keys: &[Bytes],
+    keys: &[(Bytes, u16)],
     min: usize,
     timeout: Duration,
 ) -> Option<Vec<Option<Fetched>>> {
@@ -597,7 +594,7 @@ impl Drop for BlockedCount {
 
 // ---- PREFIXLEN and MEXISTS -------------------------------------------------------
 
-fn prefixlen(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let (n, end) = match parse_count(&args, 1, "numkeys") {
             Ok(found) => found,
@@ -607,10 +604,11 @@ fn prefixlen(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
             return syntax_error();
         }
         let shard = &client.shard;
-        let mut per_shard: Vec<Vec<(usize, Bytes)>> =
+        let mut per_shard: Vec<Vec<(usize, Bytes, u16)>> =
             (0..shard.count()).map(|_| Vec::new()).collect();
-        for (pos, key) in args[2..end].iter().enumerate() {
-            per_shard[shard.owner_of(key_slot(key))].push((pos, key.clone()));
+        for (pos, i) in (2..end).enumerate() {
+            let slot = args.slot(i);
+            per_shard[shard.owner_of(slot)].push((pos, args[i].clone(), slot));
         }
         let mut pending = Vec::new();
         for (target, work) in per_shard.into_iter().enumerate() {
@@ -623,8 +621,8 @@ fn prefixlen(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
                 let mut store = s.store.borrow_mut();
                 let now = now_ms();
                 work.into_iter()
-                    .find(|(_, key)| store.peek(key_slot(key), key, now).is_none())
-                    .map(|(pos, _)| pos)
+                    .find(|(_, key, slot)| store.peek(*slot, key, now).is_none())
+                    .map(|(pos, _, _)| pos)
             }));
         }
         let mut prefix = n;
@@ -639,7 +637,7 @@ fn prefixlen(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn mexists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let (n, end) = match parse_count(&args, 1, "numkeys") {
             Ok(found) => found,
@@ -697,24 +695,18 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         Ok(read) => read,
         Err(e) => return e,
     };
-    let mut total = 0u64;
+    let mut room = read.max_bytes.unwrap_or(u64::MAX);
     let mut out = Vec::new();
-    let mut previous: Option<&Bytes> = None;
-    for key in &op.args[2..read.end] {
-        let Some(len) = store.peek(key_slot(key), key, now).map(|e| e.value.len()) else {
+    let mut previous: Option<&[u8]> = None;
+    for i in 2..read.end {
+        let (key, slot) = (&op.args[i], op.args.slot(i));
+        // Counted (and, unless NO-TOUCH, touched) as accessed: one lookup.
+        let InPrefix::Value(value) = store.read_in_prefix(slot, key, now, op.touch, previous, room)
+        else {
             break;
         };
-        total += len as u64;
-        if read.max_bytes.is_some_and(|m| total > m) {
-            break;
-        }
-        // Counted (and, unless NO-TOUCH, touched) as accessed.
-        if let Some(value) = store.read_value(key_slot(key), key, now, op.touch) {
-            out.push(value_reply(value));
-        }
-        if let Some(previous) = previous {
-            store.mark_reachable(key_slot(key), key, previous);
-        }
+        room -= value.len() as u64;
+        out.push(value_reply(value));
         previous = Some(key);
     }
     Reply::PrefixOf(out)
@@ -728,9 +720,8 @@ fn prefixlen_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if end != op.args.len() {
         return syntax_error();
     }
-    let present = op.args[2..end]
-        .iter()
-        .take_while(|key| store.peek(key_slot(key), key, now).is_some())
+    let present = (2..end)
+        .take_while(|&i| store.peek(op.args.slot(i), &op.args[i], now).is_some())
         .count();
     Reply::Int(present as i64)
 }
@@ -744,9 +735,11 @@ fn mexists_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return syntax_error();
     }
     Reply::Array(
-        op.args[2..end]
-            .iter()
-            .map(|key| Reply::Int(store.read(key_slot(key), key, now, false).is_some() as i64))
+        (2..end)
+            .map(|i| {
+                let found = store.read(op.args.slot(i), &op.args[i], now, false);
+                Reply::Int(found.is_some() as i64)
+            })
             .collect(),
     )
 }
@@ -774,7 +767,7 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
             -1
         } else {
             store.insert_block(
-                key_slot(key),
+                args.slot(2 + 2 * i),
                 key,
                 value.clone(),
                 opts.expire_at,
@@ -788,6 +781,32 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         codes.push(Reply::Int(code));
     }
     Reply::Array(codes)
+}
+
+// ---- answered from copies of hot keys (cluster) -----------------------------
+
+fn copy_mexists(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()))
+}
+
+fn copy_prefixlen(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Int(values.len() as i64))
+}
+
+/// Every key has a copy, so BLOCK has nothing to wait for; MAXBYTES cuts
+/// the prefix as the owner would.
+fn copy_mgetprefix(values: &[&Bytes], args: &[Bytes]) -> Option<Reply> {
+    let read = parse_prefix_read(args).ok()?;
+    let mut total = 0u64;
+    let items = values
+        .iter()
+        .take_while(|v| {
+            total += v.len() as u64;
+            read.max_bytes.is_none_or(|m| total <= m)
+        })
+        .map(|v| Reply::Bulk((*v).clone()))
+        .collect();
+    Some(Reply::Array(items))
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use super::connection::valid_name;
 use super::flags::*;
 use super::keyspace::help_reply;
 use super::{
-    is, not_integer, parse_int, syntax_error, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS,
+    is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, LocalBoxFuture,
+    Spread, NO_KEYS,
 };
 use crate::clients::ClientInfo;
 
@@ -25,6 +26,8 @@ const SUB: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// CLIENT.
@@ -178,7 +181,7 @@ fn info(client: &mut Client, _args: &[Bytes]) -> Reply {
     Reply::Verbatim(Bytes::from(line + "\n"))
 }
 
-fn list(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn list(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let mut ids: Option<Vec<u64>> = None;
         let mut i = 2;
@@ -263,7 +266,7 @@ impl KillFilter {
     }
 }
 
-fn kill(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let me = client.id();
         let mut filter = KillFilter {

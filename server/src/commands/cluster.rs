@@ -15,7 +15,7 @@ use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::keyspace::help_reply;
-use super::{parse_int, Client, CommandSpec, Handler, LocalBoxFuture, NO_KEYS};
+use super::{parse_int, Args, Client, CommandSpec, Handler, LocalBoxFuture, Spread, NO_KEYS};
 use crate::shard::slot::{key_slot, SLOTS};
 
 const SUB: CommandSpec = CommandSpec {
@@ -31,6 +31,8 @@ const SUB: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// CLUSTER, READONLY, READWRITE, ASKING.
@@ -427,7 +429,7 @@ fn parse_slot(arg: &Bytes) -> Result<u16, Reply> {
     }
 }
 
-fn countkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn countkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if cluster(client).is_none() {
             return disabled();
@@ -448,7 +450,7 @@ fn countkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> 
     })
 }
 
-fn getkeysinslot(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn getkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if cluster(client).is_none() {
             return disabled();
@@ -531,7 +533,7 @@ fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
     Reply::ok()
 }
 
-fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn copy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let cluster = match peer_only(client) {
             Ok(c) => c,
@@ -556,7 +558,7 @@ fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn lease(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if let Err(e) = peer_only(client) {
             return e;
@@ -577,7 +579,7 @@ fn lease(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn uncopy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn uncopy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if let Err(e) = peer_only(client) {
             return e;

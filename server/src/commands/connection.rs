@@ -4,7 +4,7 @@ use bytes::Bytes;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
-use super::{is, parse_int, Client, CommandSpec, Handler, NO_KEYS};
+use super::{is, parse_int, Client, CommandSpec, Handler, Spread, NO_KEYS};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -19,6 +19,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// The connection family.
@@ -62,14 +64,14 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "quit",
         arity: -1,
-        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT | TX_NOW,
         summary: "Closes the connection.",
         handler: Handler::Sync(quit),
         ..BASE
     },
     CommandSpec {
         name: "reset",
-        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT,
+        flags: FAST | LOADING | STALE | NO_AUTH | NOSCRIPT | TX_NOW,
         since: "6.2.0",
         summary: "Resets the connection.",
         handler: Handler::Sync(reset),

@@ -8,8 +8,9 @@ use kvtier_store::{Encoding, Entry, Store};
 
 use super::flags::*;
 use super::{
-    always, is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Client,
-    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, ALL_KEYS, KEY1, NO_KEYS,
+    always, is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Args, Client,
+    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, Spread, ALL_KEYS, KEY1,
+    NO_KEYS,
 };
 use crate::glob::glob_match;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
@@ -28,6 +29,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 const TWO_KEYS: KeySpec = KeySpec::range(1, 2, 1);
@@ -55,6 +58,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: del_one,
             applies: always,
         }),
+        spread: Spread::Sum,
         ..BASE
     },
     CommandSpec {
@@ -71,6 +75,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: del_one,
             applies: always,
         }),
+        spread: Spread::Sum,
         ..BASE
     },
     CommandSpec {
@@ -85,6 +90,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: exists_one,
             applies: always,
         }),
+        spread: Spread::Sum,
+        from_copies: Some(copy_exists),
         ..BASE
     },
     CommandSpec {
@@ -100,6 +107,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: touch_one,
             applies: always,
         }),
+        spread: Spread::Sum,
         ..BASE
     },
     CommandSpec {
@@ -323,7 +331,7 @@ type KeyWork = (usize, u16, Bytes, Option<Bytes>);
 /// key order.
 pub async fn fan_out<R, F>(
     client: &Client,
-    args: &[Bytes],
+    args: &Args,
     key_indexes: &[usize],
     f: F,
 ) -> Result<Vec<R>, ShardGone>
@@ -334,9 +342,13 @@ where
     let shard = &client.shard;
     let mut per_shard: Vec<Vec<KeyWork>> = (0..shard.count()).map(|_| Vec::new()).collect();
     for (pos, &i) in key_indexes.iter().enumerate() {
-        let key = args[i].clone();
-        let slot = key_slot(&key);
-        per_shard[shard.owner_of(slot)].push((pos, slot, key, args.get(i + 1).cloned()));
+        let slot = args.slot(i);
+        per_shard[shard.owner_of(slot)].push((
+            pos,
+            slot,
+            args[i].clone(),
+            args.get(i + 1).cloned(),
+        ));
     }
     // Post every remote job first, so shards work in parallel; this shard's
     // own keys run inline while the others are busy.
@@ -382,7 +394,7 @@ fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
     }
 }
 
-fn del(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn del(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
@@ -394,7 +406,7 @@ fn del(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn exists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn exists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
@@ -406,7 +418,7 @@ fn exists(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn touch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn touch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
@@ -448,7 +460,7 @@ fn key_type(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
-fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn keys(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let pattern = args[1].clone();
         let all = client
@@ -472,7 +484,7 @@ fn keys(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn scan(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let Some(cursor) = parse_cursor(&args[1]) else {
             return Reply::error("ERR invalid cursor");
@@ -565,7 +577,7 @@ pub fn parse_cursor(arg: &[u8]) -> Option<u64> {
     })
 }
 
-fn randomkey(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn randomkey(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let sizes = match client.shard.call_all(|s| s.store.borrow().len()).await {
             Ok(sizes) => sizes,
@@ -711,7 +723,7 @@ async fn transfer(
     }
 }
 
-fn rename(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn rename(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         match transfer(client, args[1].clone(), args[2].clone(), true, true).await {
             Ok(Ok(Some(_))) => Reply::ok(),
@@ -722,7 +734,7 @@ fn rename(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn renamenx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn renamenx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if args[1] == args[2] {
             // Redis answers 0 for a rename onto itself, if the key exists.
@@ -753,7 +765,7 @@ fn renamenx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn copy(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn copy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let mut replace = false;
         let mut i = 3;
@@ -888,6 +900,11 @@ fn persist(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
         _ => Reply::Int(0),
     }
+}
+
+/// EXISTS answered from copies of hot keys (cluster): every key has one.
+fn copy_exists(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Int(values.len() as i64))
 }
 
 /// OBJECT ENCODING's answer, as Redis would give it for a string.

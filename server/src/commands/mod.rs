@@ -29,18 +29,74 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use kvtier_protocol::{PendingValue, Reply};
-use kvtier_store::{Fetched, Store};
+use kvtier_store::{now_ms, Fetched, Store};
 
 use crate::clients::ClientInfo;
+use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
 /// A boxed future borrowing the client, returned by async handlers.
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
 
+/// A command's arguments (the name first), with the hash slots of its keys
+/// found once, when the command was dispatched: routing, the shard
+/// fan-out and the store all use the same figures.
+#[derive(Clone, Debug, Default)]
+pub struct Args {
+    list: Vec<Bytes>,
+    /// Slot of each argument that is a key of the command (by its key
+    /// spec); [`NOT_A_KEY`] for the others.
+    slots: Vec<u16>,
+}
+
+/// [`Args`]'s mark for an argument that is not a key.
+const NOT_A_KEY: u16 = u16::MAX;
+
+impl Args {
+    /// `list`, with the slots of the arguments at `keys` computed now.
+    pub fn new(list: Vec<Bytes>, keys: &[usize]) -> Args {
+        let mut slots = Vec::new();
+        if !keys.is_empty() {
+            slots = vec![NOT_A_KEY; list.len()];
+            for &i in keys {
+                slots[i] = key_slot(&list[i]);
+            }
+        }
+        Args { list, slots }
+    }
+
+    /// `list` as the arguments of `spec` (its keys' slots computed now).
+    pub fn of(spec: &CommandSpec, list: Vec<Bytes>) -> Args {
+        let keys = spec.key_indexes(&list).unwrap_or_default();
+        Args::new(list, &keys)
+    }
+
+    /// The hash slot of argument `i` (found at dispatch for a key, hashed
+    /// now for any other argument used as one).
+    pub fn slot(&self, i: usize) -> u16 {
+        match self.slots.get(i) {
+            Some(&slot) if slot != NOT_A_KEY => slot,
+            _ => key_slot(&self.list[i]),
+        }
+    }
+
+    /// The arguments alone.
+    pub fn into_vec(self) -> Vec<Bytes> {
+        self.list
+    }
+}
+
+impl std::ops::Deref for Args {
+    type Target = Vec<Bytes>;
+    fn deref(&self) -> &Vec<Bytes> {
+        &self.list
+    }
+}
+
 /// What a single-key command gets on the owning shard.
 pub struct KeyOp {
     /// All arguments, the command name first.
-    pub args: Vec<Bytes>,
+    pub args: Args,
     /// Index of the key in `args`.
     pub key_index: usize,
     /// Slot of the key.
@@ -56,12 +112,67 @@ impl KeyOp {
     }
 }
 
+/// A single-key command (or a multi-key one whose keys share a shard) made
+/// ready to run on the shard that owns its key.
+pub struct ShardOp {
+    /// The body.
+    pub run: KeyFn,
+    /// What it gets.
+    pub op: KeyOp,
+    /// The shard owning the key.
+    pub owner: usize,
+}
+
+impl ShardOp {
+    /// `args` for `run`, its key at `key_index`, for `client`.
+    pub fn new(client: &Client, run: KeyFn, args: Args, key_index: usize) -> Self {
+        let slot = args.slot(key_index);
+        ShardOp {
+            run,
+            owner: client.shard.owner_of(slot),
+            op: KeyOp {
+                args,
+                key_index,
+                slot,
+                touch: !client.no_touch,
+            },
+        }
+    }
+
+    /// Runs it against the owner's store.
+    pub fn run(&self, store: &mut Store, now: u64) -> Reply {
+        (self.run)(store, &self.op, now)
+    }
+}
+
+/// Runs a command for `client` outside the connection's batching (EXEC's
+/// queued commands, the local part of a command spread over nodes): the
+/// same handlers, awaited one by one. The connection's own path batches
+/// single-key commands per shard instead, with the same [`ShardOp`].
+pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
+    match spec.handler {
+        Handler::Key(f) => {
+            let op = ShardOp::new(client, f, args, spec.keys.first as usize);
+            client
+                .shard
+                .call(op.owner, move |s| {
+                    op.run(&mut s.store.borrow_mut(), now_ms())
+                })
+                .await
+                .unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
+        }
+        Handler::Sync(f) => f(client, &args),
+        Handler::Async(f) => f(client, args).await,
+        Handler::Parent => unknown_subcommand(spec.name, &args[0]),
+    }
+}
+
 /// A single-key command body, run on the owner shard against its store.
 pub type KeyFn = fn(&mut Store, &KeyOp, u64) -> Reply;
 /// A connection-level command body.
 pub type SyncFn = fn(&mut Client, &[Bytes]) -> Reply;
 /// A command body that awaits other shards.
-pub type AsyncFn = for<'a> fn(&'a mut Client, Vec<Bytes>) -> LocalBoxFuture<'a>;
+pub type AsyncFn = for<'a> fn(&'a mut Client, Args) -> LocalBoxFuture<'a>;
 
 /// How a command is executed.
 #[derive(Clone, Copy)]
@@ -104,6 +215,19 @@ pub mod flags {
     pub const SKIP_MONITOR: u32 = 1 << 11;
     /// Has dangerous effects (FLUSHALL, KEYS, ...).
     pub const DANGEROUS: u32 = 1 << 12;
+
+    // kvtier's own flags (not in COMMAND INFO): what the connection and
+    // the cluster layer need to know of a command.
+
+    /// Runs at once inside MULTI instead of being queued (EXEC, DISCARD,
+    /// MULTI, WATCH, QUIT, RESET, as in Redis).
+    pub const TX_NOW: u32 = 1 << 16;
+    /// Runs on the node the client is connected to whatever its keys
+    /// (WATCH registers on this node's shards).
+    pub const HERE: u32 = 1 << 17;
+    /// Empties the keyspace: in a cluster, the hot-key copies this node
+    /// made elsewhere and the ones it holds go too.
+    pub const FLUSH: u32 = 1 << 18;
 
     /// Names reported by COMMAND INFO, in Redis's order.
     pub const NAMES: [(u32, &str); 12] = [
@@ -200,7 +324,41 @@ pub struct CommandSpec {
     /// (and batched like a single-key command) when all its keys live on
     /// that shard.
     pub one_shard: Option<OneShard>,
+    /// How the command runs when its keys live on several cluster nodes.
+    pub spread: Spread,
+    /// How a read is answered from this node's copies of other nodes' hot
+    /// keys, when every key has one (`None`: it is not).
+    pub from_copies: Option<FromCopies>,
 }
+
+/// How a command whose keys live on several cluster nodes runs: each node
+/// gets a sub-command with its own keys, in parallel, and the replies are
+/// merged as named here (see `coordination::multi_node`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spread {
+    /// Not at all: Redis's CROSSSLOT error.
+    No,
+    /// Replies placed back by key position (MGET, MEXISTS).
+    ByPosition,
+    /// `OK` once every node stored its pairs (MSET).
+    AllOk,
+    /// The nodes' counts added up (DEL, UNLINK, EXISTS, TOUCH).
+    Sum,
+    /// How many leading keys are present: the earliest miss of any node
+    /// (PREFIXLEN).
+    PrefixCount,
+    /// The values of the leading present keys, MAXBYTES on the merged
+    /// prefix, each node waiting (BLOCK) for its share of MIN
+    /// (MGETPREFIX).
+    PrefixValues,
+    /// Blocks stored by their nodes; with CHAIN, runs of one node's blocks
+    /// one after the other, in chain order (MSETBLOCK).
+    Blocks,
+}
+
+/// Answers a read from copies: the copy of every key (in key order) and
+/// the command's arguments; `None` reads through to the owner.
+pub type FromCopies = fn(&[&Bytes], &[Bytes]) -> Option<Reply>;
 
 /// The single-shard form of a multi-key command.
 #[derive(Clone, Copy)]

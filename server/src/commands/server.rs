@@ -13,8 +13,8 @@ use super::docs::{docs_reply, info_reply};
 use super::flags::*;
 use super::keyspace::help_reply;
 use super::{
-    is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Client, CommandSpec,
-    Handler, KeyOp, KeySpec, LocalBoxFuture, NO_KEYS,
+    is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Args, Client, CommandSpec,
+    Handler, KeyOp, KeySpec, LocalBoxFuture, Spread, NO_KEYS,
 };
 use crate::config::human_bytes;
 
@@ -31,6 +31,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 const SUB: CommandSpec = CommandSpec {
@@ -180,7 +182,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "flushdb",
         arity: -1,
-        flags: WRITE | DANGEROUS,
+        flags: WRITE | DANGEROUS | FLUSH,
         summary: "Removes all keys from the current database.",
         complexity: "O(N) where N is the number of keys in the selected database",
         syntax: "[ASYNC|SYNC]",
@@ -190,7 +192,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "flushall",
         arity: -1,
-        flags: WRITE | DANGEROUS,
+        flags: WRITE | DANGEROUS | FLUSH,
         summary: "Removes all keys from all databases.",
         complexity: "O(N) where N is the total number of keys in all databases",
         syntax: "[ASYNC|SYNC]",
@@ -536,7 +538,7 @@ fn config_get(client: &mut Client, args: &[Bytes]) -> Reply {
     )
 }
 
-fn config_set(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn config_set(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if !args.len().is_multiple_of(2) {
             return super::arity_error("config|set");
@@ -583,7 +585,7 @@ fn config_set(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn config_resetstat(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn config_resetstat(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let done = client
             .shard
@@ -714,7 +716,7 @@ const DEFAULT_SECTIONS: [&str; 12] = [
     "spill",
 ];
 
-fn info(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn info(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let mut sections: Vec<String> = Vec::new();
         for a in &args[1..] {
@@ -1139,7 +1141,7 @@ fn render_info(client: &Client, sections: &[String], reports: &[ShardReport]) ->
 
 // ---- keyspace-wide ---------------------------------------------------------
 
-fn dbsize(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn dbsize(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         match client.shard.call_all(|s| s.store.borrow().len()).await {
             Ok(sizes) => Reply::Int(sizes.into_iter().sum::<usize>() as i64),
@@ -1148,7 +1150,7 @@ fn dbsize(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn flush(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn flush(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         match args.len() {
             1 => {}
@@ -1266,7 +1268,7 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
-fn memory_stats(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn memory_stats(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let Some(reports) = shard_reports(client).await else {
             return gone();
@@ -1388,7 +1390,7 @@ fn memory_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
 
 // ---- DEBUG -----------------------------------------------------------------
 
-fn debug(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let sub = args[1].to_ascii_lowercase();
         match &sub[..] {

@@ -11,11 +11,10 @@ use super::flags::*;
 use super::keyspace::{fan_out, Fanned};
 use super::value_reply;
 use super::{
-    always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Client, CommandSpec,
-    Handler, KeyOp, LocalBoxFuture, OneShard, KEY1, KEY_VALUE_PAIRS,
+    always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
+    CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, KEY1, KEY_VALUE_PAIRS,
 };
 use crate::long_double::LongDouble;
-use crate::shard::slot::key_slot;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -30,6 +29,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// The string family.
@@ -38,6 +39,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "get",
         summary: "Returns the string value of a key.",
         handler: Handler::Key(get),
+        from_copies: Some(copy_get),
         ..BASE
     },
     CommandSpec {
@@ -118,6 +120,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: mget_one,
             applies: always,
         }),
+        spread: Spread::ByPosition,
+        from_copies: Some(copy_mget),
         ..BASE
     },
     CommandSpec {
@@ -134,6 +138,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             run: mset_one,
             applies: always,
         }),
+        spread: Spread::AllOk,
         ..BASE
     },
     CommandSpec {
@@ -167,6 +172,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         since: "2.2.0",
         summary: "Returns the length of a string value.",
         handler: Handler::Key(strlen),
+        from_copies: Some(copy_strlen),
         ..BASE
     },
     CommandSpec {
@@ -178,6 +184,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the length of the returned string.",
         syntax: "key start end",
         handler: Handler::Key(getrange),
+        from_copies: Some(copy_getrange),
         ..BASE
     },
     CommandSpec {
@@ -188,6 +195,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(N) where N is the length of the returned string.",
         syntax: "key start end",
         handler: Handler::Key(getrange),
+        from_copies: Some(copy_getrange),
         ..BASE
     },
     CommandSpec {
@@ -504,11 +512,10 @@ fn getset(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 
 fn mget_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     Reply::Array(
-        op.args[1..]
-            .iter()
-            .map(|key| {
+        (1..op.args.len())
+            .map(|i| {
                 store
-                    .read_value(key_slot(key), key, now, op.touch)
+                    .read_value(op.args.slot(i), &op.args[i], now, op.touch)
                     .map_or(Reply::Nil, value_reply)
             })
             .collect(),
@@ -520,9 +527,9 @@ fn mset_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if args.len().is_multiple_of(2) {
         return arity_error("mset");
     }
-    for pair in args[1..].chunks(2) {
+    for i in (1..args.len()).step_by(2) {
         if store
-            .insert(key_slot(&pair[0]), &pair[0], pair[1].clone(), 0, now)
+            .insert(args.slot(i), &args[i], args[i + 1].clone(), 0, now)
             .is_err()
         {
             return oom_error();
@@ -537,15 +544,15 @@ fn msetnx_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return arity_error("msetnx");
     }
     // One shard: check and set in one step, atomically.
-    let present = args[1..]
-        .chunks(2)
-        .any(|pair| store.peek(key_slot(&pair[0]), &pair[0], now).is_some());
+    let present = (1..args.len())
+        .step_by(2)
+        .any(|i| store.peek(args.slot(i), &args[i], now).is_some());
     if present {
         return Reply::Int(0);
     }
-    for pair in args[1..].chunks(2) {
+    for i in (1..args.len()).step_by(2) {
         if store
-            .insert(key_slot(&pair[0]), &pair[0], pair[1].clone(), 0, now)
+            .insert(args.slot(i), &args[i], args[i + 1].clone(), 0, now)
             .is_err()
         {
             return oom_error();
@@ -554,7 +561,7 @@ fn msetnx_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     Reply::Int(1)
 }
 
-fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let touch = !client.no_touch;
         let keys: Vec<usize> = (1..args.len()).collect();
@@ -571,7 +578,7 @@ fn mget(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn mset(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if args.len().is_multiple_of(2) {
             return arity_error("mset");
@@ -590,7 +597,7 @@ fn mset(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn msetnx(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
@@ -684,7 +691,7 @@ fn strlen(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 }
 
 fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
-    let (Some(mut start), Some(mut end)) = (parse_int(&op.args[2]), parse_int(&op.args[3])) else {
+    let (Some(start), Some(end)) = (parse_int(&op.args[2]), parse_int(&op.args[3])) else {
         return not_integer();
     };
     store.materialize(op.slot, op.key(), now);
@@ -694,6 +701,12 @@ fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     else {
         return Reply::bulk("");
     };
+    range(&value, start, end)
+}
+
+/// GETRANGE's answer for `value`: Redis's index arithmetic (negative
+/// indexes from the end, clamped to the string).
+fn range(value: &Bytes, mut start: i64, mut end: i64) -> Reply {
     let len = value.len() as i64;
     if start < 0 && end < 0 && start > end {
         return Reply::bulk("");
@@ -713,6 +726,30 @@ fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::bulk("");
     }
     Reply::Bulk(value.slice(start as usize..=end as usize))
+}
+
+// ---- answered from copies of hot keys (cluster) -----------------------------
+
+fn copy_get(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Bulk(values[0].clone()))
+}
+
+fn copy_mget(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Array(
+        values.iter().map(|v| Reply::Bulk((*v).clone())).collect(),
+    ))
+}
+
+fn copy_strlen(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
+    Some(Reply::Int(values[0].len() as i64))
+}
+
+fn copy_getrange(values: &[&Bytes], args: &[Bytes]) -> Option<Reply> {
+    let (Some(start), Some(end)) = (parse_int(&args[2]), parse_int(&args[3])) else {
+        // The error is the owner's to give.
+        return None;
+    };
+    Some(range(values[0], start, end))
 }
 
 fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
@@ -824,7 +861,7 @@ fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
-fn lcs(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn lcs(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let (mut want_len, mut want_idx, mut with_match_len, mut min_len) =
             (false, false, false, 0);

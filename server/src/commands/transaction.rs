@@ -22,7 +22,9 @@ use kvtier_protocol::Reply;
 use kvtier_store::now_ms;
 
 use super::flags::*;
-use super::{Client, CommandSpec, Handler, KeyOp, LocalBoxFuture, ALL_KEYS, NO_KEYS};
+use super::{
+    execute, Args, Client, CommandSpec, Handler, LocalBoxFuture, ShardOp, Spread, ALL_KEYS, NO_KEYS,
+};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
@@ -39,6 +41,8 @@ const BASE: CommandSpec = CommandSpec {
     handler: Handler::Parent,
     subcommands: &[],
     one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
 };
 
 /// The transactions family.
@@ -47,11 +51,12 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "multi",
         summary: "Starts a transaction.",
         handler: Handler::Sync(multi),
+        flags: BASE.flags | TX_NOW,
         ..BASE
     },
     CommandSpec {
         name: "exec",
-        flags: NOSCRIPT | LOADING | STALE,
+        flags: NOSCRIPT | LOADING | STALE | TX_NOW,
         summary: "Executes all commands in a transaction.",
         complexity: "Depends on commands in the transaction",
         handler: Handler::Async(exec),
@@ -63,6 +68,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "Discards a transaction.",
         complexity: "O(N), when N is the number of queued commands",
         handler: Handler::Sync(discard),
+        flags: BASE.flags | TX_NOW,
         ..BASE
     },
     CommandSpec {
@@ -74,6 +80,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         complexity: "O(1) for every key.",
         syntax: "key...",
         handler: Handler::Async(watch),
+        flags: BASE.flags | TX_NOW | HERE,
         ..BASE
     },
     CommandSpec {
@@ -89,7 +96,7 @@ pub const COMMANDS: &[CommandSpec] = &[
 #[derive(Default)]
 pub struct Transaction {
     /// The queued commands: statistics id, spec, arguments.
-    pub queued: Vec<(usize, &'static CommandSpec, Vec<Bytes>)>,
+    pub queued: Vec<(usize, &'static CommandSpec, Args)>,
     /// A command was refused while queueing: EXEC will abort.
     pub failed: bool,
 }
@@ -156,7 +163,7 @@ fn unwatch(client: &mut Client, _args: &[Bytes]) -> Reply {
     Reply::ok()
 }
 
-fn watch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn watch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         if client.multi.is_some() {
             return Reply::error("ERR WATCH inside MULTI is not allowed");
@@ -182,7 +189,7 @@ fn watch(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
     })
 }
 
-fn exec(client: &mut Client, _args: Vec<Bytes>) -> LocalBoxFuture<'_> {
+fn exec(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let Some(tx) = client.multi.take() else {
             return Reply::error("ERR EXEC without MULTI");
@@ -214,9 +221,7 @@ fn single_shard(client: &Client, tx: &Transaction) -> Option<usize> {
         if !matches!(spec.handler, Handler::Key(_)) {
             return None;
         }
-        let shard = client
-            .shard
-            .owner_of(key_slot(&args[spec.keys.first as usize]));
+        let shard = client.shard.owner_of(args.slot(spec.keys.first as usize));
         if owner.is_some_and(|o| o != shard) {
             return None;
         }
@@ -233,25 +238,11 @@ async fn run_on_one_shard(
     tx: Transaction,
     dirty: Arc<AtomicBool>,
 ) -> Reply {
-    let touch = !client.no_touch;
-    let ops: Vec<_> = tx
+    let ops: Vec<(usize, ShardOp)> = tx
         .queued
         .into_iter()
         .filter_map(|(id, spec, args)| match spec.handler {
-            Handler::Key(f) => {
-                let key_index = spec.keys.first as usize;
-                let slot = key_slot(&args[key_index]);
-                Some((
-                    id,
-                    f,
-                    KeyOp {
-                        args,
-                        key_index,
-                        slot,
-                        touch,
-                    },
-                ))
-            }
+            Handler::Key(f) => Some((id, ShardOp::new(client, f, args, spec.keys.first as usize))),
             _ => None,
         })
         .collect();
@@ -266,9 +257,9 @@ async fn run_on_one_shard(
             let now = now_ms();
             let replies = ops
                 .into_iter()
-                .map(|(id, f, op)| {
+                .map(|(id, op)| {
                     let started = Instant::now();
-                    let reply = f(&mut store, &op, now);
+                    let reply = op.run(&mut store, now);
                     stats.record(id, started.elapsed(), reply.is_error());
                     reply
                 })
@@ -280,34 +271,9 @@ async fn run_on_one_shard(
 }
 
 /// Runs one queued command outside the connection's batching.
-async fn run_one(
-    client: &mut Client,
-    id: usize,
-    spec: &'static CommandSpec,
-    args: Vec<Bytes>,
-) -> Reply {
+async fn run_one(client: &mut Client, id: usize, spec: &'static CommandSpec, args: Args) -> Reply {
     let started = Instant::now();
-    let reply = match spec.handler {
-        Handler::Key(f) => {
-            let key_index = spec.keys.first as usize;
-            let slot = key_slot(&args[key_index]);
-            let op = KeyOp {
-                args,
-                key_index,
-                slot,
-                touch: !client.no_touch,
-            };
-            let owner = client.shard.owner_of(slot);
-            client
-                .shard
-                .call(owner, move |s| f(&mut s.store.borrow_mut(), &op, now_ms()))
-                .await
-                .unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
-        }
-        Handler::Sync(f) => f(client, &args),
-        Handler::Async(f) => f(client, args).await,
-        Handler::Parent => super::unknown_subcommand(spec.name, &args[0]),
-    };
+    let reply = execute(client, spec, args).await;
     client
         .shard
         .stats

@@ -11,64 +11,24 @@ use kvtier_cluster::hot::{Copies, Current};
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
-use super::run_local;
-use crate::commands::{table, Client, LocalBoxFuture};
+use crate::commands::{execute, Args, Client, CommandSpec};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
-/// Commands a copy can answer.
-pub fn served_by_copies(name: &str) -> bool {
-    matches!(
-        name,
-        "get"
-            | "mget"
-            | "exists"
-            | "strlen"
-            | "getrange"
-            | "substr"
-            | "mexists"
-            | "prefixlen"
-            | "mgetprefix"
-    )
-}
-
-/// Answers a read from this shard's copies, if every key has one.
+/// Answers a read from this shard's copies, if the command can be (its
+/// spec says how) and every key has one.
 pub fn answer_from_copies(
     copies: &Copies,
-    name: &str,
+    spec: &CommandSpec,
     args: &[Bytes],
     keys: &[usize],
 ) -> Option<Reply> {
+    let answer = spec.from_copies?;
     let values: Vec<&Bytes> = keys
         .iter()
         .map(|&i| copies.get(&args[i]))
         .collect::<Option<Vec<_>>>()?;
-    let reply = match name {
-        "get" => Reply::Bulk(values[0].clone()),
-        "mget" => Reply::Array(values.into_iter().map(|v| Reply::Bulk(v.clone())).collect()),
-        "exists" => Reply::Int(values.len() as i64),
-        "strlen" => Reply::Int(values[0].len() as i64),
-        "mexists" => Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()),
-        "prefixlen" => Reply::Int(values.len() as i64),
-        "mgetprefix" => {
-            // Options after the keys: only MAXBYTES can be answered here
-            // (BLOCK has nothing to wait for when every key is present).
-            let read = crate::commands::block::parse_prefix_read(args).ok()?;
-            let mut total = 0u64;
-            let items = values
-                .into_iter()
-                .take_while(|v| {
-                    total += v.len() as u64;
-                    read.max_bytes.is_none_or(|m| total <= m)
-                })
-                .map(|v| Reply::Bulk(v.clone()))
-                .collect();
-            Reply::Array(items)
-        }
-        // GETRANGE's index arithmetic is the command's own: read through.
-        _ => return None,
-    };
-    Some(reply)
+    answer(&values, args)
 }
 
 /// Once a window, on shard 0: copies the node's hot keys to their replicas
@@ -138,42 +98,44 @@ pub async fn on_all_copies(
 
 /// A write to keys that have copies elsewhere: run it here, then drop the
 /// copies, and only then reply (once DEL returns, no node serves the key).
-pub fn write_through(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let reply = run_local(client, args.clone()).await;
-        if let Some(cluster) = client.shard.shared.cluster.clone() {
-            let keys = table()
-                .lookup(&args[0])
-                .and_then(|(_, spec)| spec.key_indexes(&args))
-                .unwrap_or_default();
-            let taken: Vec<(Bytes, Vec<String>)> = keys
-                .iter()
-                .filter_map(|&i| {
-                    cluster
-                        .take_replicated(&args[i])
-                        .map(|n| (args[i].clone(), n))
-                })
-                .collect();
-            uncopy(&client.shard, &cluster, taken).await;
-        }
-        reply
-    })
+pub async fn write_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
+    let keys = spec.key_indexes(&args).unwrap_or_default();
+    let reply = execute(client, spec, args.clone()).await;
+    if let Some(cluster) = client.shard.shared.cluster.clone() {
+        let taken = take_replicated(&cluster, &args, &keys);
+        uncopy(&client.shard, &cluster, taken).await;
+    }
+    reply
+}
+
+/// The keys among `args[keys]` that have copies, with the nodes holding
+/// them, taken from the record (their copies are about to be dropped).
+pub fn take_replicated(
+    cluster: &Cluster,
+    args: &[Bytes],
+    keys: &[usize],
+) -> Vec<(Bytes, Vec<String>)> {
+    keys.iter()
+        .filter_map(|&i| {
+            cluster
+                .take_replicated(&args[i])
+                .map(|n| (args[i].clone(), n))
+        })
+        .collect()
 }
 
 /// FLUSHALL / FLUSHDB in a cluster: also drops every copy this node made
 /// elsewhere and every copy it holds.
-pub fn flush_through(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let reply = run_local(client, args).await;
-        if let Some(cluster) = client.shard.shared.cluster.clone() {
-            let taken = cluster.take_all_replicated().into_iter().collect();
-            uncopy(&client.shard, &cluster, taken).await;
-            on_all_copies(&client.shard, |c| {
-                c.clear();
-                true
-            })
-            .await;
-        }
-        reply
-    })
+pub async fn flush_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
+    let reply = execute(client, spec, args).await;
+    if let Some(cluster) = client.shard.shared.cluster.clone() {
+        let taken = cluster.take_all_replicated().into_iter().collect();
+        uncopy(&client.shard, &cluster, taken).await;
+        on_all_copies(&client.shard, |c| {
+            c.clear();
+            true
+        })
+        .await;
+    }
+    reply
 }

@@ -30,9 +30,125 @@ use kvtier_protocol::Reply;
 pub use multi_node::coordinate;
 use tokio::sync::oneshot;
 
-use crate::commands::{flags, is, table, Client, CommandSpec, Handler, KeyOp};
-use crate::shard::slot::key_slot;
+use crate::commands::{flags, is, Args, Client, CommandSpec, LocalBoxFuture, Spread};
 use crate::shard::Shard;
+
+/// Where a command runs in a cluster, as the connection needs to know.
+pub enum Routed {
+    /// Here, as on a single server.
+    Here,
+    /// Here, by one of the cluster's paths.
+    Through(Through),
+    /// Answered without running here (MOVED, CROSSSLOT, or the owner's
+    /// reply to the forwarded command).
+    Done(Reply),
+}
+
+/// A cluster path a command runs by on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Through {
+    /// Its keys live on several nodes: spread as its spec says.
+    Coordinate,
+    /// A write to keys with copies elsewhere: run, then drop the copies,
+    /// then reply.
+    WriteThrough,
+    /// FLUSHALL / FLUSHDB: run, then drop every copy made and held.
+    FlushThrough,
+}
+
+impl Through {
+    /// Runs `args` (a call of `spec`) by this path.
+    pub fn run<'a>(
+        self,
+        client: &'a mut Client,
+        spec: &'static CommandSpec,
+        args: Args,
+    ) -> LocalBoxFuture<'a> {
+        match self {
+            Through::Coordinate => Box::pin(coordinate(client, spec, args)),
+            Through::WriteThrough => Box::pin(write_through(client, spec, args)),
+            Through::FlushThrough => Box::pin(flush_through(client, spec, args)),
+        }
+    }
+}
+
+/// Where a command runs: here (by its own handler or a cluster path), or
+/// answered now. Reads run here are counted for hot-key detection.
+pub fn route(
+    client: &mut Client,
+    cluster: &Arc<Cluster>,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Routed {
+    // The key positions (`None`: a bad key count, the command's own error
+    // to report).
+    let keys = spec.key_indexes(args);
+    let keys = keys.as_deref();
+    let view = client.shard.view();
+    let decision = if client.peer {
+        Decision::Local
+    } else {
+        decide(client, cluster, &view, spec, args, keys)
+    };
+    let in_multi = client.multi.is_some();
+    match decision {
+        Decision::Local => {}
+        Decision::Reply(reply) => return Routed::Done(reply),
+        _ if in_multi => {
+            return Routed::Done(Reply::error(
+                "CROSSSLOT a transaction can only use keys of the node it runs on",
+            ))
+        }
+        Decision::Forward(node) => {
+            if spec.has(flags::WRITE) {
+                // A read later in this pipeline must not answer from the
+                // copy this write is about to replace.
+                let mut copies = client.shard.copies.borrow_mut();
+                if !copies.is_empty() {
+                    for &i in keys.unwrap_or_default() {
+                        copies.invalidate(&args[i]);
+                    }
+                }
+            }
+            let reply = forward(
+                &client.shard,
+                cluster,
+                &view,
+                node,
+                lane(client),
+                args.to_vec(),
+                blocks(spec, args),
+            );
+            return Routed::Done(reply);
+        }
+        Decision::Coordinate => return Routed::Through(Through::Coordinate),
+    }
+    // Runs here: count reads for hot-key detection; writes to keys with
+    // copies elsewhere (and flushes) drop the copies before replying.
+    let keys = keys.unwrap_or_default();
+    if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
+        let mut hot = client.shard.hot.borrow_mut();
+        for &i in keys {
+            hot.record(&args[i]);
+        }
+    } else if spec.has(flags::FLUSH) {
+        return Routed::Through(Through::FlushThrough);
+    } else if spec.has(flags::WRITE)
+        && cluster.has_replicated()
+        && keys.iter().any(|&i| cluster.is_replicated(&args[i]))
+    {
+        if !in_multi {
+            return Routed::Through(Through::WriteThrough);
+        }
+        // Queued in MULTI: the copies go now, ahead of EXEC.
+        let taken = copies::take_replicated(cluster, args, keys);
+        let (shard, cluster) = (Rc::clone(&client.shard), Arc::clone(cluster));
+        tokio::task::spawn_local(async move {
+            uncopy(&shard, &cluster, taken).await;
+        });
+    }
+    Routed::Here
+}
 
 /// Where a command goes.
 pub enum Decision {
@@ -46,30 +162,16 @@ pub enum Decision {
     Coordinate,
 }
 
-/// Multi-key commands a node coordinates across nodes.
-const COORDINATED: &[&str] = &[
-    "mget",
-    "mset",
-    "del",
-    "unlink",
-    "exists",
-    "touch",
-    "mexists",
-    "prefixlen",
-    "mgetprefix",
-    "msetblock",
-];
-
 /// Decides where `args` (for `spec`, keys at `keys`) runs.
 pub fn decide(
     client: &Client,
     cluster: &Cluster,
     view: &View,
     spec: &CommandSpec,
-    args: &[Bytes],
+    args: &Args,
     keys: Option<&[usize]>,
 ) -> Decision {
-    if spec.keys.first <= 0 || spec.name == "watch" {
+    if spec.keys.first <= 0 || spec.has(flags::HERE) {
         return Decision::Local;
     }
     // A bad key count is the command's own error to report.
@@ -79,13 +181,13 @@ pub fn decide(
     let Some(&first) = keys.first() else {
         return Decision::Local;
     };
-    let slot = key_slot(&args[first]);
+    let slot = args.slot(first);
     let owner = view.owner(slot);
     let mut one_slot = true;
     let mut one_node = true;
     let mut all_mine = view.me == Some(owner);
     for &i in &keys[1..] {
-        let s = key_slot(&args[i]);
+        let s = args.slot(i);
         one_slot &= s == slot;
         let o = view.owner(s);
         one_node &= o == owner;
@@ -94,10 +196,10 @@ pub fn decide(
     if all_mine {
         return Decision::Local;
     }
-    if copies::served_by_copies(spec.name) && client.multi.is_none() {
+    if spec.from_copies.is_some() && client.multi.is_none() {
         let copies = client.shard.copies.borrow();
         if !copies.is_empty() {
-            if let Some(reply) = copies::answer_from_copies(&copies, spec.name, args, keys) {
+            if let Some(reply) = copies::answer_from_copies(&copies, spec, args, keys) {
                 cluster.stats.replica_hits.fetch_add(1, Relaxed);
                 return Decision::Reply(reply);
             }
@@ -120,7 +222,7 @@ pub fn decide(
         }
         return Decision::Forward(owner);
     }
-    if COORDINATED.contains(&spec.name) {
+    if spec.spread != Spread::No {
         return Decision::Coordinate;
     }
     Decision::Reply(Reply::error(
@@ -175,35 +277,6 @@ pub fn lane(client: &Client) -> Lane {
 /// Whether a call blocks (MGETPREFIX ... BLOCK).
 pub fn blocks(spec: &CommandSpec, args: &[Bytes]) -> bool {
     spec.has(flags::BLOCKING) && args.iter().any(|a| is(a, "block"))
-}
-
-/// Runs a command on this node, whatever shards its keys live on.
-pub async fn run_local(client: &mut Client, args: Vec<Bytes>) -> Reply {
-    let Some((_, spec)) = table().lookup(&args[0]) else {
-        return Reply::error("ERR unknown command");
-    };
-    match spec.handler {
-        Handler::Async(f) => f(client, args).await,
-        Handler::Sync(f) => f(client, &args),
-        Handler::Key(f) => {
-            let key_index = spec.keys.first as usize;
-            let slot = key_slot(&args[key_index]);
-            let owner = client.shard.owner_of(slot);
-            let op = KeyOp {
-                args,
-                key_index,
-                slot,
-                touch: !client.no_touch,
-            };
-            let now = kvtier_store::now_ms();
-            client
-                .shard
-                .call(owner, move |s| f(&mut s.store.borrow_mut(), &op, now))
-                .await
-                .unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
-        }
-        Handler::Parent => Reply::error("ERR unknown subcommand"),
-    }
 }
 
 /// The view a shard uses, refreshed when the cluster's changes.

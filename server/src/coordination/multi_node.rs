@@ -9,31 +9,28 @@ use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
-use super::{forward, lane, run_local, write_through};
-use crate::commands::{block, flags, is, parse_int, table, Client, LocalBoxFuture};
-use crate::shard::slot::key_slot;
+use super::{forward, lane, write_through};
+use crate::commands::{block, execute, flags, is, parse_int, Args, Client, CommandSpec, Spread};
 
-/// The coordinator of a multi-key command over several nodes, in the shape
-/// of an async command body.
-pub fn coordinate(client: &mut Client, args: Vec<Bytes>) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let Some(cluster) = client.shard.shared.cluster.clone() else {
-            return Reply::error("ERR This instance has cluster support disabled");
-        };
-        cluster.stats.coordinated.fetch_add(1, Relaxed);
-        let view = client.shard.view();
-        let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
-        match name.as_str() {
-            "mget" => positional(client, &cluster, &view, &args).await,
-            "mset" => all_ok(client, &cluster, &view, &args).await,
-            "del" | "unlink" | "exists" | "touch" => sum(client, &cluster, &view, &args).await,
-            "mexists" => mexists(client, &cluster, &view, &args).await,
-            "prefixlen" => prefix_len(client, &cluster, &view, &args).await,
-            "mgetprefix" => mget_prefix(client, &cluster, &view, &args).await,
-            "msetblock" => mset_block(client, &cluster, &view, &args).await,
-            _ => Reply::error("CROSSSLOT Keys in request don't hash to the same slot"),
-        }
-    })
+/// Runs a command whose keys live on several nodes, as its spec's
+/// [`Spread`] says.
+pub async fn coordinate(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
+    let Some(cluster) = client.shard.shared.cluster.clone() else {
+        return Reply::error("ERR This instance has cluster support disabled");
+    };
+    cluster.stats.coordinated.fetch_add(1, Relaxed);
+    let view = client.shard.view();
+    let (c, v, a) = (&cluster, &view, &args);
+    match spec.spread {
+        Spread::ByPosition if spec.keys.movable() => mexists(client, c, v, spec, a).await,
+        Spread::ByPosition => positional(client, c, v, spec, a).await,
+        Spread::AllOk => all_ok(client, c, v, spec, a).await,
+        Spread::Sum => sum(client, c, v, spec, a).await,
+        Spread::PrefixCount => prefix_len(client, c, v, spec, a).await,
+        Spread::PrefixValues => mget_prefix(client, c, v, spec, a).await,
+        Spread::Blocks => mset_block(client, c, v, spec, a).await,
+        Spread::No => Reply::error("CROSSSLOT Keys in request don't hash to the same slot"),
+    }
 }
 
 /// One node's share of a command: which of the command's keys (by their
@@ -45,14 +42,10 @@ struct Part {
 }
 
 /// Groups key positions `0..count` by owner, in order of first appearance.
-fn group<'a>(
-    view: &View,
-    count: usize,
-    key: impl Fn(usize) -> &'a [u8],
-) -> Vec<(usize, Vec<usize>)> {
+fn group(view: &View, count: usize, slot: impl Fn(usize) -> u16) -> Vec<(usize, Vec<usize>)> {
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for p in 0..count {
-        let node = view.owner(key_slot(key(p)));
+        let node = view.owner(slot(p));
         match groups.iter_mut().find(|(n, _)| *n == node) {
             Some((_, ps)) => ps.push(p),
             None => groups.push((node, vec![p])),
@@ -67,6 +60,7 @@ async fn run_parts(
     client: &mut Client,
     cluster: &Cluster,
     view: &View,
+    spec: &'static CommandSpec,
     parts: &[Part],
     blocking: bool,
 ) -> Vec<Reply> {
@@ -90,10 +84,10 @@ async fn run_parts(
     for (part, remote) in parts.iter().zip(pending.iter_mut()) {
         let reply = match remote.take() {
             Some(r) => r,
-            None if writes(&part.args) && cluster.has_replicated() => {
-                write_through(client, part.args.clone()).await
+            None if spec.has(flags::WRITE) && cluster.has_replicated() => {
+                write_through(client, spec, Args::of(spec, part.args.clone())).await
             }
-            None => run_local(client, part.args.clone()).await,
+            None => execute(client, spec, Args::of(spec, part.args.clone())).await,
         };
         out.push(reply);
     }
@@ -108,13 +102,6 @@ async fn run_parts(
     resolved
 }
 
-/// Whether `args` is a write command.
-fn writes(args: &[Bytes]) -> bool {
-    table()
-        .lookup(&args[0])
-        .is_some_and(|(_, spec)| spec.has(flags::WRITE))
-}
-
 fn first_error(replies: &[Reply]) -> Option<Reply> {
     replies.iter().find(|r| r.is_error()).cloned()
 }
@@ -122,9 +109,9 @@ fn first_error(replies: &[Reply]) -> Option<Reply> {
 /// The parts of `NAME key [key ...]` (`step` 1) or `NAME key value [key
 /// value ...]` (`step` 2): each node gets the name and its own keys (with
 /// their values), in order.
-fn split(view: &View, args: &[Bytes], step: usize) -> Vec<Part> {
+fn split(view: &View, args: &Args, step: usize) -> Vec<Part> {
     let count = (args.len() - 1) / step;
-    group(view, count, |p| &args[1 + p * step])
+    group(view, count, |p| args.slot(1 + p * step))
         .into_iter()
         .map(|(node, positions)| {
             let mut sub = Vec::with_capacity(1 + positions.len() * step);
@@ -142,9 +129,15 @@ fn split(view: &View, args: &[Bytes], step: usize) -> Vec<Part> {
 }
 
 /// MGET: values placed back by key position.
-async fn positional(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn positional(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     let parts = split(view, args, 1);
-    let replies = run_parts(client, cluster, view, &parts, false).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
     merge_positions(args.len() - 1, &parts, replies)
 }
 
@@ -166,19 +159,31 @@ fn merge_positions(count: usize, parts: &[Part], replies: Vec<Reply>) -> Reply {
 }
 
 /// MSET over several nodes: OK when every node stored its pairs.
-async fn all_ok(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn all_ok(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     if args.len().is_multiple_of(2) {
         return crate::commands::arity_error("mset");
     }
     let parts = split(view, args, 2);
-    let replies = run_parts(client, cluster, view, &parts, false).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
     first_error(&replies).unwrap_or(Reply::status("OK"))
 }
 
 /// DEL, UNLINK, EXISTS, TOUCH: the nodes' counts added up.
-async fn sum(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn sum(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     let parts = split(view, args, 1);
-    let replies = run_parts(client, cluster, view, &parts, false).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
     if let Some(e) = first_error(&replies) {
         return e;
     }
@@ -194,12 +199,12 @@ async fn sum(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]
 /// gives each node's options from its key positions.
 fn counted_parts(
     view: &View,
-    args: &[Bytes],
+    args: &Args,
     step: usize,
     opts: impl Fn(&[usize]) -> Vec<Bytes>,
 ) -> (usize, Vec<Part>) {
     let n = parse_int(&args[1]).unwrap_or(0).max(0) as usize;
-    let parts = group(view, n, |p| &args[2 + p * step])
+    let parts = group(view, n, |p| args.slot(2 + p * step))
         .into_iter()
         .map(|(node, positions)| {
             let mut sub = vec![args[0].clone(), Bytes::from(positions.len().to_string())];
@@ -227,12 +232,18 @@ fn exact_count(args: &[Bytes]) -> Result<(), Reply> {
 }
 
 /// MEXISTS: per-key answers placed by position.
-async fn mexists(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn mexists(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     if let Err(e) = exact_count(args) {
         return e;
     }
     let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
-    let replies = run_parts(client, cluster, view, &parts, false).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
     merge_positions(n, &parts, replies)
 }
 
@@ -248,12 +259,18 @@ fn first_miss(n: usize, parts: &[Part], present: impl Fn(usize) -> usize) -> usi
 }
 
 /// PREFIXLEN: each node's own leading run, the earliest miss wins.
-async fn prefix_len(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn prefix_len(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     if let Err(e) = exact_count(args) {
         return e;
     }
     let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
-    let replies = run_parts(client, cluster, view, &parts, false).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
     if let Some(e) = first_error(&replies) {
         return e;
     }
@@ -273,7 +290,13 @@ async fn prefix_len(client: &mut Client, cluster: &Cluster, view: &View, args: &
 /// MGETPREFIX: each node returns its own leading run (waiting, with BLOCK,
 /// for its share of the first MIN keys); the prefix ends at the earliest
 /// miss of any node, and MAXBYTES is applied to the merged prefix.
-async fn mget_prefix(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn mget_prefix(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     let read = match block::parse_prefix_read(args) {
         Ok(r) => r,
         Err(e) => return e,
@@ -300,7 +323,7 @@ async fn mget_prefix(client: &mut Client, cluster: &Cluster, view: &View, args: 
         o
     };
     let (_, parts) = counted_parts(view, args, 1, node_opts);
-    let replies = run_parts(client, cluster, view, &parts, block.is_some()).await;
+    let replies = run_parts(client, cluster, view, spec, &parts, block.is_some()).await;
     if let Some(e) = first_error(&replies) {
         return e;
     }
@@ -345,7 +368,13 @@ async fn mget_prefix(client: &mut Client, cluster: &Cluster, view: &View, args: 
 /// CHAIN, runs of consecutive blocks of one node are stored one run after
 /// another, each naming the previous run's last block as its parent, so
 /// the chain is published in order across nodes too.
-async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &[Bytes]) -> Reply {
+async fn mset_block(
+    client: &mut Client,
+    cluster: &Cluster,
+    view: &View,
+    spec: &'static CommandSpec,
+    args: &Args,
+) -> Reply {
     let (n, end) = match block::parse_count(args, 2, "numblocks") {
         Ok(found) => found,
         Err(e) => return e,
@@ -373,7 +402,7 @@ async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &
     let (chain, mut parent) = (parsed.chain, parsed.parent);
     if !chain {
         let (_, parts) = counted_parts(view, args, 2, |_| common.clone());
-        let replies = run_parts(client, cluster, view, &parts, false).await;
+        let replies = run_parts(client, cluster, view, spec, &parts, false).await;
         return merge_positions(n, &parts, replies);
     }
     // Runs of consecutive blocks on one node, stored in chain order.
@@ -381,9 +410,9 @@ async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &
     let mut start = 0;
     while start < n {
         let key = |p: usize| &args[2 + 2 * p];
-        let node = view.owner(key_slot(key(start)));
+        let node = view.owner(args.slot(2 + 2 * start));
         let mut end = start + 1;
-        while end < n && view.owner(key_slot(key(end))) == node {
+        while end < n && view.owner(args.slot(2 + 2 * end)) == node {
             end += 1;
         }
         let mut sub = vec![args[0].clone(), Bytes::from((end - start).to_string())];
@@ -399,10 +428,17 @@ async fn mset_block(client: &mut Client, cluster: &Cluster, view: &View, args: &
             positions: (start..end).collect(),
             args: sub,
         };
-        let reply = run_parts(client, cluster, view, std::slice::from_ref(&part), false)
-            .await
-            .pop()
-            .unwrap_or(Reply::Nil);
+        let reply = run_parts(
+            client,
+            cluster,
+            view,
+            spec,
+            std::slice::from_ref(&part),
+            false,
+        )
+        .await
+        .pop()
+        .unwrap_or(Reply::Nil);
         if reply.is_error() {
             return reply;
         }

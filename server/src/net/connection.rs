@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use kvtier_cluster::Cluster;
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::now_ms;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,11 +30,10 @@ use tracing::debug;
 use crate::clients::ClientInfo;
 use crate::commands::transaction::Watching;
 use crate::commands::{
-    arity_error, flags, table, unknown_command, unknown_subcommand, AsyncFn, Client, CommandSpec,
-    Handler, KeyFn, KeyOp,
+    arity_error, flags, table, unknown_command, unknown_subcommand, Args, AsyncFn, Client,
+    CommandSpec, Handler, LocalBoxFuture, ShardOp,
 };
-use crate::coordination::{self, Decision};
-use crate::shard::slot::key_slot;
+use crate::coordination::{self, Routed, Through};
 use crate::shard::Shard;
 
 /// Bytes read per `read` call into the shared read buffer.
@@ -106,12 +104,27 @@ struct Connection {
     now_ms: u64,
 }
 
-/// Where [`Connection::route`] sends a command.
-enum Routed {
-    /// Run here, with the command's handler or the one given.
-    Here(Option<Handler>),
-    /// Answered without running here.
-    Done(Reply),
+/// A command body that awaits other shards or nodes.
+#[derive(Clone, Copy)]
+enum Awaited {
+    /// The command's own (async) handler.
+    Command(AsyncFn),
+    /// A cluster path (see `coordination`).
+    Through(Through),
+}
+
+impl Awaited {
+    fn start<'a>(
+        self,
+        client: &'a mut Client,
+        spec: &'static CommandSpec,
+        args: Args,
+    ) -> LocalBoxFuture<'a> {
+        match self {
+            Awaited::Command(f) => f(client, args),
+            Awaited::Through(t) => t.run(client, spec, args),
+        }
+    }
 }
 
 /// A reply slot of the current batch, encoded in the protocol that was in
@@ -125,8 +138,7 @@ struct Entry {
 struct Remote {
     entry: usize,
     id: usize,
-    f: KeyFn,
-    op: KeyOp,
+    op: ShardOp,
 }
 
 /// The commands of one read, in order.
@@ -267,9 +279,8 @@ impl Connection {
 
     /// Looks up, checks and runs (or queues) one command.
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
-        let args = request.args;
         let resp3 = self.client.resp3;
-        let (id, spec) = match self.resolve(&args) {
+        let (id, spec) = match self.resolve(&request.args) {
             Ok(found) => found,
             Err(refusal) => {
                 // Inside MULTI a refused command dooms the transaction.
@@ -280,15 +291,16 @@ impl Connection {
                 return;
             }
         };
+        // The keys' slots, found once for routing, fan-out and the store.
+        let args = Args::of(spec, request.args);
         // In a cluster, keys of other nodes are forwarded, redirected or
-        // coordinated (see cluster::route); writes to keys with copies
-        // elsewhere drop the copies before they reply.
-        let mut handler = spec.handler;
-        let mut rerouted = false;
+        // coordinated; writes to keys with copies elsewhere drop the
+        // copies before they reply (see `coordination`).
+        let mut through = None;
         if let Some(cluster) = self.client.shard.shared.cluster.clone() {
-            match self.route(&cluster, spec, &args) {
-                Routed::Here(None) => {}
-                Routed::Here(Some(h)) => (handler, rerouted) = (h, true),
+            match coordination::route(&mut self.client, &cluster, spec, &args) {
+                Routed::Here => {}
+                Routed::Through(t) => through = Some(t),
                 Routed::Done(reply) => {
                     if let Some(tx) = &mut self.client.multi {
                         tx.failed = true;
@@ -300,10 +312,7 @@ impl Connection {
             }
         }
         if let Some(tx) = &mut self.client.multi {
-            if !matches!(
-                spec.name,
-                "exec" | "discard" | "multi" | "watch" | "quit" | "reset"
-            ) {
+            if !spec.has(flags::TX_NOW) {
                 tx.queued.push((id, spec, args));
                 self.ready(batch, Reply::status("QUEUED"), resp3);
                 return;
@@ -322,142 +331,61 @@ impl Connection {
                 }
             }
         }
-        // A multi-key command whose keys all live on one shard runs there like
-        // a single-key command: batched with the pipeline, inline when the
-        // shard is this one, atomic in every case.
-        if let (false, Handler::Async(_), Some(one)) = (rerouted, spec.handler, spec.one_shard) {
-            if (one.applies)(&args) {
-                if let Some((owner, first, slot)) = self.single_owner(spec, &args) {
-                    self.run_on(owner, id, one.run, args, first, slot, batch);
-                    return;
-                }
+        let body = match (through, spec.handler) {
+            (Some(t), _) => Awaited::Through(t),
+            (None, Handler::Key(f)) => {
+                let op = ShardOp::new(&self.client, f, args, spec.keys.first as usize);
+                self.run_on(id, op, batch);
+                return;
             }
-        }
-        match handler {
-            Handler::Key(f) => self.run_keyed(spec, id, f, args, batch),
-            Handler::Sync(f) => {
+            (None, Handler::Sync(f)) => {
                 let reply = f(&mut self.client, &args);
                 self.record(id, &reply);
                 let resp3 = self.client.resp3;
                 self.ready(batch, reply, resp3);
+                return;
             }
-            Handler::Async(f) => {
-                // Commands that span shards see everything queued before them.
-                self.send_remote(batch).await;
-                self.take_time();
-                let reply = if spec.has(flags::BLOCKING) {
-                    match self.run_blocking(f, args).await {
-                        Some(reply) => reply,
-                        None => {
-                            // The client left (or was killed) mid-wait: the
-                            // dropped command released what it held.
-                            self.client.close_after_reply = true;
-                            return;
-                        }
-                    }
-                } else {
-                    f(&mut self.client, args).await
-                };
-                // Timed on its own: it may have waited for other shards.
-                self.untimed.push((id, reply.is_error()));
-                self.take_time();
-                self.now_ms = now_ms();
-                let resp3 = self.client.resp3;
-                self.ready(batch, reply, resp3);
-            }
-            Handler::Parent => {
+            (None, Handler::Parent) => {
                 self.ready(batch, unknown_subcommand(spec.name, &args[0]), resp3);
+                return;
             }
-        }
-    }
-
-    /// Where a command runs in a cluster: here (with its own handler, or
-    /// one that also drops copies of hot keys it writes, or the
-    /// coordinator of keys on several nodes), or answered now (MOVED,
-    /// CROSSSLOT, or a reply forwarded from the owner).
-    fn route(
-        &mut self,
-        cluster: &Arc<Cluster>,
-        spec: &'static CommandSpec,
-        args: &[Bytes],
-    ) -> Routed {
-        // The key positions, found once for everything below (`None`: a bad
-        // key count, the command's own error to report).
-        let keys = spec.key_indexes(args);
-        let keys = keys.as_deref();
-        let view = self.client.shard.view();
-        let decision = if self.client.peer {
-            Decision::Local
-        } else {
-            coordination::decide(&self.client, cluster, &view, spec, args, keys)
-        };
-        let in_multi = self.client.multi.is_some();
-        match decision {
-            Decision::Local => {}
-            Decision::Reply(reply) => return Routed::Done(reply),
-            _ if in_multi => {
-                return Routed::Done(Reply::error(
-                    "CROSSSLOT a transaction can only use keys of the node it runs on",
-                ))
-            }
-            Decision::Forward(node) => {
-                if spec.has(flags::WRITE) {
-                    // A read later in this pipeline must not answer from
-                    // the copy this write is about to replace.
-                    let mut copies = self.client.shard.copies.borrow_mut();
-                    if !copies.is_empty() {
-                        for &i in keys.unwrap_or_default() {
-                            copies.invalidate(&args[i]);
-                        }
+            (None, Handler::Async(f)) => {
+                // A multi-key command whose keys all live on one shard runs
+                // there like a single-key command: batched with the
+                // pipeline, inline when the shard is this one, atomic in
+                // every case.
+                if let Some(one) = spec.one_shard.filter(|one| (one.applies)(&args)) {
+                    if let Some(first) = self.single_owner(spec, &args) {
+                        let op = ShardOp::new(&self.client, one.run, args, first);
+                        self.run_on(id, op, batch);
+                        return;
                     }
                 }
-                let reply = coordination::forward(
-                    &self.client.shard,
-                    cluster,
-                    &view,
-                    node,
-                    coordination::lane(&self.client),
-                    args.to_vec(),
-                    coordination::blocks(spec, args),
-                );
-                return Routed::Done(reply);
+                Awaited::Command(f)
             }
-            Decision::Coordinate => {
-                return Routed::Here(Some(Handler::Async(coordination::coordinate)))
+        };
+        // Commands that span shards see everything queued before them.
+        self.send_remote(batch).await;
+        self.take_time();
+        let reply = if spec.has(flags::BLOCKING) {
+            match self.run_blocking(body, spec, args).await {
+                Some(reply) => reply,
+                None => {
+                    // The client left (or was killed) mid-wait: the
+                    // dropped command released what it held.
+                    self.client.close_after_reply = true;
+                    return;
+                }
             }
-        }
-        // Runs here: count reads for hot-key detection; writes to keys with
-        // copies elsewhere (and flushes) drop the copies before replying.
-        let keys = keys.unwrap_or_default();
-        if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
-            let mut hot = self.client.shard.hot.borrow_mut();
-            for &i in keys {
-                hot.record(&args[i]);
-            }
-        } else if matches!(spec.name, "flushall" | "flushdb") {
-            return Routed::Here(Some(Handler::Async(coordination::flush_through)));
-        } else if spec.has(flags::WRITE)
-            && cluster.has_replicated()
-            && keys.iter().any(|&i| cluster.is_replicated(&args[i]))
-        {
-            if !in_multi {
-                return Routed::Here(Some(Handler::Async(coordination::write_through)));
-            }
-            // Queued in MULTI: the copies go now, ahead of EXEC.
-            let taken: Vec<(Bytes, Vec<String>)> = keys
-                .iter()
-                .filter_map(|&i| {
-                    cluster
-                        .take_replicated(&args[i])
-                        .map(|n| (args[i].clone(), n))
-                })
-                .collect();
-            let (shard, cluster) = (Rc::clone(&self.client.shard), Arc::clone(cluster));
-            tokio::task::spawn_local(async move {
-                crate::coordination::uncopy(&shard, &cluster, taken).await;
-            });
-        }
-        Routed::Here(None)
+        } else {
+            body.start(&mut self.client, spec, args).await
+        };
+        // Timed on its own: it may have waited for other shards.
+        self.untimed.push((id, reply.is_error()));
+        self.take_time();
+        self.now_ms = now_ms();
+        let resp3 = self.client.resp3;
+        self.ready(batch, reply, resp3);
     }
 
     /// Finds the command (or subcommand) and checks arity and AUTH, with
@@ -508,7 +436,12 @@ impl Connection {
     /// Runs a command that may wait a long time, while still noticing the
     /// client going away: bytes that arrive meanwhile are kept for later (up
     /// to a bound), and EOF, CLIENT KILL or shutdown abandon the command.
-    async fn run_blocking(&mut self, f: AsyncFn, args: Vec<Bytes>) -> Option<Reply> {
+    async fn run_blocking(
+        &mut self,
+        body: Awaited,
+        spec: &'static CommandSpec,
+        args: Args,
+    ) -> Option<Reply> {
         let kill = Rc::clone(&self.client.info.borrow().kill);
         let mut shutdown = self.client.shard.shared.shutdown_signal();
         let Connection {
@@ -518,7 +451,7 @@ impl Connection {
             ..
         } = self;
         let shard = Rc::clone(&client.shard);
-        let mut command = f(client, args);
+        let mut command = body.start(client, spec, args);
         loop {
             let room = rbuf.len() < MAX_BUFFERED_WHILE_BLOCKED;
             tokio::select! {
@@ -533,42 +466,12 @@ impl Connection {
         }
     }
 
-    fn run_keyed(
-        &mut self,
-        spec: &'static CommandSpec,
-        id: usize,
-        f: KeyFn,
-        args: Vec<Bytes>,
-        batch: &mut Batch,
-    ) {
-        let key_index = spec.keys.first as usize;
-        let slot = key_slot(&args[key_index]);
-        let owner = self.client.shard.owner_of(slot);
-        self.run_on(owner, id, f, args, key_index, slot, batch);
-    }
-
-    /// Runs `f` on shard `owner`: inline now if that is this shard, else
+    /// Runs `op` on its shard: inline now if that is this shard, else
     /// queued for the owner's next batch job.
-    #[allow(clippy::too_many_arguments)]
-    fn run_on(
-        &mut self,
-        owner: usize,
-        id: usize,
-        f: KeyFn,
-        args: Vec<Bytes>,
-        key_index: usize,
-        slot: u16,
-        batch: &mut Batch,
-    ) {
-        let op = KeyOp {
-            args,
-            key_index,
-            slot,
-            touch: !self.client.no_touch,
-        };
+    fn run_on(&mut self, id: usize, op: ShardOp, batch: &mut Batch) {
         let shard = &self.client.shard;
-        if owner == shard.id {
-            let reply = f(&mut shard.store.borrow_mut(), &op, self.now_ms);
+        if op.owner == shard.id {
+            let reply = op.run(&mut shard.store.borrow_mut(), self.now_ms);
             self.record(id, &reply);
             let resp3 = self.client.resp3;
             self.ready(batch, reply, resp3);
@@ -578,20 +481,21 @@ impl Connection {
                 reply: None,
                 resp3: self.client.resp3,
             });
-            batch.remote[owner].push(Remote { entry, id, f, op });
+            batch.remote[op.owner].push(Remote { entry, id, op });
             batch.remote_count += 1;
         }
     }
 
-    /// The shard owning every key of a multi-key call, if there is one.
-    fn single_owner(&self, spec: &CommandSpec, args: &[Bytes]) -> Option<(usize, usize, u16)> {
+    /// The first key of a multi-key call, if every key lives on the same
+    /// shard.
+    fn single_owner(&self, spec: &CommandSpec, args: &Args) -> Option<usize> {
         let keys = spec.key_indexes(args)?;
         let (&first, rest) = keys.split_first()?;
-        let slot = key_slot(&args[first]);
-        let owner = self.client.shard.owner_of(slot);
+        let shard = &self.client.shard;
+        let owner = shard.owner_of(args.slot(first));
         rest.iter()
-            .all(|&i| self.client.shard.owner_of(key_slot(&args[i])) == owner)
-            .then_some((owner, first, slot))
+            .all(|&i| shard.owner_of(args.slot(i)) == owner)
+            .then_some(first)
     }
 
     /// Counts one execution. Its time is taken with the next few commands
@@ -656,7 +560,7 @@ impl Connection {
                 let replies = work
                     .into_iter()
                     .map(|r| {
-                        let reply = (r.f)(&mut store, &r.op, now);
+                        let reply = r.op.run(&mut store, now);
                         done.push((r.id, reply.is_error()));
                         reply
                     })
