@@ -14,6 +14,7 @@ pub mod coordination;
 pub mod glob;
 pub mod long_double;
 pub mod net;
+pub mod report;
 pub mod server;
 pub mod shard;
 pub mod stats;

@@ -4,8 +4,9 @@
 use std::process::ExitCode;
 
 use kvtier_server::config::Config;
+use kvtier_server::report::{describe_metrics, LATENCY_HISTOGRAMS};
 use kvtier_server::server::Server;
-use kvtier_server::stats::{describe_metrics, LATENCY_BUCKETS};
+use kvtier_store::latency::BOUNDS;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing::{error, info};
 
@@ -22,15 +23,9 @@ fn main() -> ExitCode {
         Ok(Some(addr)) => {
             let installed = PrometheusBuilder::new()
                 .with_http_listener(addr)
-                .set_buckets_for_metric(
-                    Matcher::Full("kvtier_command_duration_seconds".into()),
-                    &LATENCY_BUCKETS,
-                )
+                .set_buckets_for_metric(Matcher::Full(LATENCY_HISTOGRAMS[0].into()), &BOUNDS)
                 .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Prefix("kvtier_spill_".into()),
-                        &LATENCY_BUCKETS,
-                    )
+                    b.set_buckets_for_metric(Matcher::Prefix(LATENCY_HISTOGRAMS[1].into()), &BOUNDS)
                 })
                 .and_then(|b| b.install());
             match installed {

@@ -19,6 +19,7 @@ use tokio::task::LocalSet;
 use tracing::{info, warn};
 
 use crate::config::{Config, LiveConfig};
+use crate::report::{Exporter, ShardReport};
 use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
 
 /// State shared by every shard thread. Read on the data path only through
@@ -414,6 +415,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
 async fn cron(shard: Rc<Shard>) {
     let shared = Arc::clone(&shard.shared);
     let mut last_export = Instant::now();
+    let mut exporter = Exporter::default();
     loop {
         let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
         tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
@@ -435,30 +437,14 @@ async fn cron(shard: Rc<Shard>) {
         let elapsed = last_export.elapsed();
         if elapsed >= Duration::from_secs(1) {
             last_export = Instant::now();
-            let mut stats = shard.stats.borrow_mut();
-            stats.sample_ops(elapsed);
-            stats.export(crate::commands::table());
-            let store = shard.store.borrow();
+            shard.stats.borrow_mut().sample_ops(elapsed);
+            let report = ShardReport::of(&shard);
             shared
                 .memory_peak
-                .fetch_max(store.used_memory() as u64 * shared.shards as u64, Relaxed);
-            crate::stats::export_store(shard.id, &store, shard.clients.borrow().len());
-            drop(store);
-            drop(stats);
+                .fetch_max(report.used_memory as u64 * shared.shards as u64, Relaxed);
+            crate::report::export(&mut exporter, &shared, &report);
             if let Some(cluster) = &shared.cluster {
                 hot_window(&shard, cluster);
-            }
-            if shard.id == 0 {
-                if let Some(tier) = &shared.spill {
-                    crate::stats::export_spill(&tier.dir);
-                }
-                if let Some(cluster) = &shared.cluster {
-                    crate::stats::export_cluster(cluster);
-                }
-                metrics::gauge!("kvtier_maxmemory_bytes")
-                    .set(shared.config.maxmemory.load(Relaxed) as f64);
-                metrics::gauge!("kvtier_process_resident_memory_bytes")
-                    .set(crate::commands::server::rss_bytes() as f64);
             }
         }
     }

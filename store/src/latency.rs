@@ -45,9 +45,9 @@ impl SharedLatency {
         self.counts[bucket(took)].fetch_add(1, Relaxed);
     }
 
-    /// The counts since the last call, zeroing them.
-    pub fn take(&self) -> [u64; BUCKETS] {
-        std::array::from_fn(|i| self.counts[i].swap(0, Relaxed))
+    /// The counts so far.
+    pub fn counts(&self) -> [u64; BUCKETS] {
+        std::array::from_fn(|i| self.counts[i].load(Relaxed))
     }
 }
 
@@ -64,8 +64,9 @@ mod tests {
         let l = SharedLatency::default();
         l.record(Duration::from_millis(2));
         l.record(Duration::from_millis(2));
-        assert_eq!(l.take()[8], 2);
-        assert_eq!(l.take()[8], 0);
+        assert_eq!(l.counts()[8], 2);
+        l.record(Duration::from_secs(5));
+        assert_eq!(l.counts()[BOUNDS.len()], 1);
         assert_eq!(bucket_value(8), 0.002_5);
     }
 }

@@ -1,0 +1,68 @@
+//! `# Commandstats`, and the per-command metrics.
+
+use super::metric::{Exporter, Metric};
+use super::{Info, ShardReport};
+use crate::commands::table;
+use crate::server::Shared;
+
+/// Executions, by command.
+pub const CALLS: Metric = Metric::counter(
+    "kvtier_commands_total",
+    "Commands executed, by command name.",
+);
+/// Refusals and error replies, by command.
+pub const ERRORS: Metric = Metric::counter(
+    "kvtier_command_errors_total",
+    "Commands that were refused or replied with an error, by command name.",
+);
+/// Execution time, by command.
+pub const DURATION: Metric = Metric::histogram(
+    "kvtier_command_duration_seconds",
+    "Time to execute a command on its shard, by command name (sum approximated from bucket bounds).",
+);
+
+/// This section's metrics.
+pub const METRICS: &[&Metric] = &[&CALLS, &ERRORS, &DURATION];
+
+/// `# Commandstats`: every command that ran or was refused.
+pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
+    for (id, spec) in table().all.iter().enumerate() {
+        let (mut calls, mut usec, mut rejected, mut failed) = (0, 0, 0, 0);
+        for r in reports {
+            let c = &r.command_stats[id];
+            calls += c.calls;
+            usec += c.usec;
+            rejected += c.rejected;
+            failed += c.failed;
+        }
+        if calls + rejected + failed == 0 {
+            continue;
+        }
+        let per_call = if calls == 0 {
+            0.0
+        } else {
+            usec as f64 / calls as f64
+        };
+        o.field(
+            format_args!("cmdstat_{}", spec.name),
+            format_args!(
+                "calls={calls},usec={usec},usec_per_call={per_call:.2},rejected_calls={rejected},failed_calls={failed}"
+            ),
+        );
+    }
+}
+
+/// This shard's command counters and latencies.
+pub fn export(e: &mut Exporter, r: &ShardReport) {
+    let table = table();
+    for (id, c) in r.command_stats.iter().enumerate() {
+        if c.calls + c.rejected == 0 {
+            continue;
+        }
+        let name = table.all[id].name;
+        let labels = || vec![("cmd", name.to_string())];
+        e.counter(&CALLS, id as u64, labels, c.calls);
+        e.counter(&ERRORS, id as u64, labels, c.failed + c.rejected);
+        e.histogram(&DURATION, id as u64, labels, &c.latency);
+    }
+}

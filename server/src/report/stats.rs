@@ -1,0 +1,102 @@
+//! `# Stats` and `# Errorstats`, and the traffic, expiry, eviction and hit
+//! metrics.
+
+use std::collections::BTreeMap;
+
+use kvtier_store::EvictReason;
+
+use super::metric::{Exporter, Metric};
+use super::{sum, Info, ShardReport};
+use crate::server::Shared;
+
+/// Bytes read from clients.
+pub const NET_INPUT: Metric =
+    Metric::counter("kvtier_net_input_bytes_total", "Bytes read from clients.").bytes();
+/// Bytes written to clients.
+pub const NET_OUTPUT: Metric =
+    Metric::counter("kvtier_net_output_bytes_total", "Bytes written to clients.").bytes();
+/// Keys expired, by shard.
+pub const EXPIRED: Metric = Metric::counter(
+    "kvtier_expired_keys_total",
+    "Keys removed because their TTL passed, by shard.",
+);
+/// Keys evicted, by shard and reason.
+pub const EVICTED: Metric = Metric::counter(
+    "kvtier_evicted_keys_total",
+    "Keys evicted to stay under maxmemory, by shard and reason (orphan, leaf, inner, policy, rebalance).",
+);
+/// Lookups that found their key, by shard.
+pub const HITS: Metric = Metric::counter(
+    "kvtier_keyspace_hits_total",
+    "Key lookups that found the key, by shard.",
+);
+/// Lookups that missed, by shard.
+pub const MISSES: Metric = Metric::counter(
+    "kvtier_keyspace_misses_total",
+    "Key lookups that missed, by shard.",
+);
+
+/// This section's metrics.
+pub const METRICS: &[&Metric] = &[&NET_INPUT, &NET_OUTPUT, &EXPIRED, &EVICTED, &HITS, &MISSES];
+
+/// `# Stats`
+pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
+    o.field(
+        "total_connections_received",
+        sum(reports, |r| r.connections_received),
+    );
+    o.field("total_commands_processed", sum(reports, |r| r.commands));
+    o.field("instantaneous_ops_per_sec", sum(reports, |r| r.ops_per_sec));
+    o.field("total_net_input_bytes", sum(reports, |r| r.net_input));
+    o.field("total_net_output_bytes", sum(reports, |r| r.net_output));
+    o.field(
+        "rejected_connections",
+        sum(reports, |r| r.rejected_connections),
+    );
+    o.field("expired_keys", sum(reports, |r| r.store.expired_keys));
+    o.field("evicted_keys", sum(reports, |r| r.store.evicted_keys));
+    for (i, reason) in EvictReason::ALL.iter().enumerate() {
+        o.field(
+            format_args!("evicted_{}_keys", reason.name()),
+            sum(reports, |r| r.store.evicted_by[i]),
+        );
+    }
+    o.field("keyspace_hits", sum(reports, |r| r.store.keyspace_hits));
+    o.field("keyspace_misses", sum(reports, |r| r.store.keyspace_misses));
+    o.field("pubsub_channels", 0);
+    o.field("pubsub_patterns", 0);
+    o.field("total_error_replies", sum(reports, |r| r.error_replies));
+    o.field("total_reads_processed", sum(reports, |r| r.commands));
+}
+
+/// `# Errorstats`: error replies by code, every shard's added up.
+pub fn errorstats(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
+    let mut merged: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in reports {
+        for (code, n) in &r.errors {
+            *merged.entry(code).or_insert(0) += n;
+        }
+    }
+    for (code, n) in merged {
+        o.field(format_args!("errorstat_{code}"), format_args!("count={n}"));
+    }
+}
+
+/// This shard's traffic and keyspace counters.
+pub fn export(e: &mut Exporter, r: &ShardReport) {
+    e.counter(&NET_INPUT, 0, Vec::new, r.net_input);
+    e.counter(&NET_OUTPUT, 0, Vec::new, r.net_output);
+    let shard = || vec![("shard", r.id.to_string())];
+    e.counter(&EXPIRED, 0, shard, r.store.expired_keys);
+    e.counter(&HITS, 0, shard, r.store.keyspace_hits);
+    e.counter(&MISSES, 0, shard, r.store.keyspace_misses);
+    for (i, reason) in EvictReason::ALL.iter().enumerate() {
+        let labels = || {
+            vec![
+                ("shard", r.id.to_string()),
+                ("reason", reason.name().to_string()),
+            ]
+        };
+        e.counter(&EVICTED, i as u64, labels, r.store.evicted_by[i]);
+    }
+}
