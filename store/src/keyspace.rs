@@ -12,54 +12,31 @@ use crate::entry::{Encoding, Entry, Queue, Value};
 use crate::eviction::{self, EvictionPolicy};
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
-use crate::{key_hash, InPrefix, OutOfMemory, PrefixQueues, Store, EXPIRE_OVERHEAD, SLAB_MIN};
+use crate::{
+    key_hash, InPrefix, OutOfMemory, PrefixQueues, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
+};
+
+/// Where a block stands in a prefix read.
+pub struct PrefixStep<'a> {
+    /// The block read just before it (its parent, in a chain).
+    pub previous: Option<&'a [u8]>,
+    /// Bytes the read may still return (MAXBYTES).
+    pub room: u64,
+    /// Whether the read counts as a use (false under CLIENT NO-TOUCH).
+    pub touch: bool,
+}
 
 impl Store {
-    /// A live entry for reading: counts a hit or miss and, unless `touch` is
-    /// false (CLIENT NO-TOUCH, side-effect-free commands), marks it used.
-    pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
+    /// The live entry for `key` (an expired one is removed on the way), with
+    /// the counters beside it (alone when the key is absent): one lookup,
+    /// every read's path.
+    fn live_entry(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        now: u64,
+    ) -> Result<(&mut Entry, &mut StoreStats), &mut StoreStats> {
         let index = self.index(slot);
-        let policy = self.policy;
-        let found = live(
-            &mut self.maps[index],
-            &mut self.meta,
-            &mut self.stats,
-            key,
-            now,
-        );
-        match found {
-            Some(entry) => {
-                self.stats.keyspace_hits += 1;
-                if touch {
-                    eviction::touch(entry, policy, now);
-                    entry.reads = entry.reads.saturating_add(1);
-                }
-                Some(entry)
-            }
-            None => {
-                self.stats.keyspace_misses += 1;
-                None
-            }
-        }
-    }
-
-    /// A live entry without counting or touching (writes, EXISTS-like peeks).
-    pub fn peek(&mut self, slot: u16, key: &[u8], now: u64) -> Option<&Entry> {
-        let index = self.index(slot);
-        live(
-            &mut self.maps[index],
-            &mut self.meta,
-            &mut self.stats,
-            key,
-            now,
-        )
-        .map(|e| &*e)
-    }
-
-    /// Marks a key as used (TOUCH); false if absent.
-    pub fn touch(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
-        let index = self.index(slot);
-        let policy = self.policy;
         match live(
             &mut self.maps[index],
             &mut self.meta,
@@ -67,49 +44,66 @@ impl Store {
             key,
             now,
         ) {
-            Some(entry) => {
+            Some(entry) => Ok((entry, &mut self.stats)),
+            None => Err(&mut self.stats),
+        }
+    }
+
+    /// A live entry for reading: counts a hit or miss and, unless `touch` is
+    /// false (CLIENT NO-TOUCH, side-effect-free commands), marks it used.
+    pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
+        let policy = self.policy;
+        match self.live_entry(slot, key, now) {
+            Ok((entry, stats)) => {
+                count_hit(entry, stats, policy, now, touch);
+                Some(entry)
+            }
+            Err(stats) => {
+                stats.keyspace_misses += 1;
+                None
+            }
+        }
+    }
+
+    /// A live entry without counting or touching (writes, EXISTS-like peeks).
+    pub fn peek(&mut self, slot: u16, key: &[u8], now: u64) -> Option<&Entry> {
+        self.live_entry(slot, key, now).ok().map(|(e, _)| &*e)
+    }
+
+    /// Marks a key as used (TOUCH); false if absent.
+    pub fn touch(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
+        let policy = self.policy;
+        match self.live_entry(slot, key, now) {
+            Ok((entry, _)) => {
                 eviction::touch(entry, policy, now);
                 true
             }
-            None => false,
+            Err(_) => false,
         }
     }
 
     /// A block of a prefix read (MGETPREFIX), with one lookup: when it is
-    /// present and no longer than `room` bytes, it is counted as a hit,
-    /// marked used unless `touch` is false, and, when it was read right
-    /// after `previous` and that is its parent, reachable whatever the link
-    /// events said. Nothing is counted for a block that is absent
+    /// present and no longer than `step.room` bytes, it is counted as a
+    /// hit, marked used unless `step.touch` is false, and, when it was read
+    /// right after `step.previous` and that is its parent, reachable
+    /// whatever the link events said. Nothing is counted for a block that is absent
     /// (`Err(InPrefix::Absent)`) or too long (`Err(InPrefix::TooLong)`).
     pub(crate) fn prefix_hit(
         &mut self,
         slot: u16,
         key: &[u8],
         now: u64,
-        touch: bool,
-        previous: Option<&[u8]>,
-        room: u64,
+        step: &PrefixStep,
     ) -> Result<&mut Entry, InPrefix> {
-        let index = self.index(slot);
         let policy = self.policy;
-        let Some(entry) = live(
-            &mut self.maps[index],
-            &mut self.meta,
-            &mut self.stats,
-            key,
-            now,
-        ) else {
-            return Err(InPrefix::Absent);
-        };
-        if entry.value.len() as u64 > room {
+        let (entry, stats) = self
+            .live_entry(slot, key, now)
+            .map_err(|_| InPrefix::Absent)?;
+        if entry.value.len() as u64 > step.room {
             return Err(InPrefix::TooLong);
         }
-        self.stats.keyspace_hits += 1;
-        if touch {
-            eviction::touch(entry, policy, now);
-            entry.reads = entry.reads.saturating_add(1);
-        }
-        if previous.is_some() && entry.parent.as_deref() == previous {
+        count_hit(entry, stats, policy, now, step.touch);
+        if step.previous.is_some() && entry.parent.as_deref() == step.previous {
             entry.orphan = false;
         }
         Ok(entry)
@@ -118,27 +112,8 @@ impl Store {
     /// Counts a block of a prefix already returned, as [`Store::prefix_hit`]
     /// does (the reads of a prefix spread over shards are counted once the
     /// prefix is known).
-    pub fn count_prefix_hit(
-        &mut self,
-        slot: u16,
-        key: &[u8],
-        now: u64,
-        touch: bool,
-        previous: Option<&[u8]>,
-    ) {
-        let _ = self.prefix_hit(slot, key, now, touch, previous, u64::MAX);
-    }
-
-    /// A block read as part of a prefix right after `previous`: if that is
-    /// its parent, it is reachable whatever the link events said. (A
-    /// request listing keys that are not its chain proves nothing.)
-    pub fn mark_reachable(&mut self, slot: u16, key: &[u8], previous: &[u8]) {
-        let index = self.index(slot);
-        if let Some(e) = self.maps[index].get_mut(key) {
-            if e.parent.as_deref() == Some(previous) {
-                e.orphan = false;
-            }
-        }
+    pub fn count_prefix_hit(&mut self, slot: u16, key: &[u8], now: u64, step: &PrefixStep) {
+        let _ = self.prefix_hit(slot, key, now, step);
     }
 
     /// Stores `value` under `key` with expiry `expire_at` (0: none),
@@ -302,18 +277,10 @@ impl Store {
 
     /// Sets (or with 0 clears) the expiry of a live key; false if absent.
     pub fn set_expire(&mut self, slot: u16, key: &[u8], expire_at: u64, now: u64) -> bool {
-        let index = self.index(slot);
-        if live(
-            &mut self.maps[index],
-            &mut self.meta,
-            &mut self.stats,
-            key,
-            now,
-        )
-        .is_none()
-        {
+        if self.live_entry(slot, key, now).is_err() {
             return false;
         }
+        let index = self.index(slot);
         let gains_ttl =
             expire_at != 0 && self.maps[index].get(key).is_some_and(|e| e.expire_at == 0);
         if gains_ttl && self.budget != 0 {
@@ -479,5 +446,21 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+/// A read that found its key: a keyspace hit, and (unless `touch` is false)
+/// a use for eviction and a read toward promotion from the spill tier.
+fn count_hit(
+    entry: &mut Entry,
+    stats: &mut StoreStats,
+    policy: EvictionPolicy,
+    now: u64,
+    touch: bool,
+) {
+    stats.keyspace_hits += 1;
+    if touch {
+        eviction::touch(entry, policy, now);
+        entry.reads = entry.reads.saturating_add(1);
     }
 }

@@ -38,6 +38,7 @@ use hashbrown::HashMap;
 pub use entry::{Encoding, Entry, Queue, Value};
 pub use eviction::EvictionPolicy;
 use eviction::{key_hash, PrefixQueues};
+pub use keyspace::PrefixStep;
 pub use links::LinkEvent;
 use meta::Meta;
 use slab::{ArenaStats, SlabArena};

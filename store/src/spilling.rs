@@ -21,7 +21,7 @@ use super::spill::record::{self, Record};
 use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
 };
-use super::{Encoding, Entry, EvictReason, LinkEvent, Store, Value, SLAB_MIN};
+use super::{Encoding, Entry, EvictReason, LinkEvent, PrefixStep, Store, Value, SLAB_MIN};
 use crate::slot::key_slot;
 
 /// Reads of a spilled block after which it moves back to DRAM.
@@ -328,18 +328,16 @@ impl Store {
     }
 
     /// The next block of a prefix read on one shard (MGETPREFIX): its value
-    /// when present and no longer than `room` bytes, counted and touched as
-    /// [`Store::prefix_hit`] says; one lookup.
+    /// when present and no longer than `step.room` bytes, counted and
+    /// touched as [`Store::prefix_hit`] says; one lookup.
     pub fn read_in_prefix(
         &mut self,
         slot: u16,
         key: &[u8],
         now: u64,
-        touch: bool,
-        previous: Option<&[u8]>,
-        room: u64,
+        step: &PrefixStep,
     ) -> InPrefix {
-        let loc = match self.prefix_hit(slot, key, now, touch, previous, room) {
+        let loc = match self.prefix_hit(slot, key, now, step) {
             Err(end) => return end,
             Ok(entry) => match &entry.value {
                 Value::Spilled(loc) => loc.clone(),

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
-use kvtier_store::{now_ms, Fetched, InPrefix, Store, Waiter};
+use kvtier_store::{now_ms, Fetched, InPrefix, PrefixStep, Store, Waiter};
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
@@ -408,7 +408,12 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[(Bytes, u16)], touch: bool) {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
             for (key, slot, previous) in work {
-                store.count_prefix_hit(slot, &key, now, touch, previous.as_deref());
+                let step = PrefixStep {
+                    previous: previous.as_deref(),
+                    room: u64::MAX,
+                    touch,
+                };
+                store.count_prefix_hit(slot, &key, now, &step);
             }
         };
         if target == shard.id {
@@ -701,8 +706,12 @@ fn mgetprefix_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     for i in 2..read.end {
         let (key, slot) = (&op.args[i], op.args.slot(i));
         // Counted (and, unless NO-TOUCH, touched) as accessed: one lookup.
-        let InPrefix::Value(value) = store.read_in_prefix(slot, key, now, op.touch, previous, room)
-        else {
+        let step = PrefixStep {
+            previous,
+            room,
+            touch: op.touch,
+        };
+        let InPrefix::Value(value) = store.read_in_prefix(slot, key, now, &step) else {
             break;
         };
         room -= value.len() as u64;

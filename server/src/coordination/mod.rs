@@ -30,7 +30,7 @@ use kvtier_protocol::Reply;
 pub use multi_node::coordinate;
 use tokio::sync::oneshot;
 
-use crate::commands::{flags, is, Args, Client, CommandSpec, LocalBoxFuture, Spread};
+use crate::commands::{flags, is, Args, Client, CommandSpec, Spread};
 use crate::shard::Shard;
 
 /// Where a command runs in a cluster, as the connection needs to know.
@@ -44,7 +44,8 @@ pub enum Routed {
     Done(Reply),
 }
 
-/// A cluster path a command runs by on this node.
+/// A cluster path a command runs by on this node (the connection starts
+/// [`coordinate`], [`write_through`] or [`flush_through`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Through {
     /// Its keys live on several nodes: spread as its spec says.
@@ -54,22 +55,6 @@ pub enum Through {
     WriteThrough,
     /// FLUSHALL / FLUSHDB: run, then drop every copy made and held.
     FlushThrough,
-}
-
-impl Through {
-    /// Runs `args` (a call of `spec`) by this path.
-    pub fn run<'a>(
-        self,
-        client: &'a mut Client,
-        spec: &'static CommandSpec,
-        args: Args,
-    ) -> LocalBoxFuture<'a> {
-        match self {
-            Through::Coordinate => Box::pin(coordinate(client, spec, args)),
-            Through::WriteThrough => Box::pin(write_through(client, spec, args)),
-            Through::FlushThrough => Box::pin(flush_through(client, spec, args)),
-        }
-    }
 }
 
 /// Where a command runs: here (by its own handler or a cluster path), or

@@ -20,15 +20,21 @@ pub async fn coordinate(client: &mut Client, spec: &'static CommandSpec, args: A
     };
     cluster.stats.coordinated.fetch_add(1, Relaxed);
     let view = client.shard.view();
-    let (c, v, a) = (&cluster, &view, &args);
+    let mut spreading = Spreading {
+        client,
+        cluster: &cluster,
+        view: &view,
+        spec,
+    };
+    let s = &mut spreading;
     match spec.spread {
-        Spread::ByPosition if spec.keys.movable() => mexists(client, c, v, spec, a).await,
-        Spread::ByPosition => positional(client, c, v, spec, a).await,
-        Spread::AllOk => all_ok(client, c, v, spec, a).await,
-        Spread::Sum => sum(client, c, v, spec, a).await,
-        Spread::PrefixCount => prefix_len(client, c, v, spec, a).await,
-        Spread::PrefixValues => mget_prefix(client, c, v, spec, a).await,
-        Spread::Blocks => mset_block(client, c, v, spec, a).await,
+        Spread::ByPosition if spec.keys.movable() => s.mexists(&args).await,
+        Spread::ByPosition => s.positional(&args).await,
+        Spread::AllOk => s.all_ok(&args).await,
+        Spread::Sum => s.sum(&args).await,
+        Spread::PrefixCount => s.prefix_len(&args).await,
+        Spread::PrefixValues => s.mget_prefix(&args).await,
+        Spread::Blocks => s.mset_block(&args).await,
         Spread::No => Reply::error("CROSSSLOT Keys in request don't hash to the same slot"),
     }
 }
@@ -39,6 +45,282 @@ struct Part {
     node: usize,
     positions: Vec<usize>,
     args: Vec<Bytes>,
+}
+
+/// A command being spread over the nodes that own its keys.
+struct Spreading<'c> {
+    client: &'c mut Client,
+    cluster: &'c Cluster,
+    view: &'c View,
+    spec: &'static CommandSpec,
+}
+
+impl Spreading<'_> {
+    /// Runs the parts: remote ones sent first (in parallel), then local ones
+    /// here, then the remote replies collected. Replies in part order.
+    async fn run_parts(&mut self, parts: &[Part], blocking: bool) -> Vec<Reply> {
+        let (cluster, view, spec) = (self.cluster, self.view, self.spec);
+        let client = &mut *self.client;
+        let mut pending: Vec<Option<Reply>> = parts
+            .iter()
+            .map(|p| {
+                (view.me != Some(p.node)).then(|| {
+                    forward(
+                        &client.shard,
+                        cluster,
+                        view,
+                        p.node,
+                        lane(client),
+                        p.args.clone(),
+                        blocking,
+                    )
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(parts.len());
+        for (part, remote) in parts.iter().zip(pending.iter_mut()) {
+            let reply = match remote.take() {
+                Some(r) => r,
+                None if spec.has(flags::WRITE) && cluster.has_replicated() => {
+                    write_through(client, spec, Args::of(spec, part.args.clone())).await
+                }
+                None => execute(client, spec, Args::of(spec, part.args.clone())).await,
+            };
+            out.push(reply);
+        }
+        let mut resolved = Vec::with_capacity(out.len());
+        for r in out {
+            resolved.push(if r.has_pending() {
+                r.resolve().await
+            } else {
+                r
+            });
+        }
+        resolved
+    }
+
+    /// MGET: values placed back by key position.
+    async fn positional(&mut self, args: &Args) -> Reply {
+        let parts = split(self.view, args, 1);
+        let replies = self.run_parts(&parts, false).await;
+        merge_positions(args.len() - 1, &parts, replies)
+    }
+
+    /// MSET over several nodes: OK when every node stored its pairs.
+    async fn all_ok(&mut self, args: &Args) -> Reply {
+        if args.len().is_multiple_of(2) {
+            return crate::commands::arity_error("mset");
+        }
+        let parts = split(self.view, args, 2);
+        let replies = self.run_parts(&parts, false).await;
+        first_error(&replies).unwrap_or(Reply::status("OK"))
+    }
+
+    /// DEL, UNLINK, EXISTS, TOUCH: the nodes' counts added up.
+    async fn sum(&mut self, args: &Args) -> Reply {
+        let parts = split(self.view, args, 1);
+        let replies = self.run_parts(&parts, false).await;
+        if let Some(e) = first_error(&replies) {
+            return e;
+        }
+        Reply::Int(
+            replies
+                .iter()
+                .map(|r| if let Reply::Int(n) = r { *n } else { 0 })
+                .sum(),
+        )
+    }
+
+    /// MEXISTS: per-key answers placed by position.
+    async fn mexists(&mut self, args: &Args) -> Reply {
+        if let Err(e) = exact_count(args) {
+            return e;
+        }
+        let (n, parts) = counted_parts(self.view, args, 1, |_| Vec::new());
+        let replies = self.run_parts(&parts, false).await;
+        merge_positions(n, &parts, replies)
+    }
+
+    /// PREFIXLEN: each node's own leading run, the earliest miss wins.
+    async fn prefix_len(&mut self, args: &Args) -> Reply {
+        if let Err(e) = exact_count(args) {
+            return e;
+        }
+        let (n, parts) = counted_parts(self.view, args, 1, |_| Vec::new());
+        let replies = self.run_parts(&parts, false).await;
+        if let Some(e) = first_error(&replies) {
+            return e;
+        }
+        let counts: Vec<usize> = replies
+            .iter()
+            .map(|r| {
+                if let Reply::Int(c) = r {
+                    (*c).max(0) as usize
+                } else {
+                    0
+                }
+            })
+            .collect();
+        Reply::Int(first_miss(n, &parts, |i| counts[i]) as i64)
+    }
+
+    /// MGETPREFIX: each node returns its own leading run (waiting, with BLOCK,
+    /// for its share of the first MIN keys); the prefix ends at the earliest
+    /// miss of any node, and MAXBYTES is applied to the merged prefix.
+    async fn mget_prefix(&mut self, args: &Args) -> Reply {
+        let read = match block::parse_prefix_read(args) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let n = read.end - 2;
+        let max_bytes = read.max_bytes;
+        let block = read.block_ms.map(|ms| Bytes::from(ms.to_string()));
+        let wanted = read.min;
+        let node_opts = |positions: &[usize]| {
+            let mut o = Vec::new();
+            if let Some(b) = max_bytes {
+                o.push(Bytes::from_static(b"MAXBYTES"));
+                o.push(Bytes::from(b.to_string()));
+            }
+            if let Some(ms) = &block {
+                let share = positions.iter().filter(|&&p| p < wanted).count();
+                if share > 0 {
+                    o.push(Bytes::from_static(b"BLOCK"));
+                    o.push(ms.clone());
+                    o.push(Bytes::from_static(b"MIN"));
+                    o.push(Bytes::from(share.to_string()));
+                }
+            }
+            o
+        };
+        let (_, parts) = counted_parts(self.view, args, 1, node_opts);
+        let replies = self.run_parts(&parts, block.is_some()).await;
+        if let Some(e) = first_error(&replies) {
+            return e;
+        }
+        let runs: Vec<Vec<Reply>> = replies
+            .into_iter()
+            .map(|r| {
+                if let Reply::Array(items) = r {
+                    items
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let end = first_miss(n, &parts, |i| runs[i].len());
+        let mut out = vec![Reply::Nil; end];
+        for (part, run) in parts.iter().zip(runs) {
+            for (&p, item) in part.positions.iter().zip(run) {
+                if p < end {
+                    out[p] = item;
+                }
+            }
+        }
+        if let Some(limit) = max_bytes {
+            let mut total = 0u64;
+            let keep = out
+                .iter()
+                .take_while(|r| {
+                    total += if let Reply::Bulk(b) = r {
+                        b.len() as u64
+                    } else {
+                        0
+                    };
+                    total <= limit
+                })
+                .count();
+            out.truncate(keep);
+        }
+        Reply::Array(out)
+    }
+
+    /// MSETBLOCK: without CHAIN, every node stores its blocks in parallel; with
+    /// CHAIN, runs of consecutive blocks of one node are stored one run after
+    /// another, each naming the previous run's last block as its parent, so
+    /// the chain is published in order across nodes too.
+    async fn mset_block(&mut self, args: &Args) -> Reply {
+        let (n, end) = match block::parse_count(args, 2, "numblocks") {
+            Ok(found) => found,
+            Err(e) => return e,
+        };
+        let parsed = match block::parse_set_options(args, end) {
+            Ok(o) => o,
+            Err(e) => return e,
+        };
+        // The options every node gets: expiry and REPLACE as sent.
+        let opts = &args[end..];
+        let mut common = Vec::new();
+        let mut i = 0;
+        while i < opts.len() {
+            if is(&opts[i], "ex") || is(&opts[i], "px") {
+                common.extend_from_slice(&opts[i..i + 2]);
+                i += 2;
+            } else if is(&opts[i], "chain") {
+                let named = opts.get(i + 1).is_some_and(|w| is(w, "parent")) && i + 2 < opts.len();
+                i += if named { 3 } else { 1 };
+            } else {
+                common.push(opts[i].clone()); // REPLACE
+                i += 1;
+            }
+        }
+        let (chain, mut parent) = (parsed.chain, parsed.parent);
+        if !chain {
+            let (_, parts) = counted_parts(self.view, args, 2, |_| common.clone());
+            let replies = self.run_parts(&parts, false).await;
+            return merge_positions(n, &parts, replies);
+        }
+        // Runs of consecutive blocks on one node, stored in chain order.
+        let mut out = vec![Reply::Nil; n];
+        let mut start = 0;
+        while start < n {
+            let key = |p: usize| &args[2 + 2 * p];
+            let node = self.view.owner(args.slot(2 + 2 * start));
+            let mut end = start + 1;
+            while end < n && self.view.owner(args.slot(2 + 2 * end)) == node {
+                end += 1;
+            }
+            let mut sub = vec![args[0].clone(), Bytes::from((end - start).to_string())];
+            sub.extend_from_slice(&args[2 + 2 * start..2 + 2 * end]);
+            sub.extend_from_slice(&common);
+            sub.push(Bytes::from_static(b"CHAIN"));
+            if let Some(p) = &parent {
+                sub.push(Bytes::from_static(b"PARENT"));
+                sub.push(p.clone());
+            }
+            let part = Part {
+                node,
+                positions: (start..end).collect(),
+                args: sub,
+            };
+            let reply = self
+                .run_parts(std::slice::from_ref(&part), false)
+                .await
+                .pop()
+                .unwrap_or(Reply::Nil);
+            if reply.is_error() {
+                return reply;
+            }
+            let Reply::Array(items) = reply else {
+                return Reply::error("ERR cluster: unexpected reply from a peer");
+            };
+            let failed = items.iter().any(|r| matches!(r, Reply::Int(n) if *n < 0));
+            for (p, item) in (start..end).zip(items) {
+                out[p] = item;
+            }
+            if failed {
+                // As on one node: a chain is not stored past a block that
+                // could not be stored.
+                for slot in out.iter_mut().skip(end) {
+                    *slot = Reply::Int(-1);
+                }
+                return Reply::Array(out);
+            }
+            parent = Some(key(end - 1).clone());
+            start = end;
+        }
+        Reply::Array(out)
+    }
 }
 
 /// Groups key positions `0..count` by owner, in order of first appearance.
@@ -52,54 +334,6 @@ fn group(view: &View, count: usize, slot: impl Fn(usize) -> u16) -> Vec<(usize, 
         }
     }
     groups
-}
-
-/// Runs the parts: remote ones sent first (in parallel), then local ones
-/// here, then the remote replies collected. Replies in part order.
-async fn run_parts(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    parts: &[Part],
-    blocking: bool,
-) -> Vec<Reply> {
-    let mut pending: Vec<Option<Reply>> = parts
-        .iter()
-        .map(|p| {
-            (view.me != Some(p.node)).then(|| {
-                forward(
-                    &client.shard,
-                    cluster,
-                    view,
-                    p.node,
-                    lane(client),
-                    p.args.clone(),
-                    blocking,
-                )
-            })
-        })
-        .collect();
-    let mut out = Vec::with_capacity(parts.len());
-    for (part, remote) in parts.iter().zip(pending.iter_mut()) {
-        let reply = match remote.take() {
-            Some(r) => r,
-            None if spec.has(flags::WRITE) && cluster.has_replicated() => {
-                write_through(client, spec, Args::of(spec, part.args.clone())).await
-            }
-            None => execute(client, spec, Args::of(spec, part.args.clone())).await,
-        };
-        out.push(reply);
-    }
-    let mut resolved = Vec::with_capacity(out.len());
-    for r in out {
-        resolved.push(if r.has_pending() {
-            r.resolve().await
-        } else {
-            r
-        });
-    }
-    resolved
 }
 
 fn first_error(replies: &[Reply]) -> Option<Reply> {
@@ -128,19 +362,6 @@ fn split(view: &View, args: &Args, step: usize) -> Vec<Part> {
         .collect()
 }
 
-/// MGET: values placed back by key position.
-async fn positional(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    let parts = split(view, args, 1);
-    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-    merge_positions(args.len() - 1, &parts, replies)
-}
-
 /// Places each part's array items at their key positions.
 fn merge_positions(count: usize, parts: &[Part], replies: Vec<Reply>) -> Reply {
     if let Some(e) = first_error(&replies) {
@@ -156,43 +377,6 @@ fn merge_positions(count: usize, parts: &[Part], replies: Vec<Reply>) -> Reply {
         }
     }
     Reply::Array(out)
-}
-
-/// MSET over several nodes: OK when every node stored its pairs.
-async fn all_ok(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    if args.len().is_multiple_of(2) {
-        return crate::commands::arity_error("mset");
-    }
-    let parts = split(view, args, 2);
-    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-    first_error(&replies).unwrap_or(Reply::status("OK"))
-}
-
-/// DEL, UNLINK, EXISTS, TOUCH: the nodes' counts added up.
-async fn sum(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    let parts = split(view, args, 1);
-    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-    if let Some(e) = first_error(&replies) {
-        return e;
-    }
-    Reply::Int(
-        replies
-            .iter()
-            .map(|r| if let Reply::Int(n) = r { *n } else { 0 })
-            .sum(),
-    )
 }
 
 /// The parts of a `NAME numkeys key [key ...] [options]` command; `opts`
@@ -231,22 +415,6 @@ fn exact_count(args: &[Bytes]) -> Result<(), Reply> {
     Ok(())
 }
 
-/// MEXISTS: per-key answers placed by position.
-async fn mexists(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    if let Err(e) = exact_count(args) {
-        return e;
-    }
-    let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
-    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-    merge_positions(n, &parts, replies)
-}
-
 /// The first key position (of `n`) that some node lacks: each node knows
 /// how many of its own keys, in order, are present.
 fn first_miss(n: usize, parts: &[Part], present: impl Fn(usize) -> usize) -> usize {
@@ -256,209 +424,4 @@ fn first_miss(n: usize, parts: &[Part], present: impl Fn(usize) -> usize) -> usi
         .filter_map(|(i, part)| part.positions.get(present(i)).copied())
         .min()
         .unwrap_or(n)
-}
-
-/// PREFIXLEN: each node's own leading run, the earliest miss wins.
-async fn prefix_len(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    if let Err(e) = exact_count(args) {
-        return e;
-    }
-    let (n, parts) = counted_parts(view, args, 1, |_| Vec::new());
-    let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-    if let Some(e) = first_error(&replies) {
-        return e;
-    }
-    let counts: Vec<usize> = replies
-        .iter()
-        .map(|r| {
-            if let Reply::Int(c) = r {
-                (*c).max(0) as usize
-            } else {
-                0
-            }
-        })
-        .collect();
-    Reply::Int(first_miss(n, &parts, |i| counts[i]) as i64)
-}
-
-/// MGETPREFIX: each node returns its own leading run (waiting, with BLOCK,
-/// for its share of the first MIN keys); the prefix ends at the earliest
-/// miss of any node, and MAXBYTES is applied to the merged prefix.
-async fn mget_prefix(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    let read = match block::parse_prefix_read(args) {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    let n = read.end - 2;
-    let max_bytes = read.max_bytes;
-    let block = read.block_ms.map(|ms| Bytes::from(ms.to_string()));
-    let wanted = read.min;
-    let node_opts = |positions: &[usize]| {
-        let mut o = Vec::new();
-        if let Some(b) = max_bytes {
-            o.push(Bytes::from_static(b"MAXBYTES"));
-            o.push(Bytes::from(b.to_string()));
-        }
-        if let Some(ms) = &block {
-            let share = positions.iter().filter(|&&p| p < wanted).count();
-            if share > 0 {
-                o.push(Bytes::from_static(b"BLOCK"));
-                o.push(ms.clone());
-                o.push(Bytes::from_static(b"MIN"));
-                o.push(Bytes::from(share.to_string()));
-            }
-        }
-        o
-    };
-    let (_, parts) = counted_parts(view, args, 1, node_opts);
-    let replies = run_parts(client, cluster, view, spec, &parts, block.is_some()).await;
-    if let Some(e) = first_error(&replies) {
-        return e;
-    }
-    let runs: Vec<Vec<Reply>> = replies
-        .into_iter()
-        .map(|r| {
-            if let Reply::Array(items) = r {
-                items
-            } else {
-                Vec::new()
-            }
-        })
-        .collect();
-    let end = first_miss(n, &parts, |i| runs[i].len());
-    let mut out = vec![Reply::Nil; end];
-    for (part, run) in parts.iter().zip(runs) {
-        for (&p, item) in part.positions.iter().zip(run) {
-            if p < end {
-                out[p] = item;
-            }
-        }
-    }
-    if let Some(limit) = max_bytes {
-        let mut total = 0u64;
-        let keep = out
-            .iter()
-            .take_while(|r| {
-                total += if let Reply::Bulk(b) = r {
-                    b.len() as u64
-                } else {
-                    0
-                };
-                total <= limit
-            })
-            .count();
-        out.truncate(keep);
-    }
-    Reply::Array(out)
-}
-
-/// MSETBLOCK: without CHAIN, every node stores its blocks in parallel; with
-/// CHAIN, runs of consecutive blocks of one node are stored one run after
-/// another, each naming the previous run's last block as its parent, so
-/// the chain is published in order across nodes too.
-async fn mset_block(
-    client: &mut Client,
-    cluster: &Cluster,
-    view: &View,
-    spec: &'static CommandSpec,
-    args: &Args,
-) -> Reply {
-    let (n, end) = match block::parse_count(args, 2, "numblocks") {
-        Ok(found) => found,
-        Err(e) => return e,
-    };
-    let parsed = match block::parse_set_options(args, end) {
-        Ok(o) => o,
-        Err(e) => return e,
-    };
-    // The options every node gets: expiry and REPLACE as sent.
-    let opts = &args[end..];
-    let mut common = Vec::new();
-    let mut i = 0;
-    while i < opts.len() {
-        if is(&opts[i], "ex") || is(&opts[i], "px") {
-            common.extend_from_slice(&opts[i..i + 2]);
-            i += 2;
-        } else if is(&opts[i], "chain") {
-            let named = opts.get(i + 1).is_some_and(|w| is(w, "parent")) && i + 2 < opts.len();
-            i += if named { 3 } else { 1 };
-        } else {
-            common.push(opts[i].clone()); // REPLACE
-            i += 1;
-        }
-    }
-    let (chain, mut parent) = (parsed.chain, parsed.parent);
-    if !chain {
-        let (_, parts) = counted_parts(view, args, 2, |_| common.clone());
-        let replies = run_parts(client, cluster, view, spec, &parts, false).await;
-        return merge_positions(n, &parts, replies);
-    }
-    // Runs of consecutive blocks on one node, stored in chain order.
-    let mut out = vec![Reply::Nil; n];
-    let mut start = 0;
-    while start < n {
-        let key = |p: usize| &args[2 + 2 * p];
-        let node = view.owner(args.slot(2 + 2 * start));
-        let mut end = start + 1;
-        while end < n && view.owner(args.slot(2 + 2 * end)) == node {
-            end += 1;
-        }
-        let mut sub = vec![args[0].clone(), Bytes::from((end - start).to_string())];
-        sub.extend_from_slice(&args[2 + 2 * start..2 + 2 * end]);
-        sub.extend_from_slice(&common);
-        sub.push(Bytes::from_static(b"CHAIN"));
-        if let Some(p) = &parent {
-            sub.push(Bytes::from_static(b"PARENT"));
-            sub.push(p.clone());
-        }
-        let part = Part {
-            node,
-            positions: (start..end).collect(),
-            args: sub,
-        };
-        let reply = run_parts(
-            client,
-            cluster,
-            view,
-            spec,
-            std::slice::from_ref(&part),
-            false,
-        )
-        .await
-        .pop()
-        .unwrap_or(Reply::Nil);
-        if reply.is_error() {
-            return reply;
-        }
-        let Reply::Array(items) = reply else {
-            return Reply::error("ERR cluster: unexpected reply from a peer");
-        };
-        let failed = items.iter().any(|r| matches!(r, Reply::Int(n) if *n < 0));
-        for (p, item) in (start..end).zip(items) {
-            out[p] = item;
-        }
-        if failed {
-            // As on one node: a chain is not stored past a block that
-            // could not be stored.
-            for slot in out.iter_mut().skip(end) {
-                *slot = Reply::Int(-1);
-            }
-            return Reply::Array(out);
-        }
-        parent = Some(key(end - 1).clone());
-        start = end;
-    }
-    Reply::Array(out)
 }

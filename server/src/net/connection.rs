@@ -122,7 +122,15 @@ impl Awaited {
     ) -> LocalBoxFuture<'a> {
         match self {
             Awaited::Command(f) => f(client, args),
-            Awaited::Through(t) => t.run(client, spec, args),
+            Awaited::Through(Through::Coordinate) => {
+                Box::pin(coordination::coordinate(client, spec, args))
+            }
+            Awaited::Through(Through::WriteThrough) => {
+                Box::pin(coordination::write_through(client, spec, args))
+            }
+            Awaited::Through(Through::FlushThrough) => {
+                Box::pin(coordination::flush_through(client, spec, args))
+            }
         }
     }
 }
