@@ -17,6 +17,12 @@
 # Besides ops/s, each cell reports the server CPU time per request (from
 # /proc/PID/stat): an efficiency figure that does not depend on whether the
 # client or the server was the limit.
+#
+# BASELINE_BIN=path/to/an/older/kvtier-server adds that build to the
+# rotation (t=1 and t=THREADS), with the ratio of this build to it and the
+# baseline's own run-to-run spread (max-min over median of its REPS) as the
+# noise band; a cell more than 5% worse beyond that band is marked WORSE
+# (scripts/bench-before-after.sh builds the baseline from a git revision).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -36,12 +42,14 @@ cargo build --release -q -p kvtier-server
 BIN=target/release/kvtier-server
 
 
+BASELINE_BIN=${BASELINE_BIN:-}
+
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-start_kvtier() { # port threads
-  "$BIN" --port "$1" --threads "$2" --metrics-addr none >/dev/null 2>&1 &
+start_kvtier() { # port threads [binary]
+  "${3:-$BIN}" --port "$1" --threads "$2" --metrics-addr none >/dev/null 2>&1 &
   PIDS+=($!)
 }
 REDIS_PORT=$(free_port); KV1_PORT=$(free_port); KVN_PORT=$(free_port)
@@ -49,7 +57,16 @@ redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no >/dev
 PIDS+=($!); REDIS_PID=$!
 start_kvtier "$KV1_PORT" 1; KV1_PID=${PIDS[-1]}
 start_kvtier "$KVN_PORT" "$THREADS"; KVN_PID=${PIDS[-1]}
-for port in $REDIS_PORT $KV1_PORT $KVN_PORT; do
+SERVERS="redis kv1 kvn"
+PORTS="$REDIS_PORT $KV1_PORT $KVN_PORT"
+if [[ -n "$BASELINE_BIN" ]]; then
+  BASE1_PORT=$(free_port); BASEN_PORT=$(free_port)
+  start_kvtier "$BASE1_PORT" 1 "$BASELINE_BIN"; BASE1_PID=${PIDS[-1]}
+  start_kvtier "$BASEN_PORT" "$THREADS" "$BASELINE_BIN"; BASEN_PID=${PIDS[-1]}
+  SERVERS+=" base1 basen"
+  PORTS+=" $BASE1_PORT $BASEN_PORT"
+fi
+for port in $PORTS; do
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -85,20 +102,28 @@ run() { # port pid size pipeline
 }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# (max - min) / median of the samples: how much one server varies here
+spread() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {m = (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2; print (m > 0) ? (a[NR] - a[1]) / m : 0}'; }
 
 header="| value | -P | op | redis ops/s | kvtier t=1 ops/s | ratio t=1 | kvtier t=$THREADS ops/s | ratio t=$THREADS | kvtier t=1 GB/s | CPU µs/op redis | CPU µs/op kvtier t=1 | CPU redis/kvtier |"
 rule="|---|---|---|---|---|---|---|---|---|---|---|---|"
+if [[ -n "$BASELINE_BIN" ]]; then
+  header+=" base t=1 ops/s | new/base t=1 | base t=$THREADS ops/s | new/base t=$THREADS | base noise t=1 / t=$THREADS | |"
+  rule+="---|---|---|---|---|---|"
+fi
 table="$header"$'\n'"$rule"
 echo "$header"; echo "$rule"
 for size in $SIZES; do
   for pipe in $PIPELINES; do
     declare -A samples=()
     for _ in $(seq "$REPS"); do
-      for who in redis kv1 kvn; do
+      for who in $SERVERS; do
         case $who in
           redis) port=$REDIS_PORT; pid=$REDIS_PID;;
           kv1) port=$KV1_PORT; pid=$KV1_PID;;
           kvn) port=$KVN_PORT; pid=$KVN_PID;;
+          base1) port=$BASE1_PORT; pid=$BASE1_PID;;
+          basen) port=$BASEN_PORT; pid=$BASEN_PID;;
         esac
         read -r s g cs cg < <(run "$port" "$pid" "$size" "$pipe")
         samples[$who-SET]+="$s "; samples[$who-GET]+="$g "
@@ -114,6 +139,16 @@ for size in $SIZES; do
       row=$(awk -v size="$size" -v p="$pipe" -v op="$op" -v r="$r" -v k1="$k1" -v kn="$kn" -v rc="$rc" -v kc="$kc" 'BEGIN {
         rr = (r > 0) ? k1 / r : 0; rn = (r > 0) ? kn / r : 0; cr = (kc > 0) ? rc / kc : 0;
         printf "| %d | %d | %s | %.0f | %.0f | %.2fx | %.0f | %.2fx | %.2f | %.2f | %.2f | %.2fx |", size, p, op, r, k1, rr, kn, rn, k1 * size / 1e9, rc, kc, cr }')
+      if [[ -n "$BASELINE_BIN" ]]; then
+        b1=$(echo "${samples[base1-$op]}" | median)
+        bn=$(echo "${samples[basen-$op]}" | median)
+        n1=$(echo "${samples[base1-$op]}" | spread)
+        nn=$(echo "${samples[basen-$op]}" | spread)
+        row+=$(awk -v k1="$k1" -v kn="$kn" -v b1="$b1" -v bn="$bn" -v n1="$n1" -v nn="$nn" 'BEGIN {
+          r1 = (b1 > 0) ? k1 / b1 : 0; rn = (bn > 0) ? kn / bn : 0;
+          worse = (r1 < 0.95 - n1 || rn < 0.95 - nn) ? "WORSE" : "ok";
+          printf " %.0f | %.3fx | %.0f | %.3fx | ±%.0f%% / ±%.0f%% | %s |", b1, r1, bn, rn, n1 * 50, nn * 50, worse }')
+      fi
       echo "$row"
       table+=$'\n'"$row"
     done
@@ -121,6 +156,6 @@ for size in $SIZES; do
   done
 done
 if [[ -n "$OUT" ]]; then
-  { echo "$table"; echo; echo "Command: \`REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS BENCH_THREADS=$BENCH_THREADS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
+  { echo "$table"; echo; echo "Command: \`${BASELINE_BIN:+BASELINE_BIN=$BASELINE_BIN }REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS BENCH_THREADS=$BENCH_THREADS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
   echo "table written to $OUT"
 fi

@@ -25,6 +25,10 @@ pub struct PrefixArgs {
     /// redis-server to compare with.
     #[arg(long, default_value = "127.0.0.1:6380")]
     pub redis: String,
+    /// Another kvtier (an earlier build) to run the dialect's cells on too,
+    /// alternated with `--kvtier`: a change against its base, in one run.
+    #[arg(long)]
+    pub baseline: Option<String>,
     /// Blocks in the looked-up chain.
     #[arg(long, default_value_t = 64)]
     pub chain: usize,
@@ -84,8 +88,12 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
         .map(|i| block(i, a.block_bytes))
         .collect();
 
-    // Same data on both servers.
-    for (addr, dialect) in [(&a.kvtier, true), (&a.redis, false)] {
+    // Same data on every server.
+    let mut servers = vec![(&a.kvtier, true), (&a.redis, false)];
+    if let Some(base) = &a.baseline {
+        servers.push((base, true));
+    }
+    for (addr, dialect) in servers {
         let mut c = Client::connect(addr).await?;
         let mut cmd = if dialect {
             args(["MSETBLOCK".to_string(), a.chain.to_string()])
@@ -111,7 +119,9 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
     let mut kv_lookup = Histogram::<u64>::new(3).map_err(std::io::Error::other)?;
     let mut redis_lookup = kv_lookup.clone();
     let mut kv_seq_lookup = kv_lookup.clone();
+    let mut base_lookup = kv_lookup.clone();
     let (mut kv_fetch, mut redis_fetch) = (Duration::ZERO, Duration::ZERO);
+    let mut base_fetch = Duration::ZERO;
     let per_round_lookups = a.lookups.div_ceil(a.rounds);
     let per_round_fetches = a.fetches.div_ceil(a.rounds);
     for _ in 0..a.rounds {
@@ -157,6 +167,18 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
             false,
         )
         .await?;
+        if let Some(base) = &a.baseline {
+            lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
+            base_fetch += fetch(
+                &a,
+                base,
+                &fetch_keys,
+                &fetch_values,
+                per_round_fetches,
+                true,
+            )
+            .await?;
+        }
     }
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
@@ -165,11 +187,15 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
     );
     println!("| client | p50 µs | p99 µs | mean µs |");
     println!("|---|---|---|---|");
-    for (name, h) in [
+    let mut rows = vec![
         ("redis-server: sequential EXISTS", &redis_lookup),
         ("kvtier: sequential EXISTS", &kv_seq_lookup),
         ("kvtier: PREFIXLEN", &kv_lookup),
-    ] {
+    ];
+    if a.baseline.is_some() {
+        rows.push(("baseline kvtier: PREFIXLEN", &base_lookup));
+    }
+    for (name, h) in rows {
         println!(
             "| {name} | {:.1} | {:.1} | {:.1} |",
             us(h, 0.5),
@@ -204,10 +230,26 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
         "| kvtier: MGETPREFIX | {kv_gbs:.2} | {:.0} |",
         kv_gbs * 1e9 / per_fetch
     );
+    if a.baseline.is_some() {
+        let base_gbs = total / base_fetch.as_secs_f64() / 1e9;
+        println!(
+            "| baseline kvtier: MGETPREFIX | {base_gbs:.2} | {:.0} |",
+            base_gbs * 1e9 / per_fetch
+        );
+    }
     println!(
         "fetch throughput ratio (kvtier MGETPREFIX / redis MGET): {:.2}x",
         kv_gbs / redis_gbs
     );
+    if a.baseline.is_some() {
+        let base_gbs = total / base_fetch.as_secs_f64() / 1e9;
+        println!(
+            "against the baseline: PREFIXLEN p50 {:.3}x, mean {:.3}x (below 1: faster); MGETPREFIX GB/s {:.3}x (above 1: faster)",
+            us(&kv_lookup, 0.5) / us(&base_lookup, 0.5),
+            kv_lookup.mean() / base_lookup.mean(),
+            kv_gbs / base_gbs
+        );
+    }
     Ok(())
 }
 

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod connection;
 pub mod docs;
 pub mod keyspace;
+pub mod long_double;
 pub mod server;
 pub mod string;
 pub mod transaction;
