@@ -53,6 +53,7 @@ def metadata(chunk_size: int = 16, world_size: int = 1, worker_id: int = 0) -> L
         local_worker_id=worker_id,
         kv_dtype=DTYPE,
         kv_shape=(LAYERS, 2, chunk_size, HEADS, HEAD_DIM),
+        chunk_size=chunk_size,
     )
 
 

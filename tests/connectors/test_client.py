@@ -286,3 +286,47 @@ def test_urls() -> None:
     assert kvtier.parse_url("kvtiers://h").ssl and kvtier.parse_url("kvtiers://h").nodes[0].port == 6379
     with pytest.raises(ValueError):
         kvtier.parse_url("redis://h:1")
+
+
+def _coordinated(nodes: list[Server]) -> int:
+    total = 0
+    for s in nodes:
+        info = s.client().execute("INFO", "cluster")
+        assert isinstance(info, bytes)
+        total += int(info.split(b"cluster_coordinated:")[1].split(b"\r\n")[0])
+    return total
+
+
+def test_cluster_reads_are_split_by_owner(cluster_nodes: list[Server]) -> None:
+    """get_prefix asks each owner for its own keys (no node relays values)
+    and merges exactly as a coordinating node would: holes, MAXBYTES, BLOCK."""
+    addrs = [s.addr for s in cluster_nodes]
+    c = kvtier.Client(addrs)
+    plain = kvtier.Client(addrs, split_reads=False)
+    keys = ["sk%d" % i for i in range(40)]
+    values = [os.urandom(1000 + i) for i in range(40)]
+    c.put_chain(keys, values)
+    c.get_prefix(keys)  # reads the slot map
+    before = _coordinated(cluster_nodes)
+    assert c.get_prefix(keys) == values
+    assert _coordinated(cluster_nodes) == before, "a node coordinated a split read"
+    assert plain.get_prefix(keys) == values
+    assert _coordinated(cluster_nodes) > before
+    budget = sum(len(v) for v in values[:17]) + 5
+    assert c.get_prefix(keys, max_bytes=budget) == plain.get_prefix(keys, max_bytes=budget) == values[:17]
+    c.execute("DEL", keys[25])
+    dest = [bytearray(2000) for _ in keys]
+    assert c.get_prefix(keys, into=dest) == [len(v) for v in values[:25]]
+    assert all(bytes(d[: len(v)]) == v for d, v in zip(dest, values[:25]))
+    threading.Timer(0.5, lambda: plain.put_chain([keys[25]], [values[25]])).start()
+    assert c.get_prefix(keys, block_ms=5000) == values
+
+    async def run() -> None:
+        a = kvtier.AsyncClient(addrs)
+        assert await a.get_prefix(keys) == values
+        n0 = _coordinated(cluster_nodes)
+        assert await a.get_prefix(keys, max_bytes=budget) == values[:17]
+        assert _coordinated(cluster_nodes) == n0
+        await a.close()
+
+    asyncio.run(run())

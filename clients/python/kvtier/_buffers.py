@@ -63,6 +63,6 @@ class BufferSink:
     def finish(self, reply: object) -> list[int]:
         if not isinstance(reply, list) or not all(isinstance(x, int) for x in reply):
             raise ProtocolError("MGETPREFIX: expected an array of bulk strings")
-        if self._too_small is not None:
+        if self._too_small is not None and self._too_small.index < len(reply):
             raise self._too_small
         return reply

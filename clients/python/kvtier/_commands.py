@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Optional, Union
 from urllib.parse import unquote, urlparse
 
 from ._resp import Arg
@@ -165,3 +165,93 @@ def parse_url(url: str) -> Endpoint:
         username = unquote(parsed.username) if parsed.username else None
         password = unquote(parsed.password) if parsed.password else None
     return Endpoint(parse_nodes(hosts), username, password, scheme == "kvtiers")
+
+
+# -- reads split by owner (a cluster) ------------------------------------------
+
+#: Seconds a cluster's slot map is used before it is read again.
+SLOT_MAP_TTL = 5.0
+
+
+def parse_cluster_slots(reply: object) -> Optional[list[Node]]:
+    """The owner of each of the 16384 slots from a ``CLUSTER SLOTS`` reply,
+    or None when a slot has no owner."""
+    if not isinstance(reply, list):
+        return None
+    owners: list[Optional[Node]] = [None] * 16384
+    for entry in reply:
+        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], list):
+            return None
+        start, end, primary = entry[0], entry[1], entry[2]
+        host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
+        node = Node(host, int(primary[1]))
+        for slot in range(int(start), int(end) + 1):
+            owners[slot] = node
+    if any(o is None for o in owners):
+        return None
+    return owners  # type: ignore[return-value]
+
+
+@dataclass
+class ReadPart:
+    """The keys of one node, by their positions in the caller's list."""
+
+    node: Node
+    positions: list[int]
+    args: list[Arg]
+
+
+def split_mgetprefix(
+    keys: Sequence[Key],
+    owners: Sequence[Node],
+    max_bytes: Optional[int],
+    block_ms: Optional[int],
+    min: Optional[int],  # noqa: A002
+) -> list[ReadPart]:
+    """One ``MGETPREFIX`` per owner, as the server's own coordination splits
+    it: each node gets its keys in order, ``MAXBYTES`` as is (the merged
+    prefix is cut again) and ``BLOCK ms MIN`` = its share of the first
+    ``min`` keys."""
+    by_node: dict[Node, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_node.setdefault(owners[key_slot(k)], []).append(i)
+    wanted = len(keys) if min is None else min
+    parts = []
+    for node, positions in by_node.items():
+        share = sum(1 for p in positions if p < wanted)
+        node_keys = [keys[p] for p in positions]
+        if block_ms is not None and share:
+            args = mgetprefix_args(node_keys, max_bytes, block_ms, share)
+        else:
+            args = mgetprefix_args(node_keys, max_bytes)
+        parts.append(ReadPart(node, positions, args))
+    return parts
+
+
+def merge_prefix(
+    nkeys: int, parts: Sequence[ReadPart], replies: Sequence[list[Any]], max_bytes: Optional[int]
+) -> int:
+    """How many leading keys the merged answer covers: up to the earliest key
+    some node lacks, then cut at ``max_bytes`` (``replies[i][j]`` is the
+    value, or its length, of ``parts[i].positions[j]``)."""
+    end = nkeys
+    sizes: dict[int, int] = {}
+    for part, reply in zip(parts, replies):
+        if len(reply) < len(part.positions):
+            end = min(end, part.positions[len(reply)])
+        for pos, value in zip(part.positions, reply):
+            sizes[pos] = value if isinstance(value, int) else len(value)
+    if max_bytes is not None:
+        total = 0
+        for i in range(end):
+            total += sizes[i]
+            if total > max_bytes:
+                return i
+    return end
+
+
+def key_slot(key: Key) -> int:
+    """Redis Cluster's slot of a key (CRC16 of its ``{hashtag}``, mod 16384)."""
+    from redis.crc import key_slot as slot
+
+    return int(slot(key.encode() if isinstance(key, str) else key))

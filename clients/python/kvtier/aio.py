@@ -187,8 +187,13 @@ class AsyncClient:
         socket_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         max_idle: int = 16,
+        split_reads: bool = True,
     ) -> None:
         self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
+        self.split_reads = split_reads
+        self._slots: Optional[list[Node]] = None
+        self._slots_read_at = float("-inf")
+        self._not_cluster = False
         self.username = username
         self.password = password
         self.ssl: Optional[ssl_module.SSLContext] = (
@@ -270,13 +275,70 @@ class AsyncClient:
         """See :meth:`kvtier.Client.get_prefix`."""
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
-        if into is None:
-            reply = await self._run(args, None, extra)
+        sink = None if into is None else BufferSink.of(into, len(keys))
+        owners = await self._owners()
+        reply: object = None
+        if owners is not None:
+            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+            try:
+                reply = await self._split_get(len(keys), parts, sink, max_bytes, extra)
+            except (ConnectionError, TimeoutError, ResponseError):
+                self._slots = None  # stale map or a node down: let a node coordinate
+        if reply is None:
+            reply = await self._run(args, sink, extra)
+        if sink is not None:
+            return sink.finish(reply)
+        if not isinstance(reply, list):
+            raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
+        return reply
+
+    async def _owners(self) -> Optional[list[Node]]:
+        """See :meth:`kvtier.Client._owners`."""
+        if not self.split_reads or self._not_cluster:
+            return None
+        now = time.monotonic()
+        if self._slots is None or now - self._slots_read_at > cmd.SLOT_MAP_TTL:
+            try:
+                reply = await self._run(["CLUSTER", "SLOTS"], None, 0.0)
+            except ResponseError:
+                self._not_cluster = True
+                return None
+            self._slots = cmd.parse_cluster_slots(reply)
+            self._slots_read_at = now
+        return self._slots
+
+    async def _split_get(
+        self,
+        nkeys: int,
+        parts: list[cmd.ReadPart],
+        sink: Optional[BufferSink],
+        max_bytes: Optional[int],
+        extra: float,
+    ) -> list[Any]:
+        async def one(part: cmd.ReadPart) -> list[Any]:
+            sub: Optional[BulkSink] = None
+            if sink is not None:
+
+                def sub(j: int, length: int, positions: list[int] = part.positions) -> Any:
+                    return sink(positions[j], length)
+
+            reply = await self._run(part.args, sub, extra, first=part.node)
             if not isinstance(reply, list):
                 raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
             return reply
-        sink = BufferSink.of(into, len(keys))
-        return sink.finish(await self._run(args, sink, extra))
+
+        # Every part runs to its end before an error is raised, so no part is
+        # still writing into the sink when a retry starts.
+        results = await asyncio.gather(*(one(p) for p in parts), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        replies: list[list[Any]] = results  # type: ignore[assignment]
+        n = cmd.merge_prefix(nkeys, parts, replies, max_bytes)
+        merged: dict[int, Any] = {}
+        for part, reply in zip(parts, replies):
+            merged.update(zip(part.positions, reply))
+        return [merged[i] for i in range(n)]
 
     async def put_chain(
         self,
@@ -326,10 +388,14 @@ class AsyncClient:
             n for n in order if self._down_until.get(n, 0) > now
         ]
 
-    async def _run(self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float) -> object:
+    async def _run(
+        self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float, first: Optional[Node] = None
+    ) -> object:
         buffers = encode_command(args)
         errors: list[str] = []
         targets = self._order()
+        if first is not None:
+            targets = [first, *(n for n in targets if n != first)]
         tryagain = 0
         while targets:
             node = targets.pop(0)

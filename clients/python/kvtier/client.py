@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union, overload
 
 import redis
@@ -67,10 +68,14 @@ class Client:
 
     ``nodes`` is ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of addresses.
     kvtier nodes coordinate multi-key dialect commands themselves (the node
-    that receives ``PREFIXLEN``/``MGETPREFIX``/``MSETBLOCK`` splits the keys by
-    owner and merges the answers), so each command goes to one node: the
-    client spreads commands over the nodes in turn and skips nodes that do
-    not answer. See docs/connectors.md for the measurement behind this.
+    that receives ``PREFIXLEN``/``MSETBLOCK`` splits the keys by owner and
+    merges the answers), so those go to one node: the client spreads
+    commands over the nodes in turn and skips nodes that do not answer.
+    ``MGETPREFIX`` is the exception: relaying values through a coordinating
+    node cost 6x in throughput here (docs/connectors.md), so against a
+    cluster (``split_reads``, the default) the client reads the slot map
+    (``CLUSTER SLOTS``, every few seconds) and asks each owner for its own
+    keys in parallel, merging the prefix exactly as the server would.
 
     Connections come from one redis-py ``ConnectionPool`` per node (AUTH,
     TLS, timeouts); :attr:`redis` is a plain ``redis.Redis`` for every other
@@ -87,9 +92,15 @@ class Client:
         socket_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         max_connections: Optional[int] = None,
+        split_reads: bool = True,
         **connection_kwargs: Any,
     ) -> None:
         self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
+        self.split_reads = split_reads
+        self._slots: Optional[list[Node]] = None
+        self._slots_read_at = float("-inf")
+        self._not_cluster = False
+        self._executor: Optional[ThreadPoolExecutor] = None
         self.socket_timeout = socket_timeout
         self._options: dict[str, Any] = dict(
             username=username,
@@ -129,6 +140,9 @@ class Client:
         """Closes every pooled connection."""
         for pool in [*self._pools, *self._extra.values()]:
             pool.disconnect()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
     def __enter__(self) -> Client:
         return self
@@ -194,14 +208,76 @@ class Client:
         """
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
-        if into is None:
-            reply = self._run(args, None, extra)
+        sink = None if into is None else BufferSink.of(into, len(keys))
+        owners = self._owners()
+        reply: object = None
+        if owners is not None:
+            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+            try:
+                reply = self._split_get(len(keys), parts, sink, max_bytes, extra)
+            except (ConnectionError, TimeoutError, ResponseError):
+                self._slots = None  # stale map or a node down: let a node coordinate
+        if reply is None:
+            reply = self._run(args, sink, extra)
+        if sink is not None:
+            return sink.finish(reply)
+        if not isinstance(reply, list):
+            raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
+        return reply
+
+    def _owners(self) -> Optional[list[Node]]:
+        """The cluster's slot owners (cached), or None for a single server."""
+        if not self.split_reads or self._not_cluster:
+            return None
+        now = time.monotonic()
+        if self._slots is None or now - self._slots_read_at > cmd.SLOT_MAP_TTL:
+            try:
+                reply = self._run(["CLUSTER", "SLOTS"], None, 0.0)
+            except ResponseError:  # ERR This instance has cluster support disabled
+                self._not_cluster = True
+                return None
+            self._slots = cmd.parse_cluster_slots(reply)
+            self._slots_read_at = now
+        return self._slots
+
+    def _split_get(
+        self,
+        nkeys: int,
+        parts: list[cmd.ReadPart],
+        sink: Optional[BufferSink],
+        max_bytes: Optional[int],
+        extra: float,
+    ) -> list[Any]:
+        def one(part: cmd.ReadPart) -> list[Any]:
+            sub: Optional[BulkSink] = None
+            if sink is not None:
+
+                def sub(j: int, length: int, positions: list[int] = part.positions) -> Any:
+                    return sink(positions[j], length)
+
+            reply = self._run(part.args, sub, extra, first=part.node)
             if not isinstance(reply, list):
                 raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
             return reply
-        sink = BufferSink.of(into, len(keys))
-        reply = self._run(args, sink, extra)
-        return sink.finish(reply)
+
+        if len(parts) == 1:
+            replies = [one(parts[0])]
+        else:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max(2, len(self.nodes)), thread_name_prefix="kvtier-read")
+            futures = [self._executor.submit(one, p) for p in parts]
+            # Every part runs to its end before an error is raised, so no part
+            # is still writing into the sink when a retry starts.
+            errors = [f.exception() for f in futures]
+            for e in errors:
+                if e is not None:
+                    raise e
+            replies = [f.result() for f in futures]
+        n = cmd.merge_prefix(nkeys, parts, replies, max_bytes)
+        merged: dict[int, Any] = {}
+        for part, reply in zip(parts, replies):
+            merged.update(zip(part.positions, reply))
+        return [merged[i] for i in range(n)]
 
     def put_chain(
         self,
@@ -259,13 +335,19 @@ class Client:
                 self._extra[node] = self._make_pool(node)
             return self._extra[node]
 
-    def _run(self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float) -> object:
+    def _run(
+        self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float, first: Optional[Node] = None
+    ) -> object:
         buffers = encode_command(args)
         errors: list[str] = []
         timed_out = False
         tryagain = 0
         order = self._order()
         targets: list[Union[int, Node]] = list(order)
+        if first is not None:
+            if first in self.nodes:
+                targets.remove(self.nodes.index(first))
+            targets.insert(0, first)
         while targets:
             target = targets.pop(0)
             if isinstance(target, int):

@@ -231,74 +231,82 @@ class _ChunkSink:
     MemoryObj of the stored shapes and then hands out that object's buffer,
     so the KV bytes go from the socket straight into LMCache's memory. The
     first value that fails a check, or that no memory can be allocated for,
-    ends the prefix: it and every later value are read and dropped.
+    ends the prefix: later values are read and dropped. Values may arrive
+    out of order (one reply per cluster node) and again (a retry).
     """
 
     def __init__(self, connector: KvtierConnector, keys: list[str]) -> None:
         self.connector = connector
         self.codec = connector.codec
         self.keys = keys
-        self.objs: list[MemoryObj] = []
-        self.crcs: list[tuple[int, int]] = []
-        self.broken = False
+        self.objs: dict[int, MemoryObj] = {}
+        self.crcs: dict[int, tuple[int, int]] = {}
+        self.first_bad = len(keys)
 
     def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
-        if self.broken or index != len(self.objs):
-            self.broken = True
+        old = self.objs.pop(index, None)
+        if old is not None:  # the same value again (a retry)
+            old.ref_count_down()
+        if index >= self.first_bad:
             return ()
         return self._fill(index, length)
+
+    def _broken(self, index: int) -> None:
+        self.first_bad = min(self.first_bad, index)
 
     def _fill(self, index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
         codec = self.codec
         if length < codec.header_len:
             codec._bad(self.keys[index], "value of %d bytes is shorter than a header" % length)
-            self.broken = True
+            self._broken(index)
             return
         head = bytearray(codec.header_len)
         yield head
         checked = codec.check(self.keys[index], head, length)
         if checked is None:
-            self.broken = True
+            self._broken(index)
             return
         meta, crc, flags = checked
         obj = self.connector._allocate(meta)
         if obj is None:
             logger.warning("kvtier: no memory for %s; the prefix ends before it", self.keys[index])
-            self.broken = True
+            self._broken(index)
             return
         view = writable_view(obj.byte_array)
         if view.nbytes < meta.length:
             obj.ref_count_down()
             codec._bad(self.keys[index], "allocated buffer is smaller than the chunk")
-            self.broken = True
+            self._broken(index)
             return
-        self.objs.append(obj)
-        self.crcs.append((crc, flags))
+        self.objs[index] = obj
+        self.crcs[index] = (crc, flags)
         yield view[: meta.length]
 
     def result(self, lengths: Sequence[int]) -> list[MemoryObj]:
-        """The verified leading run; everything after the first bad one is freed."""
+        """The verified leading run; everything else is freed."""
         good: list[MemoryObj] = []
-        n = min(len(lengths), len(self.objs))
-        for i, obj in enumerate(self.objs):
-            ok = i < n and len(good) == i
-            if ok:
-                crc, flags = self.crcs[i]
-                if flags & FLAG_CRC:
-                    length = lengths[i] - self.codec.header_len
-                    if zlib.crc32(writable_view(obj.byte_array)[:length]) != crc:
-                        self.codec._bad(self.keys[i], "CRC32 mismatch")
-                        ok = False
-            if ok:
-                good.append(obj)
-            else:
+        for i in range(min(len(lengths), self.first_bad)):
+            obj = self.objs.get(i)
+            if obj is None:
+                break
+            crc, flags = self.crcs[i]
+            if flags & FLAG_CRC:
+                payload = writable_view(obj.byte_array)[: lengths[i] - self.codec.header_len]
+                if zlib.crc32(payload) != crc:
+                    self.codec._bad(self.keys[i], "CRC32 mismatch")
+                    break
+            good.append(obj)
+        kept = {id(o) for o in good}
+        for obj in self.objs.values():
+            if id(obj) not in kept:
                 obj.ref_count_down()
+        self.objs = {}
         return good
 
     def release(self) -> None:
-        for obj in self.objs:
+        for obj in self.objs.values():
             obj.ref_count_down()
-        self.objs = []
+        self.objs = {}
 
 
 class KvtierConnector(RemoteConnector):

@@ -341,18 +341,20 @@ def _tensor_view(t: Any) -> memoryview:
 
 
 class _PageSink:
-    """Receives value ``i`` into page ``i``'s buffers after checking its header."""
+    """Receives value ``i`` into page ``i``'s buffers after checking its header
+    (values may arrive out of order, one reply per cluster node, and again
+    on a retry)."""
 
     def __init__(self, owner: KvtierHiCacheStorage, keys: list[str], pages: list[list[memoryview]]) -> None:
         self.owner = owner
         self.keys = keys
         self.pages = pages
-        self.crcs: list[tuple[int, int]] = []
-        self.broken = False
+        self.crcs: dict[int, tuple[int, int]] = {}
+        self.first_bad = len(keys)
 
     def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
-        if self.broken or index != len(self.crcs):
-            self.broken = True
+        self.crcs.pop(index, None)
+        if index >= self.first_bad:
             return ()
         return self._fill(index, length)
 
@@ -360,21 +362,22 @@ class _PageSink:
         expect = sum(v.nbytes for v in self.pages[index])
         if length < _HEADER.size:
             logger.warning("kvtier: treating %s as a miss: %d-byte value", self.keys[index], length)
-            self.broken = True
+            self.first_bad = min(self.first_bad, index)
             return
         head = bytearray(_HEADER.size)
         yield head
         checked = self.owner._check(self.keys[index], bytes(head), length, expect)
         if checked is None:
-            self.broken = True
+            self.first_bad = min(self.first_bad, index)
             return
-        self.crcs.append(checked)
+        self.crcs[index] = checked
         yield from self.pages[index]
 
     def verified(self, lengths: Sequence[int]) -> int:
         """How many leading pages arrived whole and passed their CRC."""
-        n = min(len(lengths), len(self.crcs))
-        for i in range(n):
+        for i in range(min(len(lengths), self.first_bad)):
+            if i not in self.crcs:
+                return i
             crc, flags = self.crcs[i]
             if flags & FLAG_CRC:
                 got = 0
@@ -383,4 +386,4 @@ class _PageSink:
                 if got != crc:
                     logger.warning("kvtier: treating %s as a miss: CRC32 mismatch", self.keys[i])
                     return i
-        return n
+        return min(len(lengths), self.first_bad)

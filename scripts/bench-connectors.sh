@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# LMCache's remote connectors side by side in one run, through LMCache 0.5.6's
+# own RemoteBackend (CPU): its redis:// connector on redis-server 7, the
+# kvtier plugin on kvtier, LMCache's resp:// native connector on kvtier, and
+# redis:// on kvtier; 64-chunk prompts of 32 MiB and 2 MiB chunks. Prints
+# lookup latency, store/retrieve GB/s and the Python process's CPU per GB,
+# with ratios; then, on a three-node kvtier cluster, server coordination
+# against client-side splitting. Compare ratios, not absolute numbers across
+# runs: the machine is shared and noisy.
+#
+#   scripts/bench-connectors.sh                  # both chunk sizes
+#   CHUNK_TOKENS=16 REPS=1 scripts/bench-connectors.sh   # quick look
+#
+# Environment: KVTIER_BIN (default target/release/kvtier-server, built when
+# missing), REPS (3), LOOKUPS (30), CHUNK_TOKENS ("256,16"), MAXMEMORY (4gb,
+# both servers), OUT (file for the output, default stdout only).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+cd "$(dirname "$0")/.."
+REPS=${REPS:-3}
+LOOKUPS=${LOOKUPS:-30}
+CHUNK_TOKENS=${CHUNK_TOKENS:-256,16}
+MAXMEMORY=${MAXMEMORY:-4gb}
+BIN=${KVTIER_BIN:-target/release/kvtier-server}
+if [[ ! -x $BIN ]]; then
+    cargo build --release -q -p kvtier-server
+fi
+command -v redis-server >/dev/null || { echo "missing redis-server (apt-get install redis-server)"; exit 1; }
+
+VENV=$(tests/connectors/venv.sh)
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+wait_port() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "port $1 did not answer"; exit 1; }
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+    --maxmemory "$MAXMEMORY" --maxmemory-policy allkeys-lru >/dev/null 2>&1 &
+PIDS+=($!)
+KV_PORT=$(free_port)
+"$BIN" --port "$KV_PORT" --metrics-addr none --maxmemory "$MAXMEMORY" >/dev/null 2>&1 &
+PIDS+=($!)
+C1=$(free_port); C2=$(free_port); C3=$(free_port)
+MEMBERS="n1@127.0.0.1:$C1,n2@127.0.0.1:$C2,n3@127.0.0.1:$C3"
+for i in 1 2 3; do
+    port_var=C$i
+    "$BIN" --port "${!port_var}" --threads 1 --metrics-addr none --maxmemory 1gb \
+        --cluster-nodes "$MEMBERS" --node-id "n$i" >/dev/null 2>&1 &
+    PIDS+=($!)
+done
+for p in "$REDIS_PORT" "$KV_PORT" "$C1" "$C2" "$C3"; do wait_port "$p"; done
+
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(redis-server --version | cut -d' ' -f1-3), kvtier $("$BIN" --version | cut -d' ' -f2), lmcache $("$VENV/bin/python" -c 'import lmcache; print(lmcache.__version__)'), $(nproc) cores"
+echo "# command: REPS=$REPS LOOKUPS=$LOOKUPS CHUNK_TOKENS=$CHUNK_TOKENS scripts/bench-connectors.sh"
+run() {
+    "$VENV/bin/python" tests/connectors/bench_connectors.py \
+        --redis "127.0.0.1:$REDIS_PORT" --kvtier "127.0.0.1:$KV_PORT" \
+        --cluster "127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
+        --reps "$REPS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" 2> >(grep -v ' INFO' >&2)
+}
+if [[ -n ${OUT:-} ]]; then
+    run | tee "$OUT"
+else
+    run
+fi
