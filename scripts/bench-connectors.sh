@@ -4,15 +4,16 @@
 # kvtier plugin on kvtier, LMCache's resp:// native connector on kvtier, and
 # redis:// on kvtier; 64-chunk prompts of 32 MiB and 2 MiB chunks. Prints
 # lookup latency, store/retrieve GB/s and the Python process's CPU per GB,
-# with ratios; then, on a three-node kvtier cluster, server coordination
-# against client-side splitting. Compare ratios, not absolute numbers across
+# with ratios; then, on a three-node kvtier cluster (hot-key copies off, so
+# the coordination itself is measured), a node coordinating every command
+# against the client's default (reads split by owner, batches striped). Compare ratios, not absolute numbers across
 # runs: the machine is shared and noisy.
 #
 #   scripts/bench-connectors.sh                  # both chunk sizes
 #   CHUNK_TOKENS=16 REPS=1 scripts/bench-connectors.sh   # quick look
 #
 # Environment: KVTIER_BIN (default target/release/kvtier-server, built when
-# missing), REPS (3), LOOKUPS (30), CHUNK_TOKENS ("256,16"), MAXMEMORY (4gb,
+# missing), REPS (3), LOOKUPS (30), CHUNK_TOKENS ("256,16"), MAXMEMORY (6gb,
 # both servers), OUT (file for the output, default stdout only).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
 LOOKUPS=${LOOKUPS:-30}
 CHUNK_TOKENS=${CHUNK_TOKENS:-256,16}
-MAXMEMORY=${MAXMEMORY:-4gb}
+MAXMEMORY=${MAXMEMORY:-6gb}
 BIN=${KVTIER_BIN:-target/release/kvtier-server}
 if [[ ! -x $BIN ]]; then
     cargo build --release -q -p kvtier-server
@@ -48,7 +49,7 @@ MEMBERS="n1@127.0.0.1:$C1,n2@127.0.0.1:$C2,n3@127.0.0.1:$C3"
 for i in 1 2 3; do
     port_var=C$i
     "$BIN" --port "${!port_var}" --threads 1 --metrics-addr none --maxmemory 1gb \
-        --cluster-nodes "$MEMBERS" --node-id "n$i" >/dev/null 2>&1 &
+        --cluster-nodes "$MEMBERS" --node-id "n$i" --hot-key-threshold 0 >/dev/null 2>&1 &
     PIDS+=($!)
 done
 for p in "$REDIS_PORT" "$KV_PORT" "$C1" "$C2" "$C3"; do wait_port "$p"; done

@@ -330,3 +330,34 @@ def test_cluster_reads_are_split_by_owner(cluster_nodes: list[Server]) -> None:
         await a.close()
 
     asyncio.run(run())
+
+
+def test_large_batches_are_striped_and_merged(server: Server) -> None:
+    """A large put/get goes out as up to 4 commands on parallel connections;
+    the answer is the one a single command gives (holes in any stripe)."""
+    c = server.client()
+    one = server.client(stripes=1)
+    keys = ["st%d" % i for i in range(40)]
+    values = [os.urandom(300_000) for _ in keys]  # 12 MB: striped
+    server.client().execute("CONFIG", "RESETSTAT")
+    assert c.put_chain(keys, values) == [1] * 40
+    assert server.commandstats().get("msetblock") == 4
+    assert c.put_chain(keys, values) == [0] * 40
+    server.client().execute("CONFIG", "RESETSTAT")
+    assert c.get_prefix(keys) == values
+    assert server.commandstats().get("mgetprefix") == 4
+    for hole in (3, 25, 39):
+        c.execute("DEL", keys[hole])
+        dest = [bytearray(300_000) for _ in keys]
+        assert c.get_prefix(keys, into=dest) == one.get_prefix(keys, into=dest) == [300_000] * hole
+        assert c.prefix_len(keys) == hole
+        c.put_chain([keys[hole]], [values[hole]])
+
+    async def run() -> None:
+        a = kvtier.AsyncClient(server.addr)
+        assert await a.get_prefix(keys) == values
+        c.execute("DEL", keys[17])
+        assert len(await a.get_prefix(keys)) == 17
+        await a.close()
+
+    asyncio.run(run())

@@ -94,17 +94,26 @@ def test_lookup_is_one_prefixlen_and_no_exists(worker: Worker, server: Server) -
     assert stats.get("prefixlen") == 1 and "exists" not in stats, stats
 
 
-def test_fetch_is_one_mgetprefix_and_store_one_msetblock(worker: Worker, server: Server) -> None:
-    keys = worker.keys(8)
-    server.client().execute("CONFIG", "RESETSTAT")
-    worker.store(keys, [worker.chunk(i) for i in range(8)])
-    got = worker.backend.batched_get_blocking(keys)
-    stats = server.commandstats()
-    assert stats.get("msetblock") == 1 and stats.get("mgetprefix") == 1, stats
-    assert not {"get", "set", "mget", "exists"} & set(stats), stats
-    for g in got:
-        assert g is not None
-        g.ref_count_down()
+@pytest.mark.parametrize("stripes", [1, 4])
+def test_fetch_is_mgetprefix_and_store_msetblock(server: Server, stripes: int) -> None:
+    """stripes=1: one MGETPREFIX and one MSETBLOCK for the batch; the default
+    spreads a large batch over up to 4 connections, still with no per-chunk
+    GET/SET/EXISTS."""
+    w = Worker(plugin_config(server.url, chunk_size=256, stripes=stripes), metadata(chunk_size=256))
+    try:
+        keys = w.keys(32)  # 32 x 256 KiB: large enough to be striped
+        server.client().execute("CONFIG", "RESETSTAT")
+        w.store(keys, [w.chunk(i) for i in range(32)])
+        got = w.backend.batched_get_blocking(keys)
+        stats = server.commandstats()
+        assert stats.get("msetblock") == stripes and stats.get("mgetprefix") == stripes, stats
+        assert not {"get", "set", "mget", "exists"} & set(stats), stats
+        assert all(g is not None and same_bytes(g, o) for g, o in zip(got, w.made))
+        for g in got:
+            assert g is not None
+            g.ref_count_down()
+    finally:
+        w.close()
 
 
 def test_non_blocking_get_returns_the_leading_run_only(worker: Worker) -> None:

@@ -126,7 +126,7 @@ def test_set_exists_get_byte_exact(server: Server, pool: HostPoolStandIn) -> Non
 
 
 def test_one_command_each(server: Server, pool: HostPoolStandIn) -> None:
-    backend = make_backend(server.url, pool)
+    backend = make_backend(server.url, pool, stripes=1)
     keys = hashes(8)
     server.client().execute("CONFIG", "RESETSTAT")
     backend.batch_set_v1(keys, pool.indices(list(range(8))))

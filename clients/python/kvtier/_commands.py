@@ -194,11 +194,68 @@ def parse_cluster_slots(reply: object) -> Optional[list[Node]]:
 
 @dataclass
 class ReadPart:
-    """The keys of one node, by their positions in the caller's list."""
+    """Some of the keys, by their positions in the caller's list, and the
+    node to ask (None: any)."""
 
-    node: Node
+    node: Optional[Node]
     positions: list[int]
     args: list[Arg]
+
+
+#: Large batches go over this many connections at once: one connection is
+#: served by one server thread, so a 64-chunk read or write on a single
+#: connection leaves the server's other cores idle (docs/connectors.md).
+STRIPES = 4
+#: A batch is striped only with at least this many keys per stripe, and a
+#: write only when it carries at least STRIPE_MIN_BYTES.
+STRIPE_MIN_KEYS = 4
+STRIPE_MIN_BYTES = 8 << 20
+
+
+def stripe_ranges(n: int, stripes: int) -> list[range]:
+    """``n`` positions cut into at most ``stripes`` contiguous ranges."""
+    k = max(1, min(stripes, n // STRIPE_MIN_KEYS))
+    bounds = [n * i // k for i in range(k + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def stripe_mgetprefix(keys: Sequence[Key], node: Optional[Node], stripes: int) -> list[ReadPart]:
+    """One ``MGETPREFIX`` per contiguous range of the keys, all to ``node``."""
+    return [
+        ReadPart(node, list(r), mgetprefix_args([keys[i] for i in r]))
+        for r in stripe_ranges(len(keys), stripes)
+    ]
+
+
+def value_nbytes(value: Value) -> int:
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, memoryview):
+        return value.nbytes
+    return sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in value)
+
+
+def stripe_msetblock(
+    keys: Sequence[Key],
+    values: Sequence[Value],
+    parent: Optional[Key],
+    replace: bool,
+    chain: bool,
+    ex: Optional[int],
+    px: Optional[int],
+    stripes: int,
+) -> list[tuple[range, list[Arg]]]:
+    """One ``MSETBLOCK`` per contiguous range; with ``CHAIN`` each range names
+    the key before it as ``PARENT``, so the links are those of one call."""
+    total = sum(value_nbytes(v) for v in values)
+    ranges = stripe_ranges(len(keys), stripes) if total >= STRIPE_MIN_BYTES else [range(len(keys))]
+    parts = []
+    for r in ranges:
+        p = (keys[r.start - 1] if r.start else parent) if chain else None
+        parts.append(
+            (r, msetblock_args([keys[i] for i in r], [values[i] for i in r], p, replace, chain, ex, px))
+        )
+    return parts
 
 
 def split_mgetprefix(

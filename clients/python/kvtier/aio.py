@@ -188,9 +188,11 @@ class AsyncClient:
         connect_timeout: float = 5.0,
         max_idle: int = 16,
         split_reads: bool = True,
+        stripes: int = cmd.STRIPES,
     ) -> None:
         self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
         self.split_reads = split_reads
+        self.stripes = stripes
         self._slots: Optional[list[Node]] = None
         self._slots_read_at = float("-inf")
         self._not_cluster = False
@@ -276,10 +278,9 @@ class AsyncClient:
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
         sink = None if into is None else BufferSink.of(into, len(keys))
-        owners = await self._owners()
         reply: object = None
-        if owners is not None:
-            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+        parts = await self._read_parts(keys, max_bytes, block_ms, min)
+        if parts is not None:
             try:
                 reply = await self._split_get(len(keys), parts, sink, max_bytes, extra)
             except (ConnectionError, TimeoutError, ResponseError):
@@ -291,6 +292,27 @@ class AsyncClient:
         if not isinstance(reply, list):
             raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
         return reply
+
+    async def _read_parts(
+        self,
+        keys: Sequence[Key],
+        max_bytes: Optional[int],
+        block_ms: Optional[int],
+        min: Optional[int],  # noqa: A002
+    ) -> Optional[list[cmd.ReadPart]]:
+        """See :meth:`kvtier.Client._read_parts`."""
+        owners = await self._owners()
+        simple = max_bytes is None and block_ms is None and self.stripes > 1
+        if owners is not None:
+            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+            if len(parts) == 1 and simple:
+                return cmd.stripe_mgetprefix(keys, parts[0].node, self.stripes)
+            return parts
+        if simple:
+            parts = cmd.stripe_mgetprefix(keys, None, self.stripes)
+            if len(parts) > 1:
+                return parts
+        return None
 
     async def _owners(self) -> Optional[list[Node]]:
         """See :meth:`kvtier.Client._owners`."""
@@ -352,8 +374,19 @@ class AsyncClient:
         px: Optional[int] = None,
     ) -> list[int]:
         """See :meth:`kvtier.Client.put_chain`."""
-        args = cmd.msetblock_args(keys, values, parent, replace, chain, ex, px)
-        return cmd.int_list_reply(await self.execute(*args), len(keys))
+        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
+        if len(parts) == 1:
+            return cmd.int_list_reply(await self.execute(*parts[0][1]), len(keys))
+        results = await asyncio.gather(
+            *(self._run(args, None, 0.0) for _, args in parts), return_exceptions=True
+        )
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        codes: list[int] = []
+        for (r, _), res in zip(parts, results):
+            codes += cmd.int_list_reply(res, len(r))
+        return codes
 
     async def execute(self, *args: Arg) -> object:
         """Sends any command and returns its parsed reply."""

@@ -77,6 +77,10 @@ class Client:
     (``CLUSTER SLOTS``, every few seconds) and asks each owner for its own
     keys in parallel, merging the prefix exactly as the server would.
 
+    Large batches are striped: a 64-key read or write goes out as up to
+    ``stripes`` commands over as many connections in parallel (one
+    connection is served by one server thread), merged into one answer.
+
     Connections come from one redis-py ``ConnectionPool`` per node (AUTH,
     TLS, timeouts); :attr:`redis` is a plain ``redis.Redis`` for every other
     command.
@@ -93,10 +97,12 @@ class Client:
         connect_timeout: float = 5.0,
         max_connections: Optional[int] = None,
         split_reads: bool = True,
+        stripes: int = cmd.STRIPES,
         **connection_kwargs: Any,
     ) -> None:
         self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
         self.split_reads = split_reads
+        self.stripes = stripes
         self._slots: Optional[list[Node]] = None
         self._slots_read_at = float("-inf")
         self._not_cluster = False
@@ -209,10 +215,9 @@ class Client:
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
         sink = None if into is None else BufferSink.of(into, len(keys))
-        owners = self._owners()
         reply: object = None
-        if owners is not None:
-            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+        parts = self._read_parts(keys, max_bytes, block_ms, min)
+        if parts is not None:
             try:
                 reply = self._split_get(len(keys), parts, sink, max_bytes, extra)
             except (ConnectionError, TimeoutError, ResponseError):
@@ -224,6 +229,27 @@ class Client:
         if not isinstance(reply, list):
             raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
         return reply
+
+    def _read_parts(
+        self,
+        keys: Sequence[Key],
+        max_bytes: Optional[int],
+        block_ms: Optional[int],
+        min: Optional[int],  # noqa: A002
+    ) -> Optional[list[cmd.ReadPart]]:
+        """How to send an ``MGETPREFIX``: per owner, striped, or (None) as one."""
+        owners = self._owners()
+        simple = max_bytes is None and block_ms is None and self.stripes > 1
+        if owners is not None:
+            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+            if len(parts) == 1 and simple:
+                return cmd.stripe_mgetprefix(keys, parts[0].node, self.stripes)
+            return parts
+        if simple:
+            parts = cmd.stripe_mgetprefix(keys, None, self.stripes)
+            if len(parts) > 1:
+                return parts
+        return None
 
     def _owners(self) -> Optional[list[Node]]:
         """The cluster's slot owners (cached), or None for a single server."""
@@ -263,9 +289,7 @@ class Client:
         if len(parts) == 1:
             replies = [one(parts[0])]
         else:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max(2, len(self.nodes)), thread_name_prefix="kvtier-read")
-            futures = [self._executor.submit(one, p) for p in parts]
+            futures = [self._parallel().submit(one, p) for p in parts]
             # Every part runs to its end before an error is raised, so no part
             # is still writing into the sink when a retry starts.
             errors = [f.exception() for f in futures]
@@ -297,8 +321,24 @@ class Client:
         are kept unless ``replace``. Returns one code per block: 1 stored,
         0 already present, -1 not stored (see docs/commands.md).
         """
-        args = cmd.msetblock_args(keys, values, parent, replace, chain, ex, px)
-        return cmd.int_list_reply(self.execute(*args), len(keys))
+        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
+        if len(parts) == 1:
+            return cmd.int_list_reply(self.execute(*parts[0][1]), len(keys))
+        futures = [self._parallel().submit(self._run, args, None, 0.0) for _, args in parts]
+        errors = [f.exception() for f in futures]
+        for e in errors:
+            if e is not None:
+                raise e
+        codes: list[int] = []
+        for (r, _), f in zip(parts, futures):
+            codes += cmd.int_list_reply(f.result(), len(r))
+        return codes
+
+    def _parallel(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            workers = max(2, self.stripes, len(self.nodes))
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="kvtier")
+        return self._executor
 
     def scan_keys(self, pattern: str = "*", count: int = 1000) -> list[str]:
         """Every key matching ``pattern`` on every node (``SCAN`` is per node,

@@ -84,6 +84,8 @@ DEFAULTS: dict[str, Any] = {
     "ttl": 0,
     "socket_timeout": 30.0,
     "connect_timeout": 5.0,
+    # Connections a large fetch or store is spread over (1: one command).
+    "stripes": 4,
 }
 
 
@@ -330,12 +332,13 @@ class KvtierConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.metadata = metadata
         self.codec = ChunkCodec(self)
-        timeouts = dict(
+        settings: dict[str, Any] = dict(
             socket_timeout=float(self.options["socket_timeout"]),
             connect_timeout=float(self.options["connect_timeout"]),
+            stripes=int(self.options["stripes"]),
         )
-        self.client = Client.from_url(url, **timeouts)
-        self.aclient = AsyncClient.from_url(url, **timeouts)
+        self.client = Client.from_url(url, **settings)
+        self.aclient = AsyncClient.from_url(url, **settings)
         self.ttl = int(self.options["ttl"]) or None
         self.agreement_ranks = self._agreement_ranks(config, metadata)
         self.agreement_ttl_ms = int(self.options["tp_agreement_ttl_ms"])

@@ -81,7 +81,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     ``extra_config`` options: ``url`` (``kvtier://host:port[,host:port]``,
     required), ``checksum`` (writers add a CRC32 that readers verify; default
-    false), ``ttl`` (seconds; default none), ``socket_timeout``,
+    false), ``ttl`` (seconds; default none), ``stripes`` (connections a
+    large batch is spread over; default 4), ``socket_timeout``,
     ``connect_timeout``.
     """
 
@@ -95,6 +96,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             str(url),
             socket_timeout=float(extra.get("socket_timeout", 30.0)),
             connect_timeout=float(extra.get("connect_timeout", 5.0)),
+            stripes=int(extra.get("stripes", 4)),
         )
         self.checksum = str(extra.get("checksum", "false")).lower() in ("1", "true", "yes", "on")
         self.ttl = int(extra.get("ttl", 0)) or None
