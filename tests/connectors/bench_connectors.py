@@ -247,14 +247,17 @@ def cluster_bench(nodes: list[str], reps: int) -> dict[str, Any]:
 
     for c in (coordinated, default):  # warm: connections, slot map
         c.get_prefix(keys, into=dest)
+    def rounds(name: str, c: kvtier.Client) -> None:
+        for _ in range(10):
+            timed(name + "_lookup", lambda: c.prefix_len(keys))
+        timed(name + "_fetch", lambda: c.get_prefix(keys, into=dest))
+        for n in nodes:
+            kvtier.Client(n).execute("FLUSHALL")
+        timed(name + "_store", lambda: c.put_chain(keys, [value] * CHUNKS))
+
     for _ in range(max(5, reps * 3)):
-        for name, c in (("coordinated", coordinated), ("client", default)):
-            for _ in range(10):
-                timed(name + "_lookup", lambda c=c: c.prefix_len(keys))
-            timed(name + "_fetch", lambda c=c: c.get_prefix(keys, into=dest))
-            for n in nodes:
-                kvtier.Client(n).execute("FLUSHALL")
-            timed(name + "_store", lambda c=c: c.put_chain(keys, [value] * CHUNKS))
+        rounds("coordinated", coordinated)
+        rounds("client", default)
     med = {k: statistics.median(v) for k, v in timings.items()}
     return {
         "coordinated_lookup_ms": med["coordinated_lookup"] * 1e3,
