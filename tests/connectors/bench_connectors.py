@@ -247,6 +247,7 @@ def cluster_bench(nodes: list[str], reps: int) -> dict[str, Any]:
 
     for c in (coordinated, default):  # warm: connections, slot map
         c.get_prefix(keys, into=dest)
+
     def rounds(name: str, c: kvtier.Client) -> None:
         for _ in range(10):
             timed(name + "_lookup", lambda: c.prefix_len(keys))
