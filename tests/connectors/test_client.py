@@ -361,3 +361,27 @@ def test_large_batches_are_striped_and_merged(server: Server) -> None:
         await a.close()
 
     asyncio.run(run())
+
+
+def test_idle_connections_closed_by_the_server_are_replaced(tmp_path: Path) -> None:
+    from conftest import start_kvtier
+
+    s = start_kvtier(tmp_path / "idle.log", "--timeout", "1")
+    try:
+        c = s.client()
+        c.put_chain(["i"], [b"I"])
+
+        async def run() -> None:
+            a = kvtier.AsyncClient(s.addr)
+            assert await a.get_prefix(["i"]) == [b"I"]
+            await asyncio.sleep(2.5)
+            assert await a.get_prefix(["i"]) == [b"I"]
+            await a.close()
+
+        assert c.prefix_len(["i"]) == 1
+        time.sleep(2.5)  # the server drops both clients' idle connections
+        assert c.prefix_len(["i"]) == 1
+        assert c.get_prefix(["i"], into=[bytearray(1)]) == [1]
+        asyncio.run(run())
+    finally:
+        s.stop()

@@ -40,6 +40,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._can_write: Optional[asyncio.Future[None]] = None
         self._junk = bytearray(4096)
         self.closed = False
+        #: Bytes of the current reply received so far.
+        self.received = 0
 
     # asyncio callbacks
 
@@ -61,6 +63,7 @@ class _Connection(asyncio.BufferedProtocol):
         if parser is None:
             self._fail(ProtocolError("data arrived with no command in flight"))
             return
+        self.received += nbytes
         try:
             parser.advance(nbytes)
         except BaseException as e:
@@ -115,6 +118,7 @@ class _Connection(asyncio.BufferedProtocol):
             raise ConnectionError("connection is closed")
         parser = ReplyParser(sink)
         loop = asyncio.get_running_loop()
+        self.received = 0
         self._parser = parser
         self._waiter = waiter = loop.create_future()
 
@@ -150,12 +154,13 @@ class _NodePool:
         self.client = client
         self.idle: list[_Connection] = []
 
-    async def acquire(self) -> _Connection:
+    async def acquire(self) -> tuple[_Connection, bool]:
+        """A connection, and whether it was reused from the idle list."""
         while self.idle:
             conn = self.idle.pop()
             if not conn.closed:
-                return conn
-        return await self.client._connect(self.node)
+                return conn, True
+        return await self.client._connect(self.node), False
 
     def release(self, conn: _Connection) -> None:
         if not conn.closed and len(self.idle) < self.client.max_idle:
@@ -436,7 +441,7 @@ class AsyncClient:
             if pool is None:
                 pool = self._pools[node] = _NodePool(node, self)
             try:
-                conn = await pool.acquire()
+                conn, reused = await pool.acquire()
             except ConnectionError as e:
                 errors.append(str(e))
                 self._down_until[node] = time.monotonic() + NODE_RETRY_AFTER
@@ -452,6 +457,14 @@ class AsyncClient:
                 if str(e).startswith("TRYAGAIN") and tryagain + 1 < TRYAGAIN_TRIES:
                     tryagain += 1
                     await asyncio.sleep(TRYAGAIN_PAUSE)
+                    targets.insert(0, node)
+                    continue
+                raise
+            except ConnectionError:
+                conn.close()
+                if reused and not conn.received:
+                    # An idle connection the server had closed: nothing was
+                    # answered, and every dialect command is idempotent.
                     targets.insert(0, node)
                     continue
                 raise

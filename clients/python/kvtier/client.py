@@ -449,6 +449,12 @@ class Client:
             while not parser.done:
                 n = sock.recv_into(parser.buffer())
                 if n == 0:
+                    if not received:
+                        # Closed before any reply (an idle connection the
+                        # server timed out): every dialect command is
+                        # idempotent, so it is sent again on another one.
+                        conn.disconnect()
+                        raise _Retry(ConnectionError("the server closed the connection"))
                     raise ConnectionError("the server closed the connection")
                 received = True
                 parser.advance(n)
@@ -457,7 +463,7 @@ class Client:
         except builtins.TimeoutError:
             conn.disconnect()
             raise TimeoutError("no reply within %.1fs" % (self.socket_timeout + extra_timeout)) from None
-        except (ProtocolError, ConnectionError):
+        except (ProtocolError, ConnectionError, _Retry):
             conn.disconnect()
             raise
         except OSError as e:
