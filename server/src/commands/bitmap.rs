@@ -3,6 +3,8 @@
 //! Redis 7's semantics (bit 0 is the most significant bit of byte 0; a
 //! string grows with zero bytes; offsets and ranges as Redis checks them).
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use kvtier_protocol::Reply;
 use kvtier_store::{now_ms, Encoding, Store};
@@ -111,6 +113,7 @@ pub const COMMANDS: &[CommandSpec] = &[
 /// deleted when every source is empty), as Redis does.
 fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         #[derive(Clone, Copy, PartialEq)]
         enum Op {
             And,

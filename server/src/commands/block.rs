@@ -179,6 +179,7 @@ pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOption
 
 fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let (n, end) = match parse_count(&args, 2, "numblocks") {
             Ok(found) => found,
             Err(e) => return e,
@@ -326,39 +327,59 @@ enum Watch {
     Register { waiter: Waiter, below: usize },
 }
 
-/// Values of `keys` (None where absent), read in parallel on their shards
+/// The keys of a prefix read: arguments `first..end` of a shared argument
+/// list, so the shard jobs read the keys where they are (no per-key clone).
+#[derive(Clone)]
+struct PrefixKeys {
+    args: Arc<Args>,
+    first: usize,
+    end: usize,
+}
+
+impl PrefixKeys {
+    fn len(&self) -> usize {
+        self.end - self.first
+    }
+
+    /// Key positions (from 0) with their argument index, grouped by shard.
+    fn per_shard(&self, shard: &Shard, count: usize) -> Vec<Vec<(usize, usize)>> {
+        let mut per_shard: Vec<Vec<(usize, usize)>> =
+            (0..shard.count()).map(|_| Vec::new()).collect();
+        for (pos, i) in (self.first..self.first + count).enumerate() {
+            per_shard[shard.owner_of(self.args.slot(i))].push((pos, i));
+        }
+        per_shard
+    }
+}
+
+/// Values of the keys (None where absent), read in parallel on their shards
 /// without touching them. Each shard stops at its own first miss: nothing
 /// after it can be part of the prefix.
 async fn read_values(
     shard: &Rc<Shard>,
-    keys: &[(Bytes, u16)],
+    keys: &PrefixKeys,
     watch: Watch,
 ) -> Option<Vec<Option<Fetched>>> {
-    let mut per_shard: Vec<Vec<(usize, Bytes, u16)>> =
-        (0..shard.count()).map(|_| Vec::new()).collect();
-    for (pos, (key, slot)) in keys.iter().enumerate() {
-        per_shard[shard.owner_of(*slot)].push((pos, key.clone(), *slot));
-    }
     let mut pending = Vec::new();
-    for (target, work) in per_shard.into_iter().enumerate() {
+    for (target, work) in keys.per_shard(shard, keys.len()).into_iter().enumerate() {
         if work.is_empty() {
             continue;
         }
-        let watch = watch.clone();
+        let (watch, args) = (watch.clone(), Arc::clone(&keys.args));
         pending.push(shard.call(target, move |s| {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
             let mut out = Vec::with_capacity(work.len());
-            for (pos, key, slot) in work {
+            for (pos, i) in work {
                 // A spilled block's disk read starts here; the reply
                 // awaits it.
-                let value = store.fetch(slot, &key, now);
+                let value = store.fetch(args.slot(i), &args[i], now);
                 let missing = value.is_none();
                 out.push((pos, value));
                 match &watch {
                     Watch::No if missing => break,
                     Watch::Register { waiter, below } if missing && pos < *below => {
-                        store.watch(&key, waiter.clone());
+                        store.watch(&args[i], waiter.clone());
                     }
                     _ => {}
                 }
@@ -390,30 +411,26 @@ fn leading(values: Vec<Option<Fetched>>, max_bytes: Option<u64>) -> Vec<Fetched>
     out
 }
 
-/// Counts the returned blocks as keyspace hits and, unless `touch` is false
-/// (CLIENT NO-TOUCH), as accessed: on their shards, without waiting.
-fn touch_returned(shard: &Rc<Shard>, keys: &[(Bytes, u16)], touch: bool) {
-    // Each key with the one returned before it.
-    type Work = Vec<(Bytes, u16, Option<Bytes>)>;
-    let mut per_shard: Vec<Work> = (0..shard.count()).map(|_| Vec::new()).collect();
-    for (pos, (key, slot)) in keys.iter().enumerate() {
-        let previous = pos.checked_sub(1).map(|p| keys[p].0.clone());
-        per_shard[shard.owner_of(*slot)].push((key.clone(), *slot, previous));
-    }
-    for (target, work) in per_shard.into_iter().enumerate() {
+/// Counts the first `count` blocks, returned, as keyspace hits and, unless
+/// `touch` is false (CLIENT NO-TOUCH), as accessed: on their shards,
+/// without waiting.
+fn touch_returned(shard: &Rc<Shard>, keys: &PrefixKeys, count: usize, touch: bool) {
+    for (target, work) in keys.per_shard(shard, count).into_iter().enumerate() {
         if work.is_empty() {
             continue;
         }
+        let (args, first) = (Arc::clone(&keys.args), keys.first);
         let job = move |s: &Shard| {
             let mut store = s.store.borrow_mut();
             let now = now_ms();
-            for (key, slot, previous) in work {
+            for (_, i) in work {
+                // Each block with the one returned before it.
                 let step = PrefixStep {
-                    previous: previous.as_deref(),
+                    previous: (i > first).then(|| &args[i - 1][..]),
                     room: u64::MAX,
                     touch,
                 };
-                store.count_prefix_hit(slot, &key, now, &step);
+                store.count_prefix_hit(args.slot(i), &args[i], now, &step);
             }
         };
         if target == shard.id {
@@ -428,27 +445,27 @@ fn touch_returned(shard: &Rc<Shard>, keys: &[(Bytes, u16)], touch: bool) {
 /// timeout, and when the client disconnects mid-wait.
 struct WatchGuard {
     shard: Rc<Shard>,
-    keys: Vec<(Bytes, u16)>,
+    keys: PrefixKeys,
+    /// How many leading keys have watches.
+    count: usize,
     id: u64,
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        let mut per_shard: Vec<Vec<Bytes>> = (0..self.shard.count()).map(|_| Vec::new()).collect();
-        for (key, slot) in self.keys.drain(..) {
-            per_shard[self.shard.owner_of(slot)].push(key);
-        }
         let id = self.id;
+        let per_shard = self.keys.per_shard(&self.shard, self.count);
         for (target, work) in per_shard.into_iter().enumerate() {
             if work.is_empty() {
                 continue;
             }
+            let args = Arc::clone(&self.keys.args);
             let _ = self.shard.post(
                 target,
                 Box::new(move |s: &Shard| {
                     let mut store = s.store.borrow_mut();
-                    for key in work {
-                        store.unwatch(&key, id);
+                    for (_, i) in work {
+                        store.unwatch(&args[i], id);
                     }
                 }),
             );
@@ -524,7 +541,11 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Ok(read) => read,
             Err(e) => return e,
         };
-        let keys: Vec<(Bytes, u16)> = (2..end).map(|i| (args[i].clone(), args.slot(i))).collect();
+        let keys = PrefixKeys {
+            args: Arc::new(args),
+            first: 2,
+            end,
+        };
         let shard = Rc::clone(&client.shard);
         let values = match block_ms {
             None => read_values(&shard, &keys, Watch::No).await,
@@ -537,7 +558,7 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             return gone();
         };
         let found = leading(values, max_bytes);
-        touch_returned(&shard, &keys[..found.len()], !client.no_touch);
+        touch_returned(&shard, &keys, found.len(), !client.no_touch);
         // Blocks still on disk are awaited by the connection; one that
         // fails its checksum ends the prefix there.
         Reply::PrefixOf(found.into_iter().map(value_reply).collect())
@@ -548,7 +569,7 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 /// present, waits (up to `timeout`) for writes of the missing ones.
 async fn blocking_read(
     shard: &Rc<Shard>,
-    keys: &[(Bytes, u16)],
+    keys: &PrefixKeys,
     min: usize,
     timeout: Duration,
 ) -> Option<Vec<Option<Fetched>>> {
@@ -564,7 +585,8 @@ async fn blocking_read(
     // register jobs in each shard's mailbox, still remove them.
     let _guard = WatchGuard {
         shard: Rc::clone(shard),
-        keys: keys[..min].to_vec(),
+        keys: keys.clone(),
+        count: min,
         id: waiter.id,
     };
     // Reading and registering happen in one step on each shard, so a write
@@ -609,25 +631,25 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             return syntax_error();
         }
         let shard = &client.shard;
-        let mut per_shard: Vec<Vec<(usize, Bytes, u16)>> =
-            (0..shard.count()).map(|_| Vec::new()).collect();
-        for (pos, i) in (2..end).enumerate() {
-            let slot = args.slot(i);
-            per_shard[shard.owner_of(slot)].push((pos, args[i].clone(), slot));
-        }
+        let keys = PrefixKeys {
+            args: Arc::new(args),
+            first: 2,
+            end,
+        };
         let mut pending = Vec::new();
-        for (target, work) in per_shard.into_iter().enumerate() {
+        for (target, work) in keys.per_shard(shard, n).into_iter().enumerate() {
             if work.is_empty() {
                 continue;
             }
+            let args = Arc::clone(&keys.args);
             // Each shard reports its first missing position (side-effect
             // free: no recency, no hit/miss counting).
             pending.push(shard.call(target, move |s| {
                 let mut store = s.store.borrow_mut();
                 let now = now_ms();
                 work.into_iter()
-                    .find(|(_, key, slot)| store.peek(*slot, key, now).is_none())
-                    .map(|(pos, _, _)| pos)
+                    .find(|&(_, i)| store.peek(args.slot(i), &args[i], now).is_none())
+                    .map(|(pos, _)| pos)
             }));
         }
         let mut prefix = n;
@@ -644,6 +666,7 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let (n, end) = match parse_count(&args, 1, "numkeys") {
             Ok(found) => found,
             Err(e) => return e,

@@ -2,6 +2,8 @@
 //! TTL, RENAME, COPY, KEYS, SCAN, RANDOMKEY, TYPE, OBJECT. Also the fan-out
 //! helper multi-key commands use.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use kvtier_protocol::Reply;
 use kvtier_store::{Encoding, Entry, Store};
@@ -321,9 +323,6 @@ pub enum Fanned {
     Oom,
 }
 
-/// One key of a fan-out: result position, slot, key, following argument.
-type KeyWork = (usize, u16, Bytes, Option<Bytes>);
-
 /// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
 /// owns it: one job per shard, all shards in parallel, this shard's keys
 /// inline. `f` gets the store, the key's slot, the key, the argument after the
@@ -331,7 +330,7 @@ type KeyWork = (usize, u16, Bytes, Option<Bytes>);
 /// key order.
 pub async fn fan_out<R, F>(
     client: &Client,
-    args: &Args,
+    args: &Arc<Args>,
     key_indexes: &[usize],
     f: F,
 ) -> Result<Vec<R>, ShardGone>
@@ -340,15 +339,11 @@ where
     F: Fn(&mut Store, u16, &[u8], Option<&Bytes>, u64) -> R + Send + Copy + 'static,
 {
     let shard = &client.shard;
-    let mut per_shard: Vec<Vec<KeyWork>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    // (position among the keys, argument index) per shard: the jobs read
+    // the arguments where they are, shared, with no per-key clone.
+    let mut per_shard: Vec<Vec<(usize, usize)>> = (0..shard.count()).map(|_| Vec::new()).collect();
     for (pos, &i) in key_indexes.iter().enumerate() {
-        let slot = args.slot(i);
-        per_shard[shard.owner_of(slot)].push((
-            pos,
-            slot,
-            args[i].clone(),
-            args.get(i + 1).cloned(),
-        ));
+        per_shard[shard.owner_of(args.slot(i))].push((pos, i));
     }
     // Post every remote job first, so shards work in parallel; this shard's
     // own keys run inline while the others are busy.
@@ -358,12 +353,16 @@ where
         if work.is_empty() {
             continue;
         }
+        let args = Arc::clone(args);
         let job = move |s: &crate::shard::Shard| {
             let mut store = s.store.borrow_mut();
             let now = kvtier_store::now_ms();
             work.into_iter()
-                .map(|(pos, slot, key, value)| {
-                    (pos, f(&mut store, slot, &key, value.as_ref(), now))
+                .map(|(pos, i)| {
+                    (
+                        pos,
+                        f(&mut store, args.slot(i), &args[i], args.get(i + 1), now),
+                    )
                 })
                 .collect::<Vec<_>>()
         };
@@ -396,6 +395,7 @@ fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
 
 fn del(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
             fan_out(client, &args, &keys, |store, slot, key, _, now| {
@@ -408,6 +408,7 @@ fn del(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn exists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
             fan_out(client, &args, &keys, |store, slot, key, _, now| {
@@ -420,6 +421,7 @@ fn exists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn touch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
             fan_out(client, &args, &keys, |store, slot, key, _, now| {

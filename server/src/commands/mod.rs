@@ -24,6 +24,7 @@ pub mod transaction;
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::OnceLock;
@@ -45,9 +46,20 @@ pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
 #[derive(Clone, Debug, Default)]
 pub struct Args {
     list: Vec<Bytes>,
-    /// Slot of each argument that is a key of the command (by its key
-    /// spec); [`NOT_A_KEY`] for the others.
-    slots: Vec<u16>,
+    slots: Slots,
+}
+
+/// The slots [`Args`] found: none, one key's (no allocation: the common
+/// single-key command), or one per argument.
+#[derive(Clone, Debug, Default)]
+enum Slots {
+    /// Not computed (no keys, or a bad key count).
+    #[default]
+    None,
+    /// The one key at `index`.
+    One { index: usize, slot: u16 },
+    /// By argument; [`NOT_A_KEY`] for an argument that is not a key.
+    Each(Vec<u16>),
 }
 
 /// [`Args`]'s mark for an argument that is not a key.
@@ -55,28 +67,56 @@ const NOT_A_KEY: u16 = u16::MAX;
 
 impl Args {
     /// `list`, with the slots of the arguments at `keys` computed now.
-    pub fn new(list: Vec<Bytes>, keys: &[usize]) -> Args {
-        let mut slots = Vec::new();
-        if !keys.is_empty() {
-            slots = vec![NOT_A_KEY; list.len()];
-            for &i in keys {
-                slots[i] = key_slot(&list[i]);
+    pub fn new(list: Vec<Bytes>, keys: impl IntoIterator<Item = usize>) -> Args {
+        let mut keys = keys.into_iter();
+        let slots = match (keys.next(), keys.next()) {
+            (None, _) => Slots::None,
+            (Some(index), None) => Slots::One {
+                index,
+                slot: key_slot(&list[index]),
+            },
+            (Some(a), Some(b)) => {
+                let mut each = vec![NOT_A_KEY; list.len()];
+                for i in [a, b].into_iter().chain(keys) {
+                    each[i] = key_slot(&list[i]);
+                }
+                Slots::Each(each)
             }
-        }
+        };
         Args { list, slots }
     }
 
-    /// `list` as the arguments of `spec` (its keys' slots computed now).
+    /// `list` as the arguments of `spec` (its keys' slots computed now; a
+    /// single key costs no allocation).
     pub fn of(spec: &CommandSpec, list: Vec<Bytes>) -> Args {
-        let keys = spec.key_indexes(&list).unwrap_or_default();
-        Args::new(list, &keys)
+        match spec.key_positions(&list) {
+            Some(keys) => Args::new(list, keys),
+            None => Args::new(list, None),
+        }
+    }
+
+    /// The keys found at dispatch, with their slots, in argument order
+    /// (none when the key count was bad).
+    pub fn key_slots(&self) -> impl Iterator<Item = (usize, u16)> + '_ {
+        let (one, each) = match &self.slots {
+            Slots::None => (None, &[][..]),
+            Slots::One { index, slot } => (Some((*index, *slot)), &[][..]),
+            Slots::Each(each) => (None, &each[..]),
+        };
+        one.into_iter().chain(
+            each.iter()
+                .enumerate()
+                .filter(|(_, &s)| s != NOT_A_KEY)
+                .map(|(i, &s)| (i, s)),
+        )
     }
 
     /// The hash slot of argument `i` (found at dispatch for a key, hashed
     /// now for any other argument used as one).
     pub fn slot(&self, i: usize) -> u16 {
-        match self.slots.get(i) {
-            Some(&slot) if slot != NOT_A_KEY => slot,
+        match &self.slots {
+            Slots::One { index, slot } if *index == i => *slot,
+            Slots::Each(each) if each.get(i).is_some_and(|&s| s != NOT_A_KEY) => each[i],
             _ => key_slot(&self.list[i]),
         }
     }
@@ -398,6 +438,11 @@ impl CommandSpec {
     /// announces more keys than there are arguments (Redis's COMMAND
     /// GETKEYS then answers "Invalid arguments specified for command").
     pub fn key_indexes(&self, args: &[Bytes]) -> Option<Vec<usize>> {
+        self.key_positions(args).map(Iterator::collect)
+    }
+
+    /// [`CommandSpec::key_indexes`] without collecting them.
+    pub fn key_positions(&self, args: &[Bytes]) -> Option<std::iter::StepBy<Range<usize>>> {
         let argc = args.len();
         let KeySpec {
             first,
@@ -418,22 +463,17 @@ impl CommandSpec {
             if last_key >= argc {
                 return None;
             }
-            return Some((0..count).map(|i| first + i * step).collect());
+            return Some((first..last_key + 1).step_by(step));
         }
         if first <= 0 || step <= 0 || first as usize >= argc {
-            return Some(Vec::new());
+            return Some((0..0).step_by(1));
         }
         let last = if last < 0 {
             argc as i32 + last
         } else {
             last.min(argc as i32 - 1)
         };
-        Some(
-            (first..=last)
-                .step_by(step as usize)
-                .map(|i| i as usize)
-                .collect(),
-        )
+        Some((first as usize..(last + 1).max(first) as usize).step_by(step as usize))
     }
 }
 
@@ -709,6 +749,35 @@ mod tests {
         assert_eq!(keys("msetblock 3 a 1 b 2"), None);
         assert_eq!(keys("prefixlen 0 a"), None);
         assert_eq!(keys("mexists x a"), None);
+    }
+
+    #[test]
+    fn args_carry_the_slots_of_their_keys() {
+        let t = table();
+        let list =
+            |s: &str| -> Vec<Bytes> { s.split(' ').map(|w| Bytes::from(w.to_string())).collect() };
+        for cmd in [
+            "get k1",
+            "mset a 1 b 2",
+            "mgetprefix 2 x y maxbytes 9",
+            "ping",
+        ] {
+            let spec = t.get(cmd.split(' ').next().unwrap().as_bytes()).unwrap();
+            let args = Args::of(spec, list(cmd));
+            for i in 1..args.len() {
+                assert_eq!(args.slot(i), key_slot(&args[i]), "{cmd}: argument {i}");
+            }
+        }
+        let spec = t.get(b"get").unwrap();
+        assert!(matches!(
+            Args::of(spec, list("get k1")).slots,
+            Slots::One { index: 1, .. }
+        ));
+        let spec = t.get(b"mget").unwrap();
+        assert!(matches!(
+            Args::of(spec, list("mget a b")).slots,
+            Slots::Each(_)
+        ));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! Blocks are plain strings, so these are also the commands an unmodified
 //! Redis client uses on kvtier's blocks.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use kvtier_protocol::Reply;
 use kvtier_store::{Encoding, OutOfMemory, Store};
@@ -563,6 +565,7 @@ fn msetnx_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 
 fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let touch = !client.no_touch;
         let keys: Vec<usize> = (1..args.len()).collect();
         let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
@@ -580,6 +583,7 @@ fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         if args.len().is_multiple_of(2) {
             return arity_error("mset");
         }
@@ -599,6 +603,7 @@ fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         if args.len().is_multiple_of(2) {
             return arity_error("msetnx");
         }
@@ -863,6 +868,7 @@ fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 
 fn lcs(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let args = Arc::new(args);
         let (mut want_len, mut want_idx, mut with_match_len, mut min_len) =
             (false, false, false, 0);
         let mut i = 3;

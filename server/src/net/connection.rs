@@ -363,7 +363,7 @@ impl Connection {
                 // pipeline, inline when the shard is this one, atomic in
                 // every case.
                 if let Some(one) = spec.one_shard.filter(|one| (one.applies)(&args)) {
-                    if let Some(first) = self.single_owner(spec, &args) {
+                    if let Some(first) = self.single_owner(&args) {
                         let op = ShardOp::new(&self.client, one.run, args, first);
                         self.run_on(id, op, batch);
                         return;
@@ -496,13 +496,12 @@ impl Connection {
 
     /// The first key of a multi-key call, if every key lives on the same
     /// shard.
-    fn single_owner(&self, spec: &CommandSpec, args: &Args) -> Option<usize> {
-        let keys = spec.key_indexes(args)?;
-        let (&first, rest) = keys.split_first()?;
+    fn single_owner(&self, args: &Args) -> Option<usize> {
         let shard = &self.client.shard;
-        let owner = shard.owner_of(args.slot(first));
-        rest.iter()
-            .all(|&i| shard.owner_of(args.slot(i)) == owner)
+        let mut keys = args.key_slots();
+        let (first, slot) = keys.next()?;
+        let owner = shard.owner_of(slot);
+        keys.all(|(_, s)| shard.owner_of(s) == owner)
             .then_some(first)
     }
 
