@@ -6,7 +6,8 @@ Llama-3-8B in bf16: 32 layers x 8 KV heads x 128) and of 2 MiB chunks (16
 tokens):
 
 * ``redis``   LMCache's ``redis://`` connector on redis-server 7
-* ``plugin``  the kvtier plugin on kvtier
+* ``plugin``  the kvtier plugin on kvtier (its default ``io: asyncio``)
+* ``plugin-threads``  the same with ``io: threads`` (the sync client in threads)
 * ``resp``    LMCache's ``resp://`` native (C++) connector on kvtier
 * ``redis@kvtier``  LMCache's ``redis://`` connector on kvtier (what a user
   gets today by pointing redis:// at kvtier)
@@ -67,7 +68,8 @@ def config_for(
         remote_serde="naive",
         blocking_timeout_secs=120,
     )
-    if kind == "plugin":
+    if kind.startswith("plugin"):
+        io = "threads" if kind == "plugin-threads" else "asyncio"
         cfg = LMCacheEngineConfig.from_defaults(
             **common,
             remote_storage_plugins=["kvtier"],
@@ -76,6 +78,7 @@ def config_for(
                 "remote_storage_plugin.kvtier.module_path": "kvtier.lmcache",
                 "remote_storage_plugin.kvtier.class_name": "KvtierConnectorAdapter",
                 "remote_storage_plugin.kvtier.url": url,
+                "remote_storage_plugin.kvtier.io": io,
             },
         )
         return cfg, "kvtier"
@@ -190,7 +193,7 @@ class Bench:
         for obj in self.objs:
             obj.ref_count_down()
         self.objs.clear()
-        if self.kind == "plugin":
+        if self.kind.startswith("plugin"):
             # LMCache 0.5.6's redis:// and resp:// connectors hang in close()
             # (their job executor's shutdown waits on the loop it runs on), so
             # only the plugin is closed; the others are dropped with the loop.
@@ -325,6 +328,7 @@ def main() -> None:
         # redis-py's default timeout here: give it two minutes.
         ("redis", "redis://%s?socket_timeout=120" % args.redis),
         ("plugin", "kvtier://" + args.kvtier),
+        ("plugin-threads", "kvtier://" + args.kvtier),
         ("resp", "resp://" + args.kvtier),
         ("redis@kvtier", "redis://%s?socket_timeout=120" % args.kvtier),
     ]

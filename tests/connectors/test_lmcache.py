@@ -23,9 +23,11 @@ from conftest import ROOT, Server, start_kvtier
 from lmcache_env import Worker, metadata, plugin_config, same_bytes
 
 
-@pytest.fixture
-def worker(server: Server) -> Iterator[Worker]:
-    w = Worker(plugin_config(server.url), metadata())
+@pytest.fixture(params=["asyncio", "threads"])
+def worker(server: Server, request: pytest.FixtureRequest) -> Iterator[Worker]:
+    """A worker on the plugin, fetching and storing through AsyncClient on
+    LMCache's loop (the default) or the sync client in threads."""
+    w = Worker(plugin_config(server.url, io=request.param), metadata())
     yield w
     w.close()
 
@@ -246,9 +248,10 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server) -> None:
         b.close()
 
 
-def test_three_node_cluster(cluster_nodes: list[Server]) -> None:
+@pytest.mark.parametrize("io", ["asyncio", "threads"])
+def test_three_node_cluster(cluster_nodes: list[Server], io: str) -> None:
     url = "kvtier://" + ",".join(s.addr for s in cluster_nodes)
-    w = Worker(plugin_config(url), metadata())
+    w = Worker(plugin_config(url, io=io), metadata())
     try:
         keys = w.keys(48)
         objs = [w.chunk(i) for i in range(48)]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
@@ -86,6 +87,10 @@ DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5.0,
     # Connections a large fetch or store is spread over (1: one command).
     "stripes": 4,
+    # How fetches and stores run: "asyncio" (AsyncClient on LMCache's event
+    # loop) or "threads" (the sync client in worker threads: blocking
+    # recv_into/sendall with the GIL released, no copy on send).
+    "io": "asyncio",
 }
 
 
@@ -241,6 +246,7 @@ class _ChunkSink:
         self.connector = connector
         self.codec = connector.codec
         self.keys = keys
+        self.lock = threading.Lock()  # stripes may arrive on several threads
         self.objs: dict[int, MemoryObj] = {}
         self.crcs: dict[int, tuple[int, int]] = {}
         self.first_bad = len(keys)
@@ -254,7 +260,8 @@ class _ChunkSink:
         return self._fill(index, length)
 
     def _broken(self, index: int) -> None:
-        self.first_bad = min(self.first_bad, index)
+        with self.lock:
+            self.first_bad = min(self.first_bad, index)
 
     def _fill(self, index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
         codec = self.codec
@@ -340,6 +347,10 @@ class KvtierConnector(RemoteConnector):
         self.client = Client.from_url(url, **settings)
         self.aclient = AsyncClient.from_url(url, **settings)
         self.ttl = int(self.options["ttl"]) or None
+        io = str(self.options["io"]).lower()
+        if io not in ("threads", "asyncio"):
+            raise ValueError("io must be 'threads' or 'asyncio', not %r" % io)
+        self.threads = io == "threads"
         self.agreement_ranks = self._agreement_ranks(config, metadata)
         self.agreement_ttl_ms = int(self.options["tp_agreement_ttl_ms"])
 
@@ -435,7 +446,10 @@ class KvtierConnector(RemoteConnector):
         names = [k.to_string() for k in keys]
         sink = _ChunkSink(self, names)
         try:
-            lengths = await self.aclient.get_prefix(names, into=sink)
+            if self.threads:
+                lengths = await asyncio.to_thread(self.client.get_prefix, names, into=sink)
+            else:
+                lengths = await self.aclient.get_prefix(names, into=sink)
         except BaseException:
             sink.release()
             raise
@@ -478,7 +492,10 @@ class KvtierConnector(RemoteConnector):
             return
         names = [k.to_string() for k in keys]
         values = [self._value(n, o) for n, o in zip(names, memory_objs)]
-        codes = await self.aclient.put_chain(names, values, ex=self.ttl)
+        if self.threads:
+            codes = await asyncio.to_thread(self.client.put_chain, names, values, ex=self.ttl)
+        else:
+            codes = await self.aclient.put_chain(names, values, ex=self.ttl)
         failed = sum(1 for c in codes if c < 0)
         if failed:
             logger.warning(
