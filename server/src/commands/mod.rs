@@ -89,6 +89,16 @@ impl Args {
     /// `list` as the arguments of `spec` (its keys' slots computed now; a
     /// single key costs no allocation).
     pub fn of(spec: &CommandSpec, list: Vec<Bytes>) -> Args {
+        let k = spec.keys;
+        if k.first > 0 && k.first == k.last && (k.first as usize) < list.len() {
+            // One key at a fixed place (GET, SET, ...): the common case.
+            let index = k.first as usize;
+            let slot = key_slot(&list[index]);
+            return Args {
+                list,
+                slots: Slots::One { index, slot },
+            };
+        }
         match spec.key_positions(&list) {
             Some(keys) => Args::new(list, keys),
             None => Args::new(list, None),

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# CPU per request, counted not timed: valgrind's callgrind counts the
+# instructions a server executes for a fixed workload (repeatable whatever
+# else the machine is doing), minus what the same server executes for no
+# workload, divided by the requests. One client, no pipelining.
+#
+#   scripts/bench-instructions.sh                    # kvtier --threads 1 and 2, redis-server
+#   BASELINE_BIN=target/baseline/target/release/kvtier-server scripts/bench-instructions.sh
+#
+# For kvtier only the connection tasks and the shard mailboxes are counted
+# (callgrind --toggle-collect), so the once-a-second cron (expiry, metrics)
+# does not depend on how long the run took under valgrind. With --threads 2
+# a single-key command costs a cross-shard hop or not depending on which
+# shard accepted the connection: that column is for the multi-key dialect.
+# Environment: N (2000 requests per multi-key cell, 10x for single keys),
+# VALUE (bytes per block, default 2048).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "missing valgrind (apt-get install valgrind)"; exit 1; }
+cargo build --release -q -p kvtier-server
+N=${N:-2000}
+VALUE=${VALUE:-2048}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+KEYS=$(for i in $(seq 0 63); do printf "blk:%04d " "$i"; done)
+BLOCK=$(head -c "$VALUE" /dev/zero | tr '\0' 'x')
+
+# instructions SERVER_KIND BIN THREADS WORKLOAD -> total instructions
+instructions() {
+  local kind=$1 bin=$2 threads=$3 work=$4 port out pid
+  port=$(free_port); out=$WORK/cg.$port
+  if [[ $kind == kvtier ]]; then
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+      --toggle-collect='*connection::serve*' --toggle-collect='*run_mailbox*' \
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none >/dev/null 2>&1 &
+  else
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+      redis-server --port "$port" --save '' --appendonly no >/dev/null 2>&1 &
+  fi
+  pid=$!
+  for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  local args=()
+  for k in $KEYS; do args+=("$k" "$BLOCK"); done
+  if [[ $kind == kvtier ]]; then
+    redis-cli -p "$port" msetblock 64 "${args[@]}" chain >/dev/null
+  else
+    redis-cli -p "$port" mset "${args[@]}" >/dev/null
+  fi
+  # shellcheck disable=SC2086
+  case $work in
+    none) ;;
+    get|set) redis-benchmark -p "$port" -n $((N * 10)) -c 1 -t "$work" -d 64 >/dev/null 2>&1 ;;
+    prefixlen) redis-benchmark -p "$port" -n "$N" -c 1 prefixlen 64 $KEYS >/dev/null 2>&1 ;;
+    mgetprefix) redis-benchmark -p "$port" -n "$N" -c 1 mgetprefix 64 $KEYS >/dev/null 2>&1 ;;
+    exists1) redis-benchmark -p "$port" -n "$N" -c 1 exists blk:0000 >/dev/null 2>&1 ;;
+    mget) redis-benchmark -p "$port" -n "$N" -c 1 mget $KEYS >/dev/null 2>&1 ;;
+  esac
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" 2>/dev/null || true
+  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}'
+}
+
+# per_request KIND BIN THREADS WORKLOAD REQUESTS
+per_request() {
+  local base total
+  base=$(instructions "$1" "$2" "$3" none)
+  total=$(instructions "$1" "$2" "$3" "$4")
+  awk -v t="$total" -v b="$base" -v n="$5" 'BEGIN {printf "%.0f", (t - b) / n}'
+}
+
+servers=("kvtier t=1|kvtier|target/release/kvtier-server|1" "kvtier t=2|kvtier|target/release/kvtier-server|2")
+if [[ -n "${BASELINE_BIN:-}" ]]; then
+  servers+=("baseline t=1|kvtier|$BASELINE_BIN|1" "baseline t=2|kvtier|$BASELINE_BIN|2")
+fi
+servers+=("redis-server|redis|redis-server|1")
+
+echo "instructions per request (callgrind), one client, values of $VALUE bytes, 64-key commands over a 64-block chain"
+header="| server | GET 64 B | SET 64 B | PREFIXLEN 64 | MGETPREFIX 64 |"
+echo "$header"; echo "|---|---|---|---|---|"
+for s in "${servers[@]}"; do
+  IFS='|' read -r name kind bin threads <<<"$s"
+  g=$(per_request "$kind" "$bin" "$threads" get $((N * 10)))
+  st=$(per_request "$kind" "$bin" "$threads" set $((N * 10)))
+  if [[ $kind == kvtier ]]; then
+    p=$(per_request "$kind" "$bin" "$threads" prefixlen "$N")
+    m=$(per_request "$kind" "$bin" "$threads" mgetprefix "$N")
+  else
+    # Redis's nearest: EXISTS of one key (a lookup is 64 of them) and MGET.
+    p="$(per_request "$kind" "$bin" "$threads" exists1 "$N") per EXISTS"
+    m="$(per_request "$kind" "$bin" "$threads" mget "$N") (MGET)"
+  fi
+  echo "| $name | $g | $st | $p | $m |"
+done
