@@ -6,8 +6,8 @@ Llama-3-8B in bf16: 32 layers x 8 KV heads x 128) and of 2 MiB chunks (16
 tokens):
 
 * ``redis``   LMCache's ``redis://`` connector on redis-server 7
-* ``plugin``  the kvtier plugin on kvtier (its default ``io: asyncio``)
-* ``plugin-threads``  the same with ``io: threads`` (the sync client in threads)
+* ``plugin``  the kvtier plugin on kvtier (its default ``io: threads``)
+* ``plugin-asyncio``  the same with ``io: asyncio`` (AsyncClient on LMCache's loop)
 * ``resp``    LMCache's ``resp://`` native (C++) connector on kvtier
 * ``redis@kvtier``  LMCache's ``redis://`` connector on kvtier (what a user
   gets today by pointing redis:// at kvtier)
@@ -69,7 +69,7 @@ def config_for(
         blocking_timeout_secs=120,
     )
     if kind.startswith("plugin"):
-        io = "threads" if kind == "plugin-threads" else "asyncio"
+        io = "asyncio" if kind == "plugin-asyncio" else "threads"
         cfg = LMCacheEngineConfig.from_defaults(
             **common,
             remote_storage_plugins=["kvtier"],
@@ -328,7 +328,7 @@ def main() -> None:
         # redis-py's default timeout here: give it two minutes.
         ("redis", "redis://%s?socket_timeout=120" % args.redis),
         ("plugin", "kvtier://" + args.kvtier),
-        ("plugin-threads", "kvtier://" + args.kvtier),
+        ("plugin-asyncio", "kvtier://" + args.kvtier),
         ("resp", "resp://" + args.kvtier),
         ("redis@kvtier", "redis://%s?socket_timeout=120" % args.kvtier),
     ]

@@ -23,10 +23,10 @@ from conftest import ROOT, Server, start_kvtier
 from lmcache_env import Worker, metadata, plugin_config, same_bytes
 
 
-@pytest.fixture(params=["asyncio", "threads"])
+@pytest.fixture(params=["threads", "asyncio"])
 def worker(server: Server, request: pytest.FixtureRequest) -> Iterator[Worker]:
-    """A worker on the plugin, fetching and storing through AsyncClient on
-    LMCache's loop (the default) or the sync client in threads."""
+    """A worker on the plugin, fetching and storing through the sync client
+    in threads (the default) or AsyncClient on LMCache's loop."""
     w = Worker(plugin_config(server.url, io=request.param), metadata())
     yield w
     w.close()

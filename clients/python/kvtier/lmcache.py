@@ -87,10 +87,11 @@ DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5.0,
     # Connections a large fetch or store is spread over (1: one command).
     "stripes": 4,
-    # How fetches and stores run: "asyncio" (AsyncClient on LMCache's event
-    # loop) or "threads" (the sync client in worker threads: blocking
-    # recv_into/sendall with the GIL released, no copy on send).
-    "io": "asyncio",
+    # How fetches and stores run: "threads" (the sync client in worker
+    # threads: blocking recv_into/sendall with the GIL released, no copy on
+    # send; measured faster, docs/benchmarks.md) or "asyncio" (AsyncClient
+    # on LMCache's event loop).
+    "io": "threads",
 }
 
 

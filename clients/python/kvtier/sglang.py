@@ -33,6 +33,7 @@ import ctypes
 import hashlib
 import logging
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -353,6 +354,11 @@ class _PageSink:
         self.pages = pages
         self.crcs: dict[int, tuple[int, int]] = {}
         self.first_bad = len(keys)
+        self.lock = threading.Lock()  # stripes arrive on several threads
+
+    def _broken(self, index: int) -> None:
+        with self.lock:
+            self.first_bad = min(self.first_bad, index)
 
     def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
         self.crcs.pop(index, None)
@@ -364,13 +370,13 @@ class _PageSink:
         expect = sum(v.nbytes for v in self.pages[index])
         if length < _HEADER.size:
             logger.warning("kvtier: treating %s as a miss: %d-byte value", self.keys[index], length)
-            self.first_bad = min(self.first_bad, index)
+            self._broken(index)
             return
         head = bytearray(_HEADER.size)
         yield head
         checked = self.owner._check(self.keys[index], bytes(head), length, expect)
         if checked is None:
-            self.first_bad = min(self.first_bad, index)
+            self._broken(index)
             return
         self.crcs[index] = checked
         yield from self.pages[index]
