@@ -72,7 +72,7 @@ class Client:
     merges the answers), so those go to one node: the client spreads
     commands over the nodes in turn and skips nodes that do not answer.
     ``MGETPREFIX`` is the exception: relaying values through a coordinating
-    node cost 6x in throughput here (docs/connectors.md), so against a
+    node cost 2.9x in throughput here (docs/connectors.md), so against a
     cluster (``split_reads``, the default) the client reads the slot map
     (``CLUSTER SLOTS``, every few seconds) and asks each owner for its own
     keys in parallel, merging the prefix exactly as the server would.
