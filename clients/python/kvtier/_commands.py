@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 from urllib.parse import unquote, urlparse
 
-from ._resp import Arg
+from ._resp import Arg, BulkSink
 from .errors import ProtocolError
 
 Key = Union[str, bytes]
@@ -312,3 +312,70 @@ def key_slot(key: Key) -> int:
     from redis.crc import key_slot as slot
 
     return int(slot(key.encode() if isinstance(key, str) else key))
+
+
+def read_parts(
+    keys: Sequence[Key],
+    owners: Optional[Sequence[Node]],
+    max_bytes: Optional[int],
+    block_ms: Optional[int],
+    min: Optional[int],  # noqa: A002
+    stripes: int,
+) -> Optional[list[ReadPart]]:
+    """How a client sends one ``MGETPREFIX``: per owner node (a cluster),
+    striped over connections (a large batch without ``MAXBYTES``/``BLOCK``),
+    or, None, as the one command."""
+    simple = max_bytes is None and block_ms is None and stripes > 1
+    if owners is not None:
+        parts = split_mgetprefix(keys, owners, max_bytes, block_ms, min)
+        if len(parts) == 1 and simple:
+            return stripe_mgetprefix(keys, parts[0].node, stripes)
+        return parts
+    if simple:
+        parts = stripe_mgetprefix(keys, None, stripes)
+        if len(parts) > 1:
+            return parts
+    return None
+
+
+def merge_values(
+    nkeys: int, parts: Sequence[ReadPart], replies: Sequence[object], max_bytes: Optional[int]
+) -> list[Any]:
+    """The parts' replies as the one reply a single ``MGETPREFIX`` gives."""
+    lists: list[list[Any]] = []
+    for reply in replies:
+        if not isinstance(reply, list):
+            raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
+        lists.append(reply)
+    n = merge_prefix(nkeys, parts, lists, max_bytes)
+    merged: dict[int, Any] = {}
+    for part, reply in zip(parts, lists):
+        merged.update(zip(part.positions, reply))
+    return [merged[i] for i in range(n)]
+
+
+def merge_codes(parts: Sequence[tuple[range, list[Arg]]], replies: Sequence[object]) -> list[int]:
+    """The striped ``MSETBLOCK`` replies as one list of codes."""
+    codes: list[int] = []
+    for (r, _), reply in zip(parts, replies):
+        codes += int_list_reply(reply, len(r))
+    return codes
+
+
+def first_error(results: Sequence[object]) -> None:
+    """Raises the first exception among parallel parts' results (after all
+    of them ended, so none still writes into a sink)."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+
+
+def positions_sink(sink: Optional[BulkSink], positions: list[int]) -> Optional[BulkSink]:
+    """A part's sink: its value ``j`` is the caller's value ``positions[j]``."""
+    if sink is None:
+        return None
+
+    def sub(j: int, length: int) -> Any:
+        return sink(positions[j], length)
+
+    return sub

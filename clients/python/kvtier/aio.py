@@ -284,7 +284,7 @@ class AsyncClient:
         extra = block_ms / 1000.0 if block_ms else 0.0
         sink = None if into is None else BufferSink.of(into, len(keys))
         reply: object = None
-        parts = await self._read_parts(keys, max_bytes, block_ms, min)
+        parts = cmd.read_parts(keys, await self._owners(), max_bytes, block_ms, min, self.stripes)
         if parts is not None:
             try:
                 reply = await self._split_get(len(keys), parts, sink, max_bytes, extra)
@@ -297,27 +297,6 @@ class AsyncClient:
         if not isinstance(reply, list):
             raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
         return reply
-
-    async def _read_parts(
-        self,
-        keys: Sequence[Key],
-        max_bytes: Optional[int],
-        block_ms: Optional[int],
-        min: Optional[int],  # noqa: A002
-    ) -> Optional[list[cmd.ReadPart]]:
-        """See :meth:`kvtier.Client._read_parts`."""
-        owners = await self._owners()
-        simple = max_bytes is None and block_ms is None and self.stripes > 1
-        if owners is not None:
-            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
-            if len(parts) == 1 and simple:
-                return cmd.stripe_mgetprefix(keys, parts[0].node, self.stripes)
-            return parts
-        if simple:
-            parts = cmd.stripe_mgetprefix(keys, None, self.stripes)
-            if len(parts) > 1:
-                return parts
-        return None
 
     async def _owners(self) -> Optional[list[Node]]:
         """See :meth:`kvtier.Client._owners`."""
@@ -342,30 +321,16 @@ class AsyncClient:
         max_bytes: Optional[int],
         extra: float,
     ) -> list[Any]:
-        async def one(part: cmd.ReadPart) -> list[Any]:
-            sub: Optional[BulkSink] = None
-            if sink is not None:
+        runs = [self._run(p.args, cmd.positions_sink(sink, p.positions), extra, first=p.node) for p in parts]
+        return cmd.merge_values(nkeys, parts, await self._all(runs), max_bytes)
 
-                def sub(j: int, length: int, positions: list[int] = part.positions) -> Any:
-                    return sink(positions[j], length)
-
-            reply = await self._run(part.args, sub, extra, first=part.node)
-            if not isinstance(reply, list):
-                raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
-            return reply
-
-        # Every part runs to its end before an error is raised, so no part is
-        # still writing into the sink when a retry starts.
-        results = await asyncio.gather(*(one(p) for p in parts), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        replies: list[list[Any]] = results  # type: ignore[assignment]
-        n = cmd.merge_prefix(nkeys, parts, replies, max_bytes)
-        merged: dict[int, Any] = {}
-        for part, reply in zip(parts, replies):
-            merged.update(zip(part.positions, reply))
-        return [merged[i] for i in range(n)]
+    @staticmethod
+    async def _all(coros: list[Any]) -> list[object]:
+        """The coroutines concurrently; every one ends before the first
+        error is raised."""
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        cmd.first_error(results)
+        return list(results)
 
     async def put_chain(
         self,

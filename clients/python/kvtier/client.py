@@ -216,7 +216,7 @@ class Client:
         extra = block_ms / 1000.0 if block_ms else 0.0
         sink = None if into is None else BufferSink.of(into, len(keys))
         reply: object = None
-        parts = self._read_parts(keys, max_bytes, block_ms, min)
+        parts = cmd.read_parts(keys, self._owners(), max_bytes, block_ms, min, self.stripes)
         if parts is not None:
             try:
                 reply = self._split_get(len(keys), parts, sink, max_bytes, extra)
@@ -229,27 +229,6 @@ class Client:
         if not isinstance(reply, list):
             raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
         return reply
-
-    def _read_parts(
-        self,
-        keys: Sequence[Key],
-        max_bytes: Optional[int],
-        block_ms: Optional[int],
-        min: Optional[int],  # noqa: A002
-    ) -> Optional[list[cmd.ReadPart]]:
-        """How to send an ``MGETPREFIX``: per owner, striped, or (None) as one."""
-        owners = self._owners()
-        simple = max_bytes is None and block_ms is None and self.stripes > 1
-        if owners is not None:
-            parts = cmd.split_mgetprefix(keys, owners, max_bytes, block_ms, min)
-            if len(parts) == 1 and simple:
-                return cmd.stripe_mgetprefix(keys, parts[0].node, self.stripes)
-            return parts
-        if simple:
-            parts = cmd.stripe_mgetprefix(keys, None, self.stripes)
-            if len(parts) > 1:
-                return parts
-        return None
 
     def _owners(self) -> Optional[list[Node]]:
         """The cluster's slot owners (cached), or None for a single server."""
@@ -274,34 +253,19 @@ class Client:
         max_bytes: Optional[int],
         extra: float,
     ) -> list[Any]:
-        def one(part: cmd.ReadPart) -> list[Any]:
-            sub: Optional[BulkSink] = None
-            if sink is not None:
+        def one(part: cmd.ReadPart) -> object:
+            return self._run(part.args, cmd.positions_sink(sink, part.positions), extra, first=part.node)
 
-                def sub(j: int, length: int, positions: list[int] = part.positions) -> Any:
-                    return sink(positions[j], length)
+        return cmd.merge_values(nkeys, parts, self._all(one, parts), max_bytes)
 
-            reply = self._run(part.args, sub, extra, first=part.node)
-            if not isinstance(reply, list):
-                raise ProtocolError("MGETPREFIX: expected an array, got %r" % (reply,))
-            return reply
-
-        if len(parts) == 1:
-            replies = [one(parts[0])]
-        else:
-            futures = [self._parallel().submit(one, p) for p in parts]
-            # Every part runs to its end before an error is raised, so no part
-            # is still writing into the sink when a retry starts.
-            errors = [f.exception() for f in futures]
-            for e in errors:
-                if e is not None:
-                    raise e
-            replies = [f.result() for f in futures]
-        n = cmd.merge_prefix(nkeys, parts, replies, max_bytes)
-        merged: dict[int, Any] = {}
-        for part, reply in zip(parts, replies):
-            merged.update(zip(part.positions, reply))
-        return [merged[i] for i in range(n)]
+    def _all(self, fn: Any, items: Sequence[Any]) -> list[object]:
+        """``fn`` over ``items`` in parallel threads; every call ends before
+        the first error is raised."""
+        if len(items) == 1:
+            return [fn(items[0])]
+        futures = [self._parallel().submit(fn, item) for item in items]
+        cmd.first_error([f.exception() for f in futures])
+        return [f.result() for f in futures]
 
     def put_chain(
         self,
@@ -322,17 +286,7 @@ class Client:
         0 already present, -1 not stored (see docs/commands.md).
         """
         parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
-        if len(parts) == 1:
-            return cmd.int_list_reply(self.execute(*parts[0][1]), len(keys))
-        futures = [self._parallel().submit(self._run, args, None, 0.0) for _, args in parts]
-        errors = [f.exception() for f in futures]
-        for e in errors:
-            if e is not None:
-                raise e
-        codes: list[int] = []
-        for (r, _), f in zip(parts, futures):
-            codes += cmd.int_list_reply(f.result(), len(r))
-        return codes
+        return cmd.merge_codes(parts, self._all(lambda part: self._run(part[1], None, 0.0), parts))
 
     def _parallel(self) -> ThreadPoolExecutor:
         if self._executor is None:

@@ -186,19 +186,42 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         pages = self._page_views(keys, host_indices)
+        t0 = time.perf_counter()
+        n = self._read_pages(keys, pages)
+        self._record("prefetch", n, pages, time.perf_counter() - t0)
+        return [i < n for i in range(len(keys))]
+
+    def _read_pages(self, keys: list[str], pages: list[list[memoryview]]) -> int:
+        """One ``MGETPREFIX`` into the pages; how many leading pages arrived
+        whole and checked (0 when the server cannot be reached)."""
         names = [self._key(k) for k in keys]
         sink = _PageSink(self, names, pages)
-        t0 = time.perf_counter()
         try:
             lengths = self.client.get_prefix(names, into=sink)
         except Exception as e:
-            logger.warning("kvtier: batch_get_v1 failed: %s", e)
-            return [False] * len(keys)
+            logger.warning("kvtier: reading %d pages failed: %s", len(keys), e)
+            return 0
         n = sink.verified(lengths)
         self.gets += len(keys)
         self.hits += n
-        self._record("prefetch", n, pages, time.perf_counter() - t0)
-        return [i < n for i in range(len(keys))]
+        return n
+
+    def _write_pages(
+        self, keys: list[str], pages: list[list[memoryview]], parent: Optional[str]
+    ) -> list[bool]:
+        """One ``MSETBLOCK ... CHAIN`` from the pages (False for each page
+        when the server cannot be reached)."""
+        names = [self._key(k) for k in keys]
+        values: list[list[Union[bytes, memoryview]]] = [
+            [self._header(n, p), *p] for n, p in zip(names, pages)
+        ]
+        try:
+            codes = self.client.put_chain(names, values, parent=parent, ex=self.ttl)
+        except Exception as e:
+            logger.warning("kvtier: writing %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
+        self.sets += len(keys)
+        return [c >= 0 for c in codes]
 
     def batch_set_v1(
         self,
@@ -212,21 +235,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not self.storage_config.is_storage_writer:
             return [True] * len(keys)  # an MLA replica: rank 0 of its group writes
         pages = self._page_views(keys, host_indices)
-        names = [self._key(k) for k in keys]
-        values: list[list[Union[bytes, memoryview]]] = [
-            [self._header(n, p), *p] for n, p in zip(names, pages)
-        ]
         prefix = extra_info.prefix_keys if extra_info is not None else None
-        parent = self._key(prefix[-1]) if prefix else None
         t0 = time.perf_counter()
-        try:
-            codes = self.client.put_chain(names, values, parent=parent, ex=self.ttl)
-        except Exception as e:
-            logger.warning("kvtier: batch_set_v1 failed: %s", e)
-            return [False] * len(keys)
-        self.sets += len(keys)
-        self._record("backup", len(keys), pages, time.perf_counter() - t0)
-        return [c >= 0 for c in codes]
+        stored = self._write_pages(keys, pages, self._key(prefix[-1]) if prefix else None)
+        self._record("backup", sum(stored), pages, time.perf_counter() - t0)
+        return stored
 
     # -- single pages and the legacy API ----------------------------------------------
 
@@ -253,15 +266,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
     ) -> Union[list[Optional[torch.Tensor]], int]:
         if target_locations is None:
             raise ValueError("the kvtier backend reads into target tensors")
-        names = [self._key(k) for k in keys]
-        pages = [[_tensor_view(t)] for t in target_locations]
-        sink = _PageSink(self, names, pages)
-        try:
-            lengths = self.client.get_prefix(names, into=sink)
-        except Exception as e:
-            logger.warning("kvtier: batch_get failed: %s", e)
-            return [None] * len(keys)
-        n = sink.verified(lengths)
+        n = self._read_pages(keys, [[_tensor_view(t)] for t in target_locations])
         return [t if i < n else None for i, t in enumerate(target_locations)]
 
     def set(
@@ -282,16 +287,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
     ) -> bool:
         if values is None:
             raise ValueError("the kvtier backend stores the given tensors")
-        names = [self._key(k) for k in keys]
-        pieces = [[_tensor_view(v)] for v in values]
-        try:
-            codes = self.client.put_chain(
-                names, [[self._header(n, p), *p] for n, p in zip(names, pieces)], ex=self.ttl
-            )
-        except Exception as e:
-            logger.warning("kvtier: batch_set failed: %s", e)
-            return False
-        return all(c >= 0 for c in codes)
+        return all(self._write_pages(keys, [[_tensor_view(v)] for v in values], None))
 
     def clear(self) -> None:
         """Deletes this backend's keys (this model and rank) on every node."""
