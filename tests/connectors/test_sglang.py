@@ -237,3 +237,20 @@ def test_legacy_get_set_and_clear(server: Server, pool: HostPoolStandIn) -> None
     backend.clear()
     assert backend.batch_exists(hashes(2)) == 0 and not backend.exists("k1")
     assert other.batch_exists(hashes(2)) == 2  # another rank's pages stay
+
+
+def test_striped_batches_are_byte_exact(server: Server, pool: HostPoolStandIn) -> None:
+    """8 pages with the default stripes: two MGETPREFIX on two connections,
+    one answer; a hole in the second stripe still ends the prefix."""
+    backend = make_backend(server.url, pool)
+    keys = hashes(8)
+    assert backend.batch_set_v1(keys, pool.indices(list(range(8)))) == [True] * 8
+    server.client().execute("CONFIG", "RESETSTAT")
+    assert backend.batch_get_v1(keys, pool.indices(list(range(8, 16)))) == [True] * 8
+    assert server.commandstats().get("mgetprefix") == 2
+    for i in range(8):
+        assert torch.equal(pool.page(8 + i).view(torch.uint8), pool.page(i).view(torch.uint8))
+    server.client().execute("DEL", backend._key(keys[5]))  # type: ignore[attr-defined]
+    pool.kv_buffer[:, 8 * PAGE :] = 0
+    assert backend.batch_get_v1(keys, pool.indices(list(range(8, 16)))) == [True] * 5 + [False] * 3
+    assert backend.batch_exists(keys) == 5
