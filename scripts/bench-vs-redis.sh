@@ -116,8 +116,11 @@ echo "$header"; echo "$rule"
 for size in $SIZES; do
   for pipe in $PIPELINES; do
     declare -A samples=()
-    for _ in $(seq "$REPS"); do
-      for who in $SERVERS; do
+    read -ra order <<<"$SERVERS"
+    for rep in $(seq "$REPS"); do
+      # Each rep starts with the next server, so no server always runs first.
+      for j in "${!order[@]}"; do
+        who=${order[$(((j + rep) % ${#order[@]}))]}
         case $who in
           redis) port=$REDIS_PORT; pid=$REDIS_PID;;
           kv1) port=$KV1_PORT; pid=$KV1_PID;;

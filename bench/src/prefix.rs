@@ -124,7 +124,21 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
     let mut base_fetch = Duration::ZERO;
     let per_round_lookups = a.lookups.div_ceil(a.rounds);
     let per_round_fetches = a.fetches.div_ceil(a.rounds);
-    for _ in 0..a.rounds {
+    for round in 0..a.rounds {
+        // The baseline goes first every other round, so the order a round
+        // runs in never favours one build.
+        if let (Some(base), true) = (&a.baseline, round % 2 == 1) {
+            lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
+            base_fetch += fetch(
+                &a,
+                base,
+                &fetch_keys,
+                &fetch_values,
+                per_round_fetches,
+                true,
+            )
+            .await?;
+        }
         lookup(
             &a.kvtier,
             &chain_keys,
@@ -167,7 +181,7 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
             false,
         )
         .await?;
-        if let Some(base) = &a.baseline {
+        if let (Some(base), false) = (&a.baseline, round % 2 == 1) {
             lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
             base_fetch += fetch(
                 &a,

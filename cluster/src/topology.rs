@@ -23,6 +23,8 @@ pub struct Node {
     pub port: u16,
     /// `host:port`, formed once (every forwarded command names it).
     addr: String,
+    /// The id, shared (replies on their way from this node name it).
+    name: std::sync::Arc<str>,
 }
 
 impl Node {
@@ -33,7 +35,13 @@ impl Node {
             host: host.to_string(),
             port,
             addr: format!("{host}:{port}"),
+            name: std::sync::Arc::from(id),
         }
+    }
+
+    /// The id, as a shared handle (no allocation).
+    pub fn name(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.name)
     }
 
     /// `host:port`, as MOVED and peers use it.

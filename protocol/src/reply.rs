@@ -65,12 +65,12 @@ pub enum Reply {
 pub struct RemoteReply(Arc<Mutex<Option<RemoteWait>>>);
 
 /// The receiving end of a forwarded command and the peer's name.
-type RemoteWait = (oneshot::Receiver<Reply>, String);
+type RemoteWait = (oneshot::Receiver<Reply>, Arc<str>);
 
 impl RemoteReply {
     /// Wraps the receiving end of a forwarded command; `node` names the
     /// peer in the error a lost connection gives.
-    pub fn new(rx: oneshot::Receiver<Reply>, node: String) -> RemoteReply {
+    pub fn new(rx: oneshot::Receiver<Reply>, node: Arc<str>) -> RemoteReply {
         RemoteReply(Arc::new(Mutex::new(Some((rx, node)))))
     }
 

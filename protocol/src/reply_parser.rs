@@ -25,6 +25,15 @@ use crate::reply::Reply;
 pub const MAX_DEPTH: usize = 64;
 /// Bulk payloads at least this long get a buffer of their own by default.
 pub const BIG_BULK_REPLY: usize = 64 * 1024;
+/// Longest bulk payload accepted by default (Redis's largest
+/// `proto-max-bulk-len`, 4 GiB): a longer announced length is a broken
+/// stream, not a reply.
+pub const MAX_BULK_REPLY: usize = 4 << 30;
+/// A big payload's buffer is reserved whole up to this size (a KV-cache
+/// block is read into one allocation of its exact size); beyond it, the
+/// buffer grows as the bytes arrive, so a length announced by a broken or
+/// hostile peer never reserves memory the bytes have not paid for.
+const RESERVE_AHEAD: usize = 64 << 20;
 /// Longest line (status, error, number) accepted.
 const MAX_LINE: usize = 64 * 1024;
 /// Bytes reserved for a read into the shared buffer.
@@ -59,12 +68,18 @@ pub trait BuildReply: Sized {
     fn line(kind: u8, line: &[u8]) -> Result<Self, ReplyError>;
     /// A length-prefixed type: `$` bulk, `=` verbatim (format prefix
     /// included), `!` blob error.
-    fn blob(kind: u8, body: Bytes) -> Self;
-    /// `$-1` or `*-1` (`kind` says which).
-    fn null(kind: u8) -> Self;
+    fn blob(kind: u8, body: Bytes) -> Result<Self, ReplyError>;
+    /// A null length: `$-1` or `*-1` (`kind` says which; RESP3 `~`, `%`,
+    /// `>` and `=` are null the same way).
+    fn null(kind: u8) -> Result<Self, ReplyError>;
     /// An aggregate: `*` array, `~` set, `>` push, `%` map (its items
     /// flat: key, value, key, value...).
-    fn aggregate(kind: u8, items: Vec<Self>) -> Self;
+    fn aggregate(kind: u8, items: Vec<Self>) -> Result<Self, ReplyError>;
+    /// A RESP3 attribute (`|`), read before the reply it annotates; it is
+    /// dropped unless this says otherwise.
+    fn attribute(_items: Vec<Self>) -> Result<(), ReplyError> {
+        Ok(())
+    }
 }
 
 /// An aggregate still being filled.
@@ -86,6 +101,7 @@ pub struct ReplyParser<T = Reply> {
     open: Vec<Open<T>>,
     big: Option<BigBulk>,
     big_bulk: usize,
+    max_bulk: usize,
     /// Buffers handed back by the caller, reused for big payloads.
     spare: Vec<BytesMut>,
 }
@@ -109,8 +125,15 @@ impl<T: BuildReply> ReplyParser<T> {
             open: Vec::new(),
             big: None,
             big_bulk: min.max(1),
+            max_bulk: MAX_BULK_REPLY,
             spare: Vec::new(),
         }
+    }
+
+    /// Refuses bulk payloads longer than `max` bytes.
+    pub fn with_max_bulk(mut self, max: usize) -> Self {
+        self.max_bulk = max;
+        self
     }
 
     /// The size from which a payload gets its own buffer.
@@ -130,6 +153,11 @@ impl<T: BuildReply> ReplyParser<T> {
     pub fn big_bulk_buffer(&mut self) -> Option<Limit<&mut BytesMut>> {
         self.big.as_mut().map(|b| {
             let missing = b.len + 2 - b.buf.len();
+            let room = b.buf.capacity() - b.buf.len();
+            if room < missing.min(READ_CHUNK) {
+                // Past what was reserved up front: grow with the bytes.
+                b.buf.reserve(missing.min(RESERVE_AHEAD));
+            }
             (&mut b.buf).limit(missing)
         })
     }
@@ -165,7 +193,7 @@ impl<T: BuildReply> ReplyParser<T> {
                         return Err(ReplyError("bulk string not followed by CRLF".into()));
                     }
                     big.buf.truncate(big.len);
-                    T::blob(big.kind, big.buf.freeze())
+                    T::blob(big.kind, big.buf.freeze())?
                 }
                 None => match self.next_value(buf)? {
                     Some(Step::Value(v)) => v,
@@ -173,7 +201,7 @@ impl<T: BuildReply> ReplyParser<T> {
                     None => return Ok(None),
                 },
             };
-            if let Some(done) = self.place(value) {
+            if let Some(done) = self.place(value)? {
                 return Ok(Some(done));
             }
         }
@@ -229,8 +257,14 @@ impl<T: BuildReply> ReplyParser<T> {
                 let n = length(&buf[1..nl])?;
                 let Ok(len) = usize::try_from(n) else {
                     buf.advance(nl + 2);
-                    return Ok(Some(Step::Value(T::null(kind))));
+                    return Ok(Some(Step::Value(T::null(kind)?)));
                 };
+                if len > self.max_bulk {
+                    return Err(ReplyError(format!(
+                        "bulk length {len} over the {} limit",
+                        self.max_bulk
+                    )));
+                }
                 if len >= self.big_bulk {
                     buf.advance(nl + 2);
                     let mut own = match self.spare.pop() {
@@ -238,7 +272,7 @@ impl<T: BuildReply> ReplyParser<T> {
                             b.clear();
                             b
                         }
-                        _ => BytesMut::with_capacity(len + 2),
+                        _ => BytesMut::with_capacity((len + 2).min(RESERVE_AHEAD)),
                     };
                     let have = buf.len().min(len + 2);
                     own.extend_from_slice(&buf[..have]);
@@ -261,13 +295,13 @@ impl<T: BuildReply> ReplyParser<T> {
                 buf.advance(nl + 2);
                 let body = buf.split_to(len).freeze();
                 buf.advance(2);
-                Ok(Some(Step::Value(T::blob(kind, body))))
+                Ok(Some(Step::Value(T::blob(kind, body)?)))
             }
             b'*' | b'~' | b'>' | b'%' | b'|' => {
                 let n = length(&buf[1..nl])?;
                 buf.advance(nl + 2);
                 let Ok(n) = usize::try_from(n) else {
-                    return Ok(Some(Step::Value(T::null(kind))));
+                    return Ok(Some(Step::Value(T::null(kind)?)));
                 };
                 let left = if matches!(kind, b'%' | b'|') {
                     n.checked_mul(2)
@@ -279,7 +313,7 @@ impl<T: BuildReply> ReplyParser<T> {
                     // An empty attribute annotates nothing: it is dropped.
                     return Ok(Some(match kind {
                         b'|' => Step::Opened,
-                        _ => Step::Value(T::aggregate(kind, Vec::new())),
+                        _ => Step::Value(T::aggregate(kind, Vec::new())?),
                     }));
                 }
                 if self.open.len() >= MAX_DEPTH {
@@ -301,23 +335,25 @@ impl<T: BuildReply> ReplyParser<T> {
     /// Puts a finished value into the innermost open aggregate, closing
     /// every aggregate it completes; returns the whole reply when nothing
     /// is left open.
-    fn place(&mut self, mut value: T) -> Option<T> {
+    fn place(&mut self, mut value: T) -> Result<Option<T>, ReplyError> {
         loop {
             let Some(top) = self.open.last_mut() else {
-                return Some(value);
+                return Ok(Some(value));
             };
             top.items.push(value);
             top.left -= 1;
             if top.left > 0 {
-                return None;
+                return Ok(None);
             }
-            let done = self.open.pop()?;
+            let Some(done) = self.open.pop() else {
+                unreachable!("the top was just read")
+            };
             if done.kind == b'|' {
-                // An attribute precedes the reply it annotates; it is read
-                // and dropped.
-                return None;
+                // An attribute precedes the reply it annotates.
+                T::attribute(done.items)?;
+                return Ok(None);
             }
-            value = T::aggregate(done.kind, done.items);
+            value = T::aggregate(done.kind, done.items)?;
         }
     }
 }
@@ -360,24 +396,24 @@ impl BuildReply for Reply {
         })
     }
 
-    fn blob(kind: u8, body: Bytes) -> Reply {
-        match kind {
+    fn blob(kind: u8, body: Bytes) -> Result<Reply, ReplyError> {
+        Ok(match kind {
             b'=' => Reply::Verbatim(body.slice(4.min(body.len())..)),
             b'!' => Reply::Error(String::from_utf8_lossy(&body).into_owned().into()),
             _ => Reply::Bulk(body),
-        }
+        })
     }
 
-    fn null(kind: u8) -> Reply {
-        if kind == b'$' || kind == b'=' || kind == b'!' {
+    fn null(kind: u8) -> Result<Reply, ReplyError> {
+        Ok(if kind == b'$' || kind == b'=' || kind == b'!' {
             Reply::Nil
         } else {
             Reply::NilArray
-        }
+        })
     }
 
-    fn aggregate(kind: u8, items: Vec<Reply>) -> Reply {
-        match kind {
+    fn aggregate(kind: u8, items: Vec<Reply>) -> Result<Reply, ReplyError> {
+        Ok(match kind {
             b'~' => Reply::Set(items),
             b'%' => {
                 let mut pairs = Vec::with_capacity(items.len() / 2);
@@ -388,7 +424,7 @@ impl BuildReply for Reply {
                 Reply::Map(pairs)
             }
             _ => Reply::Array(items),
-        }
+        })
     }
 }
 
@@ -519,6 +555,22 @@ mod tests {
         // An endless line is refused rather than buffered for ever.
         let long = vec![b'+'; MAX_LINE + 10];
         assert!(parser.parse(&mut BytesMut::from(&long[..])).is_err());
+    }
+
+    #[test]
+    fn a_huge_announced_length_reserves_little_or_is_refused() {
+        // Longer than the limit: a broken stream.
+        for bad in [&b"$9223372036854775807\r\n"[..], b"$100000000000\r\n"] {
+            let mut parser = ReplyParser::<Reply>::new();
+            assert!(parser.parse(&mut BytesMut::from(bad)).is_err());
+        }
+        // Within it but not yet paid for: the buffer grows with the bytes.
+        let mut parser = ReplyParser::<Reply>::new().with_max_bulk(usize::MAX);
+        let mut buf = BytesMut::from(&b"$1000000000\r\nabc"[..]);
+        assert_eq!(parser.parse(&mut buf), Ok(None));
+        let own = parser.big_bulk_buffer().expect("own buffer");
+        assert!(own.get_ref().capacity() <= RESERVE_AHEAD + READ_CHUNK);
+        assert_eq!(own.remaining_mut(), 1_000_000_000 - 3 + 2);
     }
 
     #[test]

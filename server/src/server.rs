@@ -415,7 +415,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
 async fn cron(shard: Rc<Shard>) {
     let shared = Arc::clone(&shard.shared);
     let mut last_export = Instant::now();
-    let mut exporter = Exporter::default();
+    let (mut exporter, mut node_exporter) = (Exporter::default(), Exporter::default());
     loop {
         let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
         tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
@@ -442,7 +442,7 @@ async fn cron(shard: Rc<Shard>) {
             shared
                 .memory_peak
                 .fetch_max(report.used_memory as u64 * shared.shards as u64, Relaxed);
-            crate::report::export(&mut exporter, &shared, &report);
+            crate::report::export(&mut exporter, &mut node_exporter, &shared, &report);
             if let Some(cluster) = &shared.cluster {
                 hot_window(&shard, cluster);
             }

@@ -47,6 +47,9 @@ pub struct ShardStats {
     pub total_error_replies: u64,
     /// Clients waiting in a blocking command (MGETPREFIX BLOCK).
     pub blocked_clients: u64,
+    /// CONFIG RESETSTAT calls so far (the metrics exporter starts its
+    /// counts again from zero when this changes).
+    pub resets: u64,
     /// Recent commands-per-second samples (instantaneous_ops_per_sec).
     ops_samples: [u64; 16],
     ops_sample_at: usize,
@@ -66,6 +69,7 @@ impl ShardStats {
             errors: HashMap::new(),
             total_error_replies: 0,
             blocked_clients: 0,
+            resets: 0,
             ops_samples: [0; 16],
             ops_sample_at: 0,
             ops_last_total: 0,
@@ -116,6 +120,7 @@ impl ShardStats {
         self.errors.clear();
         self.total_error_replies = 0;
         self.ops_last_total = 0;
+        self.resets += 1;
     }
 
     /// Samples the command rate; call every `interval`.

@@ -68,11 +68,12 @@ impl Written {
 }
 
 /// A connection that reads replies a little at a time, so the server holds
-/// the values it is sending for a while.
+/// the values it is sending for a while (replies parsed by kvtier-protocol's
+/// reply parser, as RawConn's are).
 struct SlowReader {
     stream: TcpStream,
-    buf: Vec<u8>,
-    pos: usize,
+    buf: bytes::BytesMut,
+    parser: kvtier_protocol::ReplyParser<Resp>,
 }
 
 impl SlowReader {
@@ -82,16 +83,12 @@ impl SlowReader {
         stream.set_write_timeout(Some(READ_TIMEOUT)).unwrap();
         SlowReader {
             stream,
-            buf: Vec::new(),
-            pos: 0,
+            buf: bytes::BytesMut::new(),
+            parser: kvtier_protocol::ReplyParser::new(),
         }
     }
 
     fn fill(&mut self) {
-        if self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        }
         let mut chunk = [0u8; 16 * 1024];
         let n = self.stream.read(&mut chunk).expect("read a reply");
         assert!(n > 0, "server closed the connection");
@@ -101,25 +98,13 @@ impl SlowReader {
         thread::sleep(Duration::from_micros(300));
     }
 
-    fn line(&mut self) -> String {
+    fn read(&mut self) -> Resp {
         loop {
-            if let Some(i) = self.buf[self.pos..].windows(2).position(|w| w == b"\r\n") {
-                let line = String::from_utf8(self.buf[self.pos..self.pos + i].to_vec()).unwrap();
-                self.pos += i + 2;
-                return line;
+            if let Some(reply) = self.parser.parse(&mut self.buf).expect("a valid reply") {
+                return reply;
             }
             self.fill();
         }
-    }
-
-    fn bulk(&mut self, len: usize) -> Vec<u8> {
-        while self.buf.len() - self.pos < len + 2 {
-            self.fill();
-        }
-        let out = self.buf[self.pos..self.pos + len].to_vec();
-        assert_eq!(&self.buf[self.pos + len..self.pos + len + 2], b"\r\n");
-        self.pos += len + 2;
-        out
     }
 
     /// MGETPREFIX of `keys`; returns the values of the leading present ones.
@@ -128,21 +113,10 @@ impl SlowReader {
         let mut args: Vec<&[u8]> = vec![b"MGETPREFIX", n.as_bytes()];
         args.extend(keys.iter().map(|k| k.as_bytes()));
         self.stream.write_all(&encode(&args)).expect("send");
-        let header = self.line();
-        let count: usize = header
-            .strip_prefix('*')
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("MGETPREFIX reply {header:?}"));
-        (0..count)
-            .map(|_| {
-                let header = self.line();
-                let len: usize = header
-                    .strip_prefix('$')
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or_else(|| panic!("bulk header {header:?}"));
-                self.bulk(len)
-            })
-            .collect()
+        match self.read() {
+            Resp::Array(Some(items)) => items.iter().map(Resp::bytes).collect(),
+            other => panic!("MGETPREFIX reply {other:?}"),
+        }
     }
 }
 

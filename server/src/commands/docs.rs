@@ -330,7 +330,12 @@ pub fn acl_categories(spec: &CommandSpec) -> Vec<&'static str> {
         "generic" => cats.push("@keyspace"),
         "connection" => cats.push("@connection"),
         "server" => cats.push("@admin"),
-        "block" => cats.push("@string"),
+        // The block dialect: strings, and a category of its own so an ACL
+        // can grant (or deny) the dialect as a whole.
+        "block" => {
+            cats.push("@string");
+            cats.push("@kvblock");
+        }
         _ => {}
     }
     if spec.has(flags::DANGEROUS) || spec.has(flags::ADMIN) {

@@ -2,13 +2,18 @@
 //! documentation and handler, registered by family (one file per family, as
 //! in Dragonfly's `string_family`, `generic_family`).
 //!
-//! Handlers come in three shapes:
+//! Handlers come in four shapes:
 //! * [`Handler::Key`]: a single-key command. It runs on the shard that owns
 //!   the key, inline when that is the connection's shard, and otherwise
 //!   through the owner's mailbox, batched with the rest of the pipeline.
 //! * [`Handler::Sync`]: connection-level work that needs no other shard.
 //! * [`Handler::Async`]: commands that fan out (MGET, DEL k1 k2, KEYS, INFO,
 //!   FLUSHALL, ...) and await the shards' answers.
+//! * [`Handler::Parent`]: a container (CLIENT, CONFIG, ...) whose
+//!   subcommands have their own specs.
+//!
+//! [`Plan::of`] turns a spec and its [`Args`] into how the call runs, once,
+//! for the connection, EXEC and the local share of a spread command alike.
 
 pub mod bitmap;
 pub mod block;
@@ -196,25 +201,65 @@ impl ShardOp {
     }
 }
 
-/// Runs a command for `client` outside the connection's batching (EXEC's
-/// queued commands, the local part of a command spread over nodes): the
-/// same handlers, awaited one by one. The connection's own path batches
-/// single-key commands per shard instead, with the same [`ShardOp`].
-pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
-    match spec.handler {
-        Handler::Key(f) => {
-            let op = ShardOp::new(client, f, args, spec.keys.first as usize);
-            client
-                .shard
-                .call(op.owner, move |s| {
-                    op.run(&mut s.store.borrow_mut(), now_ms())
-                })
-                .await
-                .unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
+/// How a command runs: decided once, by [`Plan::of`], for every path (the
+/// connection, EXEC's queued commands, the local share of a command spread
+/// over nodes).
+pub enum Plan {
+    /// On the shard owning its key: a single-key command, or a multi-key
+    /// one whose keys all live on one shard (its `one_shard` form: batched
+    /// like a single-key command, atomic).
+    Shard(ShardOp),
+    /// At once, on the connection.
+    Now(SyncFn, Args),
+    /// Awaiting other shards.
+    Await(AsyncFn, Args),
+    /// A container called without a known subcommand.
+    Parent(Args),
+}
+
+impl Plan {
+    /// How `args`, a call of `spec`, runs for `client`.
+    pub fn of(client: &Client, spec: &'static CommandSpec, args: Args) -> Plan {
+        match spec.handler {
+            Handler::Key(f) => Plan::Shard(ShardOp::new(client, f, args, spec.keys.first as usize)),
+            Handler::Sync(f) => Plan::Now(f, args),
+            Handler::Parent => Plan::Parent(args),
+            Handler::Async(f) => match spec.one_shard.filter(|one| (one.applies)(&args)) {
+                Some(one) => match single_owner(client, &args) {
+                    Some(first) => Plan::Shard(ShardOp::new(client, one.run, args, first)),
+                    None => Plan::Await(f, args),
+                },
+                None => Plan::Await(f, args),
+            },
         }
-        Handler::Sync(f) => f(client, &args),
-        Handler::Async(f) => f(client, args).await,
-        Handler::Parent => unknown_subcommand(spec.name, &args[0]),
+    }
+}
+
+/// The first key of a multi-key call, if every key lives on the same shard.
+fn single_owner(client: &Client, args: &Args) -> Option<usize> {
+    let shard = &client.shard;
+    let mut keys = args.key_slots();
+    let (first, slot) = keys.next()?;
+    let owner = shard.owner_of(slot);
+    keys.all(|(_, s)| shard.owner_of(s) == owner)
+        .then_some(first)
+}
+
+/// Runs a command for `client`, awaited to its end: EXEC's queued commands
+/// and the local share of a command spread over nodes. The connection runs
+/// the same [`Plan`] but batches its shard work with the pipeline.
+pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
+    match Plan::of(client, spec, args) {
+        Plan::Shard(op) => client
+            .shard
+            .call(op.owner, move |s| {
+                op.run(&mut s.store.borrow_mut(), now_ms())
+            })
+            .await
+            .unwrap_or_else(|_| Reply::error("ERR server is shutting down")),
+        Plan::Now(f, args) => f(client, &args),
+        Plan::Await(f, args) => f(client, args).await,
+        Plan::Parent(args) => unknown_subcommand(spec.name, &args[0]),
     }
 }
 

@@ -17,16 +17,11 @@ use crate::shard::Shard;
 
 /// Answers a read from this shard's copies, if the command can be (its
 /// spec says how) and every key has one.
-pub fn answer_from_copies(
-    copies: &Copies,
-    spec: &CommandSpec,
-    args: &[Bytes],
-    keys: &[usize],
-) -> Option<Reply> {
+pub fn answer_from_copies(copies: &Copies, spec: &CommandSpec, args: &Args) -> Option<Reply> {
     let answer = spec.from_copies?;
-    let values: Vec<&Bytes> = keys
-        .iter()
-        .map(|&i| copies.get(&args[i]))
+    let values: Vec<&Bytes> = args
+        .key_slots()
+        .map(|(i, _)| copies.get(&args[i]))
         .collect::<Option<Vec<_>>>()?;
     answer(&values, args)
 }
@@ -99,7 +94,7 @@ pub async fn on_all_copies(
 /// A write to keys that have copies elsewhere: run it here, then drop the
 /// copies, and only then reply (once DEL returns, no node serves the key).
 pub async fn write_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
-    let keys = spec.key_indexes(&args).unwrap_or_default();
+    let keys: Vec<usize> = args.key_slots().map(|(i, _)| i).collect();
     let reply = execute(client, spec, args.clone()).await;
     if let Some(cluster) = client.shard.shared.cluster.clone() {
         let taken = take_replicated(&cluster, &args, &keys);

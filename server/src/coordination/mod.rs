@@ -36,9 +36,9 @@ use crate::shard::Shard;
 /// Where a command runs in a cluster, as the connection needs to know.
 pub enum Routed {
     /// Here, as on a single server.
-    Here,
+    Here(Args),
     /// Here, by one of the cluster's paths.
-    Through(Through),
+    Through(Through, Args),
     /// Answered without running here (MOVED, CROSSSLOT, or the owner's
     /// reply to the forwarded command).
     Done(Reply),
@@ -63,17 +63,13 @@ pub fn route(
     client: &mut Client,
     cluster: &Arc<Cluster>,
     spec: &'static CommandSpec,
-    args: &Args,
+    args: Args,
 ) -> Routed {
-    // The key positions (`None`: a bad key count, the command's own error
-    // to report).
-    let keys = spec.key_indexes(args);
-    let keys = keys.as_deref();
     let view = client.shard.view();
     let decision = if client.peer {
         Decision::Local
     } else {
-        decide(client, cluster, &view, spec, args, keys)
+        decide(client, cluster, &view, spec, &args)
     };
     let in_multi = client.multi.is_some();
     match decision {
@@ -90,49 +86,53 @@ pub fn route(
                 // copy this write is about to replace.
                 let mut copies = client.shard.copies.borrow_mut();
                 if !copies.is_empty() {
-                    for &i in keys.unwrap_or_default() {
+                    for (i, _) in args.key_slots() {
                         copies.invalidate(&args[i]);
                     }
                 }
             }
+            let blocking = blocks(spec, &args);
+            let lane = lane(client);
             let reply = forward(
                 &client.shard,
                 cluster,
                 &view,
                 node,
-                lane(client),
-                args.to_vec(),
-                blocks(spec, args),
+                lane,
+                args.into_vec(),
+                blocking,
             );
             return Routed::Done(reply);
         }
-        Decision::Coordinate => return Routed::Through(Through::Coordinate),
+        Decision::Coordinate => return Routed::Through(Through::Coordinate, args),
     }
     // Runs here: count reads for hot-key detection; writes to keys with
     // copies elsewhere (and flushes) drop the copies before replying.
-    let keys = keys.unwrap_or_default();
     if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
         let mut hot = client.shard.hot.borrow_mut();
-        for &i in keys {
+        for (i, _) in args.key_slots() {
             hot.record(&args[i]);
         }
     } else if spec.has(flags::FLUSH) {
-        return Routed::Through(Through::FlushThrough);
+        return Routed::Through(Through::FlushThrough, args);
     } else if spec.has(flags::WRITE)
         && cluster.has_replicated()
-        && keys.iter().any(|&i| cluster.is_replicated(&args[i]))
+        && args
+            .key_slots()
+            .any(|(i, _)| cluster.is_replicated(&args[i]))
     {
         if !in_multi {
-            return Routed::Through(Through::WriteThrough);
+            return Routed::Through(Through::WriteThrough, args);
         }
         // Queued in MULTI: the copies go now, ahead of EXEC.
-        let taken = copies::take_replicated(cluster, args, keys);
+        let keys: Vec<usize> = args.key_slots().map(|(i, _)| i).collect();
+        let taken = copies::take_replicated(cluster, &args, &keys);
         let (shard, cluster) = (Rc::clone(&client.shard), Arc::clone(cluster));
         tokio::task::spawn_local(async move {
             uncopy(&shard, &cluster, taken).await;
         });
     }
-    Routed::Here
+    Routed::Here(args)
 }
 
 /// Where a command goes.
@@ -154,25 +154,21 @@ pub fn decide(
     view: &View,
     spec: &CommandSpec,
     args: &Args,
-    keys: Option<&[usize]>,
 ) -> Decision {
     if spec.keys.first <= 0 || spec.has(flags::HERE) {
         return Decision::Local;
     }
-    // A bad key count is the command's own error to report.
-    let Some(keys) = keys else {
+    // No keys found (none, or a bad key count: the command's own error to
+    // report).
+    let mut keys = args.key_slots();
+    let Some((_, slot)) = keys.next() else {
         return Decision::Local;
     };
-    let Some(&first) = keys.first() else {
-        return Decision::Local;
-    };
-    let slot = args.slot(first);
     let owner = view.owner(slot);
     let mut one_slot = true;
     let mut one_node = true;
     let mut all_mine = view.me == Some(owner);
-    for &i in &keys[1..] {
-        let s = args.slot(i);
+    for (_, s) in keys {
         one_slot &= s == slot;
         let o = view.owner(s);
         one_node &= o == owner;
@@ -184,11 +180,14 @@ pub fn decide(
     if spec.from_copies.is_some() && client.multi.is_none() {
         let copies = client.shard.copies.borrow();
         if !copies.is_empty() {
-            if let Some(reply) = copies::answer_from_copies(&copies, spec, args, keys) {
+            if let Some(reply) = copies::answer_from_copies(&copies, spec, args) {
                 cluster.stats.replica_hits.fetch_add(1, Relaxed);
                 return Decision::Reply(reply);
             }
-            if keys.iter().any(|&i| copies.get(&args[i]).is_some()) {
+            if args
+                .key_slots()
+                .any(|(i, _)| copies.get(&args[i]).is_some())
+            {
                 cluster.stats.replica_misses.fetch_add(1, Relaxed);
             }
         }
@@ -248,7 +247,7 @@ pub fn forward(
     } else {
         shard.peers.send(&cluster.identity, target, lane, args)
     };
-    Reply::Remote(RemoteReply::new(rx, target.id.clone()))
+    Reply::Remote(RemoteReply::new(rx, target.name()))
 }
 
 /// The pooled connection `client`'s forwarded commands take.

@@ -31,7 +31,7 @@ use crate::clients::ClientInfo;
 use crate::commands::transaction::Watching;
 use crate::commands::{
     arity_error, flags, table, unknown_command, unknown_subcommand, Args, AsyncFn, Client,
-    CommandSpec, Handler, LocalBoxFuture, ShardOp,
+    CommandSpec, Handler, LocalBoxFuture, Plan, ShardOp,
 };
 use crate::coordination::{self, Routed, Through};
 use crate::shard::Shard;
@@ -300,15 +300,15 @@ impl Connection {
             }
         };
         // The keys' slots, found once for routing, fan-out and the store.
-        let args = Args::of(spec, request.args);
+        let mut args = Args::of(spec, request.args);
         // In a cluster, keys of other nodes are forwarded, redirected or
         // coordinated; writes to keys with copies elsewhere drop the
         // copies before they reply (see `coordination`).
         let mut through = None;
         if let Some(cluster) = self.client.shard.shared.cluster.clone() {
-            match coordination::route(&mut self.client, &cluster, spec, &args) {
-                Routed::Here => {}
-                Routed::Through(t) => through = Some(t),
+            match coordination::route(&mut self.client, &cluster, spec, args) {
+                Routed::Here(a) => args = a,
+                Routed::Through(t, a) => (through, args) = (Some(t), a),
                 Routed::Done(reply) => {
                     if let Some(tx) = &mut self.client.multi {
                         tx.failed = true;
@@ -339,38 +339,31 @@ impl Connection {
                 }
             }
         }
-        let body = match (through, spec.handler) {
-            (Some(t), _) => Awaited::Through(t),
-            (None, Handler::Key(f)) => {
-                let op = ShardOp::new(&self.client, f, args, spec.keys.first as usize);
-                self.run_on(id, op, batch);
-                return;
-            }
-            (None, Handler::Sync(f)) => {
-                let reply = f(&mut self.client, &args);
-                self.record(id, &reply);
-                let resp3 = self.client.resp3;
-                self.ready(batch, reply, resp3);
-                return;
-            }
-            (None, Handler::Parent) => {
-                self.ready(batch, unknown_subcommand(spec.name, &args[0]), resp3);
-                return;
-            }
-            (None, Handler::Async(f)) => {
-                // A multi-key command whose keys all live on one shard runs
-                // there like a single-key command: batched with the
-                // pipeline, inline when the shard is this one, atomic in
-                // every case.
-                if let Some(one) = spec.one_shard.filter(|one| (one.applies)(&args)) {
-                    if let Some(first) = self.single_owner(&args) {
-                        let op = ShardOp::new(&self.client, one.run, args, first);
-                        self.run_on(id, op, batch);
-                        return;
-                    }
+        let body = match through {
+            Some(t) => Awaited::Through(t),
+            None => match Plan::of(&self.client, spec, args) {
+                // Batched with the pipeline for the owning shard, inline
+                // when that is this one.
+                Plan::Shard(op) => {
+                    self.run_on(id, op, batch);
+                    return;
                 }
-                Awaited::Command(f)
-            }
+                Plan::Now(f, a) => {
+                    let reply = f(&mut self.client, &a);
+                    self.record(id, &reply);
+                    let resp3 = self.client.resp3;
+                    self.ready(batch, reply, resp3);
+                    return;
+                }
+                Plan::Parent(a) => {
+                    self.ready(batch, unknown_subcommand(spec.name, &a[0]), resp3);
+                    return;
+                }
+                Plan::Await(f, a) => {
+                    args = a;
+                    Awaited::Command(f)
+                }
+            },
         };
         // Commands that span shards see everything queued before them.
         self.send_remote(batch).await;
@@ -492,17 +485,6 @@ impl Connection {
             batch.remote[op.owner].push(Remote { entry, id, op });
             batch.remote_count += 1;
         }
-    }
-
-    /// The first key of a multi-key call, if every key lives on the same
-    /// shard.
-    fn single_owner(&self, args: &Args) -> Option<usize> {
-        let shard = &self.client.shard;
-        let mut keys = args.key_slots();
-        let (first, slot) = keys.next()?;
-        let owner = shard.owner_of(slot);
-        keys.all(|(_, s)| shard.owner_of(s) == owner)
-            .then_some(first)
     }
 
     /// Counts one execution. Its time is taken with the next few commands

@@ -1,11 +1,12 @@
 //! A metric's declaration ([`Metric`]: name, type, unit, help), and the
 //! [`Exporter`] that hands figures to the `metrics` recorder.
 //!
-//! Figures are counted as plain totals (reset only by CONFIG RESETSTAT);
-//! the exporter remembers what it handed over last and passes counters on
-//! as increments and latency buckets as new counts, so a reset costs at
-//! most the increments of the second it happened in, never a counter that
-//! runs backwards.
+//! Figures are counted as plain totals, which CONFIG RESETSTAT zeroes. The
+//! exporter remembers what it handed over last and passes counters on as
+//! increments and latency buckets as new counts; told that a reset
+//! happened ([`Exporter::counting_since`]), it counts every total again
+//! from zero. So a Prometheus counter never runs backwards, and a reset
+//! loses at most the counts of the second before it.
 
 use std::collections::HashMap;
 
@@ -117,9 +118,25 @@ type SeriesKey = (&'static str, u64);
 pub struct Exporter {
     counters: HashMap<SeriesKey, (Counter, u64)>,
     histograms: HashMap<SeriesKey, (Histogram, [u64; BUCKETS])>,
+    resets: u64,
 }
 
 impl Exporter {
+    /// The totals to come are counted from the `resets`-th reset on: when
+    /// that is a new one, what was handed over before is forgotten.
+    pub fn counting_since(&mut self, resets: u64) {
+        if resets == self.resets {
+            return;
+        }
+        self.resets = resets;
+        for (_, last) in self.counters.values_mut() {
+            *last = 0;
+        }
+        for (_, last) in self.histograms.values_mut() {
+            *last = [0; BUCKETS];
+        }
+    }
+
     /// A counter's series now totals `value`: the increase since the last
     /// call is handed on (all of `value` after a reset).
     pub fn counter(
@@ -167,5 +184,28 @@ impl Exporter {
             }
             *before = now;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static TEST: Metric = Metric::counter("kvtier_test_total", "A test counter.");
+
+    #[test]
+    fn a_reset_counts_the_totals_again_from_zero() {
+        let mut e = Exporter::default();
+        e.counter(&TEST, 0, Vec::new, 10);
+        e.counter(&TEST, 0, Vec::new, 12);
+        assert_eq!(e.counters[&(TEST.name, 0)].1, 12);
+        // CONFIG RESETSTAT: the next total (3) is all new.
+        e.counting_since(1);
+        assert_eq!(e.counters[&(TEST.name, 0)].1, 0);
+        e.counter(&TEST, 0, Vec::new, 3);
+        assert_eq!(e.counters[&(TEST.name, 0)].1, 3);
+        // The same reset seen again changes nothing.
+        e.counting_since(1);
+        assert_eq!(e.counters[&(TEST.name, 0)].1, 3);
     }
 }

@@ -86,6 +86,8 @@ pub struct ShardReport {
     pub error_replies: u64,
     /// Per command (by statistics id).
     pub command_stats: Vec<CommandStat>,
+    /// CONFIG RESETSTAT calls so far (they zero the counts above).
+    pub resets: u64,
 }
 
 impl ShardReport {
@@ -116,6 +118,7 @@ impl ShardReport {
             errors: stats.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             error_replies: stats.total_error_replies,
             command_stats: stats.commands.clone(),
+            resets: stats.resets,
         }
     }
 }
@@ -214,18 +217,20 @@ pub fn render_info(shared: &Shared, sections: &[&str], reports: &[ShardReport]) 
     out.text
 }
 
-/// Hands one shard's figures to the metrics recorder; shard 0 also hands
-/// the node's.
-pub fn export(exporter: &mut Exporter, shared: &Shared, report: &ShardReport) {
-    clients::export(exporter, report);
-    memory::export(exporter, report);
-    stats::export(exporter, report);
-    commands::export(exporter, report);
-    keyspace::export(exporter, report);
+/// Hands one shard's figures to the metrics recorder (`shard`, whose
+/// counts CONFIG RESETSTAT zeroes); shard 0 also hands the node's (`node`:
+/// the spill tier's and the cluster's counts, never reset).
+pub fn export(shard: &mut Exporter, node: &mut Exporter, shared: &Shared, report: &ShardReport) {
+    shard.counting_since(report.resets);
+    clients::export(shard, report);
+    memory::export(shard, report);
+    stats::export(shard, report);
+    commands::export(shard, report);
+    keyspace::export(shard, report);
     if report.id == 0 {
-        memory::export_node(exporter, shared);
-        spill::export(exporter, shared);
-        cluster::export(exporter, shared);
+        memory::export_node(node, shared);
+        spill::export(node, shared);
+        cluster::export(node, shared);
     }
 }
 

@@ -41,12 +41,12 @@ pub const QUEUE_BYTES: Metric = Metric::gauge(
 /// Disk read latency.
 pub const READ_SECONDS: Metric = Metric::histogram(
     "kvtier_spill_read_seconds",
-    "Latency of one spill tier disk read.",
+    "Latency of one spill tier disk read (sum approximated from bucket bounds).",
 );
 /// Disk write latency.
 pub const WRITE_SECONDS: Metric = Metric::histogram(
     "kvtier_spill_write_seconds",
-    "Latency of one spill tier batch write.",
+    "Latency of one spill tier batch write (sum approximated from bucket bounds).",
 );
 
 /// The tier's counters: INFO field, metric, where the count is.

@@ -417,29 +417,33 @@ impl BuildReply for Resp {
             b'_' => Resp::Null,
             b',' => Resp::Double(text),
             b'#' => Resp::Bool(text == "t"),
-            _ => return Err(ReplyError(format!("unexpected reply type {kind:#x}"))),
+            _ => return Err(unexpected(kind)),
         })
     }
 
-    fn blob(kind: u8, body: Bytes) -> Resp {
-        match kind {
-            b'=' => Resp::Verbatim(
-                String::from_utf8_lossy(&body[..3.min(body.len())]).into_owned(),
-                body.get(4..).unwrap_or_default().to_vec(),
+    fn blob(kind: u8, body: Bytes) -> Result<Resp, ReplyError> {
+        Ok(match kind {
+            b'$' => Resp::Bulk(Some(body.to_vec())),
+            b'=' if body.len() >= 4 && body[3] == b':' => Resp::Verbatim(
+                String::from_utf8_lossy(&body[..3]).into_owned(),
+                body[4..].to_vec(),
             ),
-            _ => Resp::Bulk(Some(body.to_vec())),
+            _ => return Err(unexpected(kind)),
+        })
+    }
+
+    fn null(kind: u8) -> Result<Resp, ReplyError> {
+        match kind {
+            b'$' => Ok(Resp::Bulk(None)),
+            b'*' => Ok(Resp::Array(None)),
+            _ => Err(unexpected(kind)),
         }
     }
 
-    fn null(kind: u8) -> Resp {
-        match kind {
-            b'*' => Resp::Array(None),
-            _ => Resp::Bulk(None),
-        }
-    }
-
-    fn aggregate(kind: u8, items: Vec<Resp>) -> Resp {
-        match kind {
+    fn aggregate(kind: u8, items: Vec<Resp>) -> Result<Resp, ReplyError> {
+        Ok(match kind {
+            b'*' => Resp::Array(Some(items)),
+            b'~' => Resp::Set(items),
             b'%' => {
                 let mut pairs = Vec::new();
                 let mut it = items.into_iter();
@@ -448,10 +452,19 @@ impl BuildReply for Resp {
                 }
                 Resp::Map(pairs)
             }
-            b'~' => Resp::Set(items),
-            _ => Resp::Array(Some(items)),
-        }
+            _ => return Err(unexpected(kind)),
+        })
     }
+
+    fn attribute(_items: Vec<Resp>) -> Result<(), ReplyError> {
+        Err(unexpected(b'|'))
+    }
+}
+
+/// kvtier never sends RESP3 pushes, attributes, blob errors or big numbers:
+/// a test that receives one fails.
+fn unexpected(kind: u8) -> ReplyError {
+    ReplyError(format!("unexpected reply type {:?}", kind as char))
 }
 
 impl RawConn {
