@@ -33,6 +33,7 @@ PIPELINES=${PIPELINES:-"1 16"}
 CLIENTS=${CLIENTS:-50}
 THREADS=${THREADS:-$(nproc)}
 BENCH_THREADS=${BENCH_THREADS:-2}
+TARGET_SECS=${TARGET_SECS:-8}
 OUT=${OUT:-}
 
 for tool in redis-server redis-benchmark redis-cli; do
@@ -70,9 +71,10 @@ for port in $PORTS; do
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-# requests per run: about 8 s at the rates this machine reaches. With
-# --threads, redis-benchmark ends a run on its 250 ms timer tick, so a run of
-# 1.5 s is measured to within 17% and one of 8 s to within 3%.
+# requests of a calibration run (an eighth of this); the measured runs then
+# take about TARGET_SECS (8) at the rate found. With --threads,
+# redis-benchmark ends a run on its 250 ms timer tick, so a run of 1.5 s is
+# measured to within 17% and one of 8 s to within 3%.
 requests() { # size pipeline
   local cap=1000000
   (( $2 > 1 )) && cap=10000000
@@ -86,20 +88,38 @@ requests() { # size pipeline
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
+# one redis-benchmark run: prints its requests per second
+rate() { # port op n size pipeline
+  local op_upper
+  op_upper=$(echo "$2" | tr '[:lower:]' '[:upper:]')
+  redis-benchmark -p "$1" -t "$2" -n "$3" -c "$CLIENTS" -P "$5" -d "$4" -q --threads "$BENCH_THREADS" 2>/dev/null \
+    | tr '\r' '\n' | awk -v op="$op_upper" '$1 == op":" && /requests per second/ {print $2}'
+}
+
+# requests for about TARGET_SECS at this cell's rate, from a short
+# calibration run (the 250 ms tick makes only long runs exact)
+calibrated() { # port op size pipeline
+  local n r
+  n=$(( $(requests "$3" "$4") / 8 ))
+  (( n < 2000 )) && n=2000
+  r=$(rate "$1" "$2" "$n" "$3" "$4")
+  awk -v r="${r:-0}" -v n="$n" -v t="$TARGET_SECS" 'BEGIN {m = int(r * t); print (m > n) ? m : n}'
+}
+
 # prints "SET_rps GET_rps SET_cpu_us_per_op GET_cpu_us_per_op"
 run() { # port pid size pipeline
-  local n t0 t1 t2 s g
-  n=$(requests "$3" "$4")
+  local ns ng t0 t1 t1b t2 s g
   redis-cli -p "$1" flushall >/dev/null
+  ns=$(calibrated "$1" set "$3" "$4")
   t0=$(ticks "$2")
-  s=$(redis-benchmark -p "$1" -t set -n "$n" -c "$CLIENTS" -P "$4" -d "$3" -q --threads "$BENCH_THREADS" 2>/dev/null \
-    | tr '\r' '\n' | awk '/^SET: .*requests per second/ {print $2}')
+  s=$(rate "$1" set "$ns" "$3" "$4")
   t1=$(ticks "$2")
-  g=$(redis-benchmark -p "$1" -t get -n "$n" -c "$CLIENTS" -P "$4" -d "$3" -q --threads "$BENCH_THREADS" 2>/dev/null \
-    | tr '\r' '\n' | awk '/^GET: .*requests per second/ {print $2}')
+  ng=$(calibrated "$1" get "$3" "$4")
+  t1b=$(ticks "$2")
+  g=$(rate "$1" get "$ng" "$3" "$4")
   t2=$(ticks "$2")
-  awk -v s="${s:-0}" -v g="${g:-0}" -v a="$((t1 - t0))" -v b="$((t2 - t1))" -v n="$n" -v hz="$HZ" \
-    'BEGIN {printf "%s %s %.3f %.3f\n", s, g, a * 1e6 / hz / n, b * 1e6 / hz / n}'
+  awk -v s="${s:-0}" -v g="${g:-0}" -v a="$((t1 - t0))" -v b="$((t2 - t1b))" -v ns="$ns" -v ng="$ng" -v hz="$HZ" \
+    'BEGIN {printf "%s %s %.3f %.3f\n", s, g, a * 1e6 / hz / ns, b * 1e6 / hz / ng}'
 }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
