@@ -7,6 +7,7 @@ mod pd;
 mod prefix;
 mod report;
 mod resp;
+mod sim;
 mod skew;
 mod trace;
 mod workload;
@@ -38,6 +39,10 @@ enum Command {
     /// (PREFIXLEN vs sequential EXISTS) and prefix fetch throughput
     /// (MGETPREFIX vs MGET).
     Prefix(prefix::PrefixArgs),
+    /// Hit rates of eviction policies on a trace, on the store's own code
+    /// (no network, block sizes only), beside exact LRU, prefix-aware LRU
+    /// and Belady's MIN.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,6 +66,7 @@ fn main() -> std::process::ExitCode {
             Command::Pd(a) => pd::run(a, threads).await,
             Command::Skew(a) => skew::run(a, threads).await,
             Command::Prefix(a) => prefix::run(a).await,
+            Command::Sim(a) => sim::run(a),
         }
     });
     match result {

@@ -110,6 +110,13 @@ pub struct TraceRequest {
     pub hash_ids: Vec<u64>,
 }
 
+/// Whether the request's last block is partial: its prompt is not a whole
+/// number of blocks (nearly every request). Stored with MSETBLOCK PARTIAL,
+/// as a connector does for a request's final, partial chunk.
+pub fn ends_partial(r: &TraceRequest, block_tokens: usize) -> bool {
+    !r.input_length.is_multiple_of(block_tokens.max(1) as u64)
+}
+
 /// Reads a Mooncake JSONL trace.
 pub fn load(path: &PathBuf, limit: Option<usize>) -> std::io::Result<Vec<TraceRequest>> {
     let text = std::fs::read_to_string(path)?;
@@ -505,6 +512,9 @@ async fn serve(
                 cmd.push(Bytes::from_static(b"CHAIN"));
                 if hits > 0 {
                     cmd.extend([Bytes::from_static(b"PARENT"), keys[hits - 1].clone()]);
+                }
+                if ends_partial(req, replay.block_tokens) {
+                    cmd.push(Bytes::from_static(b"PARTIAL"));
                 }
                 let v = client.call(cmd).await?;
                 fail_on_error(&v, "MSETBLOCK")?;

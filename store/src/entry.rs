@@ -153,14 +153,12 @@ impl Deref for Value {
     }
 }
 
-/// Which S3-FIFO queue an entry is in (prefix policy).
+/// Where an entry is queued for the `prefix` policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queue {
-    /// The small probationary queue new keys enter.
-    Small,
-    /// The main queue of keys that were reused.
-    Main,
-    /// In no queue (the value is on disk).
+    /// In the queues of this level (log2 of its uses).
+    Level(u8),
+    /// In no queue (the value is on disk, or another policy is in force).
     Out,
 }
 
@@ -171,8 +169,12 @@ pub struct Entry {
     pub value: Value,
     /// Absolute expiry in Unix milliseconds; 0 means none.
     pub expire_at: u64,
-    /// Last access, Unix seconds (truncated); drives LRU and OBJECT IDLETIME.
+    /// Last access, Unix seconds (truncated): OBJECT IDLETIME.
     pub(crate) atime: u32,
+    /// Last access (or re-queueing), on the store's logical clock: LRU and
+    /// the `prefix` policy's lifetimes rank by it, and it tells the entry's
+    /// current place in the `prefix` queues from stale ones.
+    pub(crate) tick: u32,
     /// Logarithmic access counter (LFU, OBJECT FREQ).
     pub(crate) lfu: u8,
     /// Minutes clock of the last LFU decrement.
@@ -186,12 +188,15 @@ pub struct Entry {
     pub(crate) children: u32,
     /// The parent is known to be absent: no prefix lookup reaches this block.
     pub(crate) orphan: bool,
-    /// S3-FIFO reuse counter (0..=3).
-    pub(crate) freq: u8,
-    /// S3-FIFO queue.
+    /// Met at the front of its level while it had cached children: waiting
+    /// in the level's parked queue (`prefix` policy).
+    pub(crate) parked: bool,
+    /// Uses (the write and each read, saturating; halved on each demotion):
+    /// the `prefix` policy's level is log2 of it. 0: stored cold (a
+    /// request's final partial block) and not read since.
+    pub(crate) uses: u8,
+    /// The `prefix` policy's queue.
     pub(crate) queue: Queue,
-    /// Identifies this version of the entry in the eviction queues.
-    pub(crate) gen: u32,
     /// Reads since the value was stored (spill admission, promotion).
     pub(crate) reads: u16,
     /// The key has (or had) a record in the spill tier: a delete or an
@@ -206,15 +211,16 @@ impl Entry {
             value,
             expire_at,
             atime: (now / 1000) as u32,
+            tick: 0,
             lfu: eviction::LFU_INIT,
             lfu_minutes: eviction::minutes(now),
             encoding: Encoding::Auto,
             parent: None,
             children: 0,
             orphan: false,
-            freq: 0,
-            queue: Queue::Small,
-            gen: 0,
+            parked: false,
+            uses: 1,
+            queue: Queue::Out,
             reads: 0,
             on_disk: false,
         }

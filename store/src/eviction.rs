@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 
@@ -79,6 +79,13 @@ impl EvictionPolicy {
         )
     }
 
+    /// Whether every key is queued in recency order (the `prefix` policy's
+    /// levels, `allkeys-lru`'s one exact LRU queue); the other policies
+    /// sample.
+    pub fn queues(self) -> bool {
+        matches!(self, EvictionPolicy::Prefix | EvictionPolicy::AllKeysLru)
+    }
+
     /// Whether the policy tracks frequency (OBJECT FREQ works, IDLETIME not).
     pub fn is_lfu(self) -> bool {
         matches!(
@@ -120,11 +127,13 @@ pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
     counter.saturating_sub(elapsed.min(255) as u8)
 }
 
-/// Records an access: recency always, S3-FIFO reuse under `prefix`,
-/// frequency under LFU policies.
-pub fn touch(entry: &mut Entry, policy: EvictionPolicy, now_ms: u64) {
+/// Records an access at logical time `tick`: recency always (the store's
+/// clock, exact, for LRU; seconds for OBJECT IDLETIME), the use count the
+/// `prefix` policy ranks by, frequency under LFU policies.
+pub fn touch(entry: &mut Entry, policy: EvictionPolicy, now_ms: u64, tick: u32) {
     entry.atime = (now_ms / 1000) as u32;
-    entry.freq = (entry.freq + 1).min(3);
+    entry.tick = tick;
+    entry.uses = entry.uses.saturating_add(1);
     if policy.is_lfu() {
         let counter = decayed(entry.lfu, entry.lfu_minutes, now_ms);
         entry.lfu = log_increment(counter, now_ms);
@@ -154,62 +163,214 @@ fn log_increment(counter: u8, seed: u64) -> u8 {
 }
 
 /// How strongly the policy wants to evict `entry`: higher goes first.
-pub fn score(entry: &Entry, policy: EvictionPolicy, now_ms: u64) -> u64 {
+/// `tick` is the store's logical clock (LRU ranks by the ticks since the
+/// last access: exact, where Redis's clock has a resolution of seconds).
+pub fn score(entry: &Entry, policy: EvictionPolicy, now_ms: u64, tick: u32) -> u64 {
     match policy {
         EvictionPolicy::AllKeysLfu | EvictionPolicy::VolatileLfu => {
             255 - decayed(entry.lfu, entry.lfu_minutes, now_ms) as u64
         }
         EvictionPolicy::AllKeysRandom | EvictionPolicy::VolatileRandom => 0,
         EvictionPolicy::VolatileTtl => u64::MAX - entry.expire_at,
-        _ => entry.idle_seconds(now_ms),
+        _ => tick.wrapping_sub(entry.tick) as u64,
     }
 }
 
-/// Recently evicted keys (by hash), so a key that comes back soon enters
-/// the main queue directly (S3-FIFO's ghost queue).
-#[derive(Default)]
-pub(crate) struct Ghost {
-    pub(crate) set: HashSet<u64>,
-    pub(crate) order: VecDeque<u64>,
+/// Levels of the `prefix` policy: a block is queued at level log2(uses).
+pub(crate) const LEVELS: usize = 8;
+
+/// The `prefix` policy's parameters (the defaults are what the policy
+/// study chose; the simulator varies them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefixTuning {
+    /// Levels in use (1..=8): a block's level is min(log2(uses), levels-1).
+    pub levels: u8,
+    /// Ticks without a use after which a block moves down a level, per
+    /// block in DRAM.
+    pub lifetime_per_block: f32,
+    /// A chain's last block, when shorter than the block before it (a
+    /// request's final partial block), is queued to go first.
+    pub cold_partial: bool,
 }
 
-impl Ghost {
-    pub(crate) fn insert(&mut self, hash: u64, capacity: usize) {
-        if self.set.insert(hash) {
-            self.order.push_back(hash);
+impl Default for PrefixTuning {
+    fn default() -> Self {
+        PrefixTuning {
+            levels: 2,
+            lifetime_per_block: 0.5,
+            cold_partial: true,
         }
-        while self.order.len() > capacity.max(64) {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
+    }
+}
+
+impl PrefixTuning {
+    /// The level a block of `uses` uses is queued at.
+    pub(crate) fn level_of(&self, uses: u8) -> u8 {
+        (uses.max(1).ilog2() as u8).min(self.levels.clamp(1, LEVELS as u8) - 1)
+    }
+}
+
+/// The eviction queues of the `prefix` policy (a multi-queue, MQ): per
+/// level, one LRU queue of the blocks in DRAM; a block moves up a level each
+/// time its uses double and down one when it has not been used for a
+/// lifetime. A block met at the front of its queue while cached blocks
+/// continue it (an inner block of a chain) is parked, in that order, in its
+/// level's parked queue; when its last cached child goes it returns to the
+/// front of its queue, so a chain no one reads is evicted from its tail,
+/// each block in its turn by recency. Orphans are apart. Queues hold
+/// `(key, tick)`; an entry whose tick moved on (used, demoted, removed) is
+/// skipped when met.
+///
+/// With them, the store's logical clock (one tick per read or write of a
+/// key: exact recency for LRU and the lifetimes here, and the stamp that
+/// tells current queue entries from stale ones).
+#[derive(Default)]
+pub(crate) struct Recency {
+    pub(crate) clock: u32,
+    pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
+    pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
+    pub(crate) orphans: VecDeque<(Bytes, u32)>,
+    /// `allkeys-lru`: one queue (level 0) in exact recency order, nothing
+    /// parked.
+    pub(crate) lru_only: bool,
+    pub(crate) tuning: PrefixTuning,
+}
+
+impl Recency {
+    /// One more tick of the logical clock; its new time.
+    pub(crate) fn tick(&mut self) -> u32 {
+        self.clock = self.clock.wrapping_add(1);
+        self.clock
+    }
+
+    /// The level a block of `uses` is queued at.
+    fn level_of(&self, uses: u8) -> u8 {
+        match self.lru_only {
+            true => 0,
+            false => self.tuning.level_of(uses),
+        }
+    }
+
+    /// Queues `entry` (of `key`) at the back of its level, stamped with its
+    /// tick (after a use, which gave it a new one). `cold` puts it at the
+    /// front instead (a block the writer does not expect read again).
+    pub(crate) fn requeue(&mut self, key: &Bytes, entry: &mut Entry, cold: bool) {
+        let level = self.level_of(entry.uses);
+        entry.queue = Queue::Level(level);
+        entry.parked = false;
+        let q = &mut self.queues[level as usize];
+        if cold {
+            q.push_front((key.clone(), entry.tick));
+        } else {
+            q.push_back((key.clone(), entry.tick));
+        }
+    }
+
+    /// A parked block that lost its last cached child: back to the front of
+    /// its level, where it waited (it is older than anything queued since).
+    pub(crate) fn unpark(&mut self, key: &Bytes, entry: &mut Entry) {
+        if let (true, Queue::Level(level)) = (entry.parked, entry.queue) {
+            entry.parked = false;
+            self.queues[level as usize].push_front((key.clone(), entry.tick));
+        }
+    }
+
+    /// Queue entries in all levels (live or not): compacted when they
+    /// outnumber the live ones by far.
+    pub(crate) fn queued(&self) -> usize {
+        self.queues
+            .iter()
+            .chain(&self.parked)
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    fn queue(&mut self, level: u8, parked: bool) -> &mut VecDeque<(Bytes, u32)> {
+        if parked {
+            &mut self.parked[level as usize]
+        } else {
+            &mut self.queues[level as usize]
+        }
+    }
+}
+
+/// Whether a queue entry stamped `tick` (in a parked queue or not) is
+/// `entry`'s current place.
+fn current(entry: &Entry, tick: u32, parked: bool) -> bool {
+    entry.tick == tick && entry.parked == parked
+}
+
+impl Store {
+    /// Drops the stale queue entries (used or removed blocks' old places)
+    /// once they outnumber the live ones four to one: amortised O(1).
+    pub(crate) fn compact_queues_if_stale(&mut self) {
+        if self.recency.queued() > 4 * self.meta.queued + 1024 {
+            self.compact_queues();
+        }
+    }
+
+    fn compact_queues(&mut self) {
+        for parked in [false, true] {
+            let mut queues = match parked {
+                true => std::mem::take(&mut self.recency.parked),
+                false => std::mem::take(&mut self.recency.queues),
+            };
+            for q in &mut queues {
+                q.retain(|(key, tick)| {
+                    let index = self.index(key_slot(key));
+                    let e = self.maps[index].get(&key[..]);
+                    e.is_some_and(|e| current(e, *tick, parked))
+                });
+            }
+            match parked {
+                true => self.recency.parked = queues,
+                false => self.recency.queues = queues,
             }
         }
     }
 
-    pub(crate) fn take(&mut self, hash: u64) -> bool {
-        self.set.remove(&hash)
+    /// The lifetime of a use, in ticks: a block unused this long moves down
+    /// a level.
+    fn lifetime(&self) -> u32 {
+        ((self.meta.queued as f32 * self.recency.tuning.lifetime_per_block) as u32).max(64)
     }
-}
 
-/// The eviction queues of the `prefix` policy.
-#[derive(Default)]
-pub(crate) struct PrefixQueues {
-    pub(crate) small: VecDeque<(Bytes, u32)>,
-    pub(crate) main: VecDeque<(Bytes, u32)>,
-    pub(crate) orphans: VecDeque<(Bytes, u32)>,
-    pub(crate) ghost: Ghost,
-}
+    /// Moves the blocks at the front of levels 1.. whose lifetime ran out
+    /// to the back of the level below, their uses halved (a few per call:
+    /// O(1)).
+    fn demote_expired(&mut self) {
+        let (now, lifetime) = (self.recency.clock, self.lifetime());
+        for level in 1..LEVELS as u8 {
+            let mut budget = 8;
+            while budget > 0 {
+                let Some((key, tick)) = self.recency.queues[level as usize].front().cloned() else {
+                    break;
+                };
+                let index = self.index(key_slot(&key));
+                let e = self.maps[index].get_mut(&key[..]);
+                let Some(e) = e.filter(|e| current(e, tick, false)) else {
+                    self.recency.queues[level as usize].pop_front();
+                    continue;
+                };
+                if (now.wrapping_sub(e.tick) as i32) < lifetime as i32 {
+                    break;
+                }
+                budget -= 1;
+                self.recency.queues[level as usize].pop_front();
+                e.uses /= 2;
+                e.tick = self.recency.tick();
+                let down = level - 1;
+                e.queue = Queue::Level(down);
+                self.recency.queues[down as usize].push_back((key, e.tick));
+            }
+        }
+    }
 
-pub(crate) fn key_hash(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-impl Store {
-    /// The `prefix` policy's victim: an orphan if there is one, else a leaf
-    /// chosen by S3-FIFO (a small probationary FIFO and a main FIFO with
-    /// reinsertion of reused keys), else, when nothing but inner blocks is
-    /// left, an inner block. Held values are never chosen.
+    /// The `prefix` policy's victim: an orphan if there is one; else, from
+    /// the lowest level up, the least recently used block no cached block
+    /// continues (a leaf); else, when nothing but blocks with cached
+    /// children is left, the least recently used of those. Held values and
+    /// `protect` are never chosen.
     pub(crate) fn prefix_victim(
         &mut self,
         protect: Option<&[u8]>,
@@ -220,93 +381,116 @@ impl Store {
         // queued: they go first once free.
         let mut skipped = Vec::new();
         let mut found = None;
-        while let Some((key, gen)) = self.queues.orphans.pop_front() {
+        while let Some((key, tick)) = self.recency.orphans.pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let Some(e) = self.maps[index].get(&key[..]) else {
                 continue;
             };
-            if e.gen != gen || !e.orphan {
+            // Any queue entry of a block that is an orphan now will do (a
+            // use re-queues the block in its level, not here).
+            if !e.orphan {
                 continue;
             }
             if e.value.is_held() || Some(&key[..]) == protect || (dram_only && !e.value.in_dram()) {
-                skipped.push((key, gen));
+                skipped.push((key, tick));
                 continue;
             }
             found = Some((slot, key, EvictReason::Orphan));
             break;
         }
         for entry in skipped.into_iter().rev() {
-            self.queues.orphans.push_front(entry);
+            self.recency.orphans.push_front(entry);
         }
         if found.is_some() {
             return found;
         }
-        // 2. S3-FIFO over the leaves; inner blocks are passed over.
-        let mut budget = 2 * (self.queues.small.len() + self.queues.main.len()) + 8;
-        let mut inner: Option<(u16, Bytes)> = None;
-        while budget > 0 {
-            budget -= 1;
-            let live = self.meta.small_live + self.meta.main_live;
-            let from_small = !self.queues.small.is_empty()
-                && (self.meta.small_live * 10 > live || self.queues.main.is_empty());
-            let popped = if from_small {
-                self.queues.small.pop_front()
-            } else {
-                self.queues.main.pop_front()
-            };
-            let Some((key, gen)) = popped else { break };
+        // 2. Blocks unused for a lifetime go down a level first.
+        self.demote_expired();
+        // 3. From the lowest level up, the least recently used block that
+        // no cached block continues (those that are, met first, are
+        // parked); 4. when there is none at any level, the lowest level's
+        // first parked block (its descendants become orphans). Held blocks
+        // and `protect` are passed over and put back in their place.
+        for parked in [false, true] {
+            for level in 0..LEVELS as u8 {
+                if let Some(victim) = self.queue_victim(level, parked, protect, dram_only) {
+                    return Some(victim);
+                }
+            }
+        }
+        None
+    }
+
+    /// `allkeys-lru`'s victim: the least recently used key, exactly (its
+    /// one queue is in recency order).
+    pub(crate) fn lru_victim(
+        &mut self,
+        protect: Option<&[u8]>,
+        dram_only: bool,
+    ) -> Option<(u16, Bytes, EvictReason)> {
+        self.queue_victim(0, false, protect, dram_only)
+            .map(|(slot, key, _)| (slot, key, EvictReason::Policy))
+    }
+
+    /// The least recently used block of one queue (a level's, or its
+    /// parked blocks') that may go.
+    fn queue_victim(
+        &mut self,
+        level: u8,
+        parked: bool,
+        protect: Option<&[u8]>,
+        dram_only: bool,
+    ) -> Option<(u16, Bytes, EvictReason)> {
+        let mut passed = Vec::new();
+        let mut victim = None;
+        let lru_only = self.recency.lru_only;
+        while let Some((key, tick)) = self.recency.queue(level, parked).pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let Some(e) = self.maps[index].get_mut(&key[..]) else {
                 continue;
             };
-            if e.gen != gen {
+            if !current(e, tick, parked) {
+                continue;
+            }
+            if !parked && !lru_only && e.children > 0 {
+                // An inner block: waits until its children are gone.
+                e.parked = true;
+                self.recency.parked[level as usize].push_back((key, tick));
                 continue;
             }
             if !e.value.in_dram() {
                 // Spilled: it left DRAM, and the queues with it.
-                match e.queue {
-                    Queue::Small => self.meta.small_live -= 1,
-                    Queue::Main => self.meta.main_live -= 1,
-                    Queue::Out => {}
+                if e.queue != Queue::Out {
+                    self.meta.queued -= 1;
                 }
                 e.queue = Queue::Out;
-                e.gen = 0;
                 if dram_only {
                     continue;
                 }
-                return Some((slot, key, EvictReason::Leaf));
+                victim = Some((slot, key, EvictReason::Leaf));
+                break;
             }
-            let keep = e.value.is_held() || Some(&key[..]) == protect;
-            if from_small {
-                if e.freq > 1 || e.children > 0 || keep {
-                    // Reused (or an inner node, or held): promote.
-                    e.queue = Queue::Main;
-                    e.freq = 0;
-                    self.meta.small_live -= 1;
-                    self.meta.main_live += 1;
-                    self.queues.main.push_back((key, gen));
-                    continue;
+            if e.value.is_held() || Some(&key[..]) == protect {
+                passed.push((key, tick));
+                if passed.len() > 64 {
+                    break;
                 }
-                return Some((slot, key, EvictReason::Leaf));
-            }
-            if e.freq > 0 || keep {
-                e.freq = e.freq.saturating_sub(1);
-                self.queues.main.push_back((key, gen));
                 continue;
             }
-            if e.children > 0 {
-                if inner.is_none() {
-                    inner = Some((slot, key.clone()));
-                }
-                self.queues.main.push_back((key, gen));
-                continue;
-            }
-            return Some((slot, key, EvictReason::Leaf));
+            let reason = if parked {
+                EvictReason::Inner
+            } else {
+                EvictReason::Leaf
+            };
+            victim = Some((slot, key, reason));
+            break;
         }
-        // 3. Only inner blocks left: its descendants become orphans.
-        inner.map(|(slot, key)| (slot, key, EvictReason::Inner))
+        for entry in passed.into_iter().rev() {
+            self.recency.queue(level, parked).push_front(entry);
+        }
+        victim
     }
 
     pub(crate) fn next_random(&mut self) -> u64 {
@@ -392,7 +576,7 @@ impl Store {
                 continue;
             }
             found += 1;
-            let score = score(entry, policy, now);
+            let score = score(entry, policy, now, self.recency.clock);
             if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
                 best = Some((score, index, key));
             }

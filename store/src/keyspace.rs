@@ -10,11 +10,61 @@ use hashbrown::HashMap;
 
 use crate::entry::{Encoding, Entry, Queue, Value};
 use crate::eviction::{self, EvictionPolicy};
+use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
-use crate::{
-    key_hash, InPrefix, OutOfMemory, PrefixQueues, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
-};
+use crate::{InPrefix, OutOfMemory, Recency, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN};
+
+/// A value to store: its bytes, or (the policy simulator) only its size.
+#[derive(Clone, Copy)]
+pub(crate) enum Contents<'a> {
+    /// Copied in.
+    Bytes(&'a [u8]),
+    /// `len` bytes reserved, none written.
+    Unwritten(usize),
+}
+
+impl Contents<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Contents::Bytes(b) => b.len(),
+            Contents::Unwritten(len) => *len,
+        }
+    }
+}
+
+/// The attributes of a write besides the key and the value.
+struct Write {
+    expire_at: u64,
+    encoding: Encoding,
+    parent: Option<Bytes>,
+    now: u64,
+    /// Not expected to be read again: queued to be evicted first.
+    cold: bool,
+}
+
+/// How MSETBLOCK stores one block.
+#[derive(Clone, Debug, Default)]
+pub struct BlockWrite {
+    /// Unix ms of its expiry (0: none).
+    pub expire_at: u64,
+    /// The block it continues (CHAIN).
+    pub parent: Option<Bytes>,
+    /// Overwrite a block already there.
+    pub replace: bool,
+    /// Not expected to be read again (see [`partial_tail`]): under the
+    /// `prefix` policy it is queued to go first.
+    pub cold: bool,
+}
+
+/// Whether the block at `index` of a chain of `count` blocks looks like a
+/// request's final, partial block: the last of the chain and shorter than
+/// the one before it. Nearly every request ends in one (its prompt is not a
+/// whole number of blocks), and the next turn's longer prompt fills that
+/// block differently, so few are ever read again.
+pub fn partial_tail(index: usize, count: usize, len: usize, previous_len: Option<usize>) -> bool {
+    index + 1 == count && previous_len.is_some_and(|p| len < p)
+}
 
 /// Where a block stands in a prefix read.
 pub struct PrefixStep<'a> {
@@ -28,14 +78,14 @@ pub struct PrefixStep<'a> {
 
 impl Store {
     /// The live entry for `key` (an expired one is removed on the way), with
-    /// the counters beside it (alone when the key is absent): one lookup,
-    /// every read's path.
+    /// the counters and the eviction order beside it (the counters alone
+    /// when the key is absent): one lookup, every read's path.
     fn live_entry(
         &mut self,
         slot: u16,
         key: &[u8],
         now: u64,
-    ) -> Result<(&mut Entry, &mut StoreStats), &mut StoreStats> {
+    ) -> Result<Found<'_>, &mut StoreStats> {
         let index = self.index(slot);
         match live(
             &mut self.maps[index],
@@ -44,7 +94,13 @@ impl Store {
             key,
             now,
         ) {
-            Some(entry) => Ok((entry, &mut self.stats)),
+            Some((key, entry)) => Ok(Found {
+                key,
+                entry,
+                stats: &mut self.stats,
+                recency: &mut self.recency,
+                policy: self.policy,
+            }),
             None => Err(&mut self.stats),
         }
     }
@@ -52,12 +108,8 @@ impl Store {
     /// A live entry for reading: counts a hit or miss and, unless `touch` is
     /// false (CLIENT NO-TOUCH, side-effect-free commands), marks it used.
     pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
-        let policy = self.policy;
         match self.live_entry(slot, key, now) {
-            Ok((entry, stats)) => {
-                count_hit(entry, stats, policy, now, touch);
-                Some(entry)
-            }
+            Ok(found) => Some(found.hit(now, touch)),
             Err(stats) => {
                 stats.keyspace_misses += 1;
                 None
@@ -67,15 +119,14 @@ impl Store {
 
     /// A live entry without counting or touching (writes, EXISTS-like peeks).
     pub fn peek(&mut self, slot: u16, key: &[u8], now: u64) -> Option<&Entry> {
-        self.live_entry(slot, key, now).ok().map(|(e, _)| &*e)
+        self.live_entry(slot, key, now).ok().map(|f| &*f.entry)
     }
 
     /// Marks a key as used (TOUCH); false if absent.
     pub fn touch(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
-        let policy = self.policy;
         match self.live_entry(slot, key, now) {
-            Ok((entry, _)) => {
-                eviction::touch(entry, policy, now);
+            Ok(found) => {
+                found.used(now);
                 true
             }
             Err(_) => false,
@@ -95,15 +146,15 @@ impl Store {
         now: u64,
         step: &PrefixStep,
     ) -> Result<&mut Entry, InPrefix> {
-        let policy = self.policy;
-        let (entry, stats) = self
+        let found = self
             .live_entry(slot, key, now)
             .map_err(|_| InPrefix::Absent)?;
-        if entry.value.len() as u64 > step.room {
+        if found.entry.value.len() as u64 > step.room {
             return Err(InPrefix::TooLong);
         }
-        count_hit(entry, stats, policy, now, step.touch);
-        if step.previous.is_some() && entry.parent.as_deref() == step.previous {
+        let reachable = step.previous.is_some() && found.entry.parent.as_deref() == step.previous;
+        let entry = found.hit(now, step.touch);
+        if reachable {
             entry.orphan = false;
         }
         Ok(entry)
@@ -156,6 +207,31 @@ impl Store {
         parent: Option<Bytes>,
         now: u64,
     ) -> Result<Option<Entry>, OutOfMemory> {
+        let write = Write {
+            expire_at,
+            encoding,
+            parent,
+            now,
+            cold: false,
+        };
+        self.insert_contents(slot, key, Contents::Bytes(&value), write)
+    }
+
+    /// The general write, for a value given by its bytes or by its size.
+    fn insert_contents(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Contents,
+        write: Write,
+    ) -> Result<Option<Entry>, OutOfMemory> {
+        let Write {
+            expire_at,
+            encoding,
+            parent,
+            now,
+            cold,
+        } = write;
         let index = self.index(slot);
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
         let heap_len = if value.len() < SLAB_MIN {
@@ -174,24 +250,20 @@ impl Store {
                 self.ensure_room(index_growth, Some(key))?;
             }
         }
-        let stored = if value.len() < SLAB_MIN {
+        let stored = match value {
             // Always copied: a slice would pin the request's read buffer.
-            Value::Heap(Bytes::copy_from_slice(&value))
-        } else {
-            Value::Slab(self.place_in_slab(&value, key, index_growth)?)
+            Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
+            Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
+            _ => Value::Slab(self.place_in_slab(value, key, index_growth)?),
         };
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
         entry.parent = parent;
-        let track = self.policy == EvictionPolicy::Prefix;
+        entry.tick = self.recency.tick();
+        let track = self.policy.queues();
         if track {
-            self.next_gen = self.next_gen.wrapping_add(1);
-            entry.gen = self.next_gen;
-            if self.queues.ghost.take(key_hash(key)) {
-                entry.queue = Queue::Main;
-            }
+            entry.queue = Queue::Level(self.recency.tuning.level_of(entry.uses));
         }
-        let (queue, gen) = (entry.queue, entry.gen);
         let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
             MapEntry::Occupied(mut o) => {
                 let old = std::mem::replace(o.get_mut(), entry);
@@ -214,12 +286,19 @@ impl Store {
             self.tombstone(key);
         }
         if track {
-            match queue {
-                Queue::Small => self.queues.small.push_back((stored_key, gen)),
-                Queue::Main => self.queues.main.push_back((stored_key, gen)),
-                Queue::Out => {}
+            let index = self.index(slot);
+            let cold =
+                cold && self.policy == EvictionPolicy::Prefix && self.recency.tuning.cold_partial;
+            if let Some(e) = self.maps[index].get_mut(&stored_key[..]) {
+                if cold {
+                    // Not a use: 0 marks a cold block never read.
+                    e.uses = 0;
+                }
+                self.recency.requeue(&stored_key, e, cold);
             }
+            self.compact_queues_if_stale();
         }
+        self.settle_links();
         if !self.watchers.is_empty() {
             if let Some(waiters) = self.watchers.get(key) {
                 for w in waiters {
@@ -231,29 +310,85 @@ impl Store {
     }
 
     /// MSETBLOCK's write of one block: `1` stored, `0` already present and
-    /// left unchanged (unless `replace`), `-1` not stored (no memory, or
-    /// larger than this shard's whole budget).
-    #[allow(clippy::too_many_arguments)]
+    /// left unchanged (unless `write.replace`), `-1` not stored (no memory,
+    /// or larger than this shard's whole budget).
     pub fn insert_block(
         &mut self,
         slot: u16,
         key: &[u8],
         value: Bytes,
-        expire_at: u64,
-        parent: Option<Bytes>,
-        replace: bool,
+        write: BlockWrite,
         now: u64,
     ) -> i64 {
-        if !replace && self.peek(slot, key, now).is_some() {
+        self.insert_block_contents(slot, key, Contents::Bytes(&value), write, now)
+    }
+
+    fn insert_block_contents(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Contents,
+        write: BlockWrite,
+        now: u64,
+    ) -> i64 {
+        if !write.replace && self.peek(slot, key, now).is_some() {
+            self.relink(slot, key, write.parent.as_deref());
             return 0;
         }
-        if self.budget != 0 && Self::charge(key.len(), value.len(), expire_at != 0) > self.budget {
+        if self.budget != 0
+            && Self::charge(key.len(), value.len(), write.expire_at != 0) > self.budget
+        {
             return -1;
         }
-        match self.insert_entry(slot, key, value, expire_at, Encoding::Auto, parent, now) {
+        let write = Write {
+            expire_at: write.expire_at,
+            encoding: Encoding::Auto,
+            parent: write.parent,
+            now,
+            cold: write.cold,
+        };
+        match self.insert_contents(slot, key, value, write) {
             Ok(_) => 1,
             Err(OutOfMemory) => -1,
         }
+    }
+
+    /// A block written again under the parent it has, while it is marked
+    /// an orphan (its parent was evicted, and has just been written back
+    /// before it): reachable again, and counted by the parent (which
+    /// answers with an orphan mark if it is unreachable itself).
+    fn relink(&mut self, slot: u16, key: &[u8], parent: Option<&[u8]>) {
+        let index = self.index(slot);
+        let Some((key, e)) = self.maps[index].get_key_value_mut(key) else {
+            return;
+        };
+        if !e.orphan || parent.is_none() || e.parent.as_deref() != parent {
+            return;
+        }
+        e.orphan = false;
+        if let Some(parent) = e.parent.clone() {
+            let child = key.clone();
+            self.meta
+                .outbox
+                .push(LinkEvent::ChildAdded { parent, child });
+            self.settle_links();
+        }
+    }
+
+    /// [`Store::insert_block`] of a block given by its size only, for the
+    /// policy simulator: the same index, memory accounting and eviction,
+    /// with a slab slot reserved and nothing written in it (so a simulated
+    /// shard of gigabytes costs address space, not memory). Reads of it
+    /// return its slot's unwritten bytes.
+    pub fn insert_block_of_len(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        len: usize,
+        write: BlockWrite,
+        now: u64,
+    ) -> i64 {
+        self.insert_block_contents(slot, key, Contents::Unwritten(len), write, now)
     }
 
     /// Deletes `key` (DEL and the like), returning its entry. A key that
@@ -340,7 +475,12 @@ impl Store {
             disk,
             ..Meta::default()
         };
-        self.queues = PrefixQueues::default();
+        self.recency = Recency {
+            clock: self.recency.clock,
+            lru_only: self.recency.lru_only,
+            tuning: self.recency.tuning,
+            ..Recency::default()
+        };
         self.arena.reclaim();
         self.spill_cleared();
     }
@@ -449,18 +589,37 @@ impl Store {
     }
 }
 
-/// A read that found its key: a keyspace hit, and (unless `touch` is false)
-/// a use for eviction and a read toward promotion from the spill tier.
-fn count_hit(
-    entry: &mut Entry,
-    stats: &mut StoreStats,
+/// A live entry found by [`Store::live_entry`], with what a use of it
+/// updates.
+struct Found<'a> {
+    key: &'a Bytes,
+    entry: &'a mut Entry,
+    stats: &'a mut StoreStats,
+    recency: &'a mut Recency,
     policy: EvictionPolicy,
-    now: u64,
-    touch: bool,
-) {
-    stats.keyspace_hits += 1;
-    if touch {
-        eviction::touch(entry, policy, now);
-        entry.reads = entry.reads.saturating_add(1);
+}
+
+impl<'a> Found<'a> {
+    /// A read that found its key: a keyspace hit, and (unless `touch` is
+    /// false) a use for eviction and a read toward promotion from the spill
+    /// tier.
+    fn hit(self, now: u64, touch: bool) -> &'a mut Entry {
+        self.stats.keyspace_hits += 1;
+        if touch {
+            self.entry.reads = self.entry.reads.saturating_add(1);
+            return self.used(now);
+        }
+        self.entry
+    }
+
+    /// A use: recency and frequency, and under the `prefix` policy the block
+    /// moves to the back of its (new) level.
+    fn used(self, now: u64) -> &'a mut Entry {
+        let tick = self.recency.tick();
+        eviction::touch(self.entry, self.policy, now, tick);
+        if self.policy.queues() && self.entry.queue != Queue::Out {
+            self.recency.requeue(self.key, self.entry, false);
+        }
+        self.entry
     }
 }

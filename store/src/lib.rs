@@ -36,9 +36,10 @@ use bytes::Bytes;
 use hashbrown::HashMap;
 
 pub use entry::{Encoding, Entry, Queue, Value};
-pub use eviction::EvictionPolicy;
-use eviction::{key_hash, PrefixQueues};
-pub use keyspace::PrefixStep;
+use eviction::Recency;
+pub use eviction::{EvictionPolicy, PrefixTuning};
+use keyspace::Contents;
+pub use keyspace::{partial_tail, BlockWrite, PrefixStep};
 pub use links::LinkEvent;
 use meta::Meta;
 use slab::{ArenaStats, SlabArena};
@@ -134,8 +135,8 @@ pub struct Store {
     slots: Range<usize>,
     meta: Meta,
     arena: SlabArena,
-    queues: PrefixQueues,
-    next_gen: u32,
+    /// The logical clock and the `prefix` policy's queues.
+    recency: Recency,
     budget: usize,
     policy: EvictionPolicy,
     samples: usize,
@@ -180,8 +181,10 @@ impl Store {
             slots,
             meta: Meta::default(),
             arena,
-            queues: PrefixQueues::default(),
-            next_gen: 0,
+            recency: Recency {
+                lru_only: policy == EvictionPolicy::AllKeysLru,
+                ..Recency::default()
+            },
             budget,
             policy,
             samples: 5,
@@ -254,7 +257,28 @@ impl Store {
 
     /// Changes the eviction policy.
     pub fn set_policy(&mut self, policy: EvictionPolicy) {
+        if policy != self.policy {
+            // Keys queued for the old policy are met as stale (or evicted
+            // by sampling until the new order holds them).
+            self.recency = Recency {
+                clock: self.recency.clock,
+                lru_only: policy == EvictionPolicy::AllKeysLru,
+                tuning: self.recency.tuning,
+                ..Recency::default()
+            };
+            for map in &mut self.maps {
+                for e in map.values_mut() {
+                    e.queue = Queue::Out;
+                }
+            }
+            self.meta.queued = 0;
+        }
         self.policy = policy;
+    }
+
+    /// Sets the `prefix` policy's parameters.
+    pub fn set_prefix_tuning(&mut self, tuning: PrefixTuning) {
+        self.recency.tuning = tuning;
     }
 
     /// Sets how many keys eviction samples per choice (maxmemory-samples).
@@ -406,6 +430,7 @@ mod tests {
 #[cfg(test)]
 mod slab_tests {
     use super::*;
+    use crate::links::Route;
     use crate::slot::{key_slot, SLOTS};
 
     fn block(i: u32, len: usize) -> Bytes {
@@ -418,15 +443,11 @@ mod slab_tests {
 
     fn put(s: &mut Store, key: &str, value: Bytes, parent: Option<&str>) -> i64 {
         let parent = parent.map(|p| Bytes::copy_from_slice(p.as_bytes()));
-        let code = s.insert_block(
-            key_slot(key.as_bytes()),
-            key.as_bytes(),
-            value,
-            0,
+        let write = BlockWrite {
             parent,
-            false,
-            1000,
-        );
+            ..BlockWrite::default()
+        };
+        let code = s.insert_block(key_slot(key.as_bytes()), key.as_bytes(), value, write, 1000);
         settle(s);
         code
     }
@@ -438,8 +459,12 @@ mod slab_tests {
             if events.is_empty() {
                 return;
             }
+            // The store applied its own; a parent's departure has no
+            // other store to reach.
             for e in events {
-                s.apply_link(e);
+                if !matches!(e.route(), Route::Others) {
+                    s.apply_link(e);
+                }
             }
         }
     }
@@ -492,11 +517,11 @@ mod slab_tests {
     }
 
     #[test]
-    fn prefix_policy_evicts_orphans_then_leaves_before_inner_blocks() {
+    fn prefix_policy_evicts_orphans_then_chains_from_their_tails() {
         // Room for about 24 blocks of 64 KiB (pages of 256 KiB).
         let budget = 24 * 64 * 1024 + 64 * 1024;
         let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
-        // A chain a0 <- a1 <- ... <- a9.
+        // A chain a0 <- a1 <- ... <- a9, the oldest blocks.
         for i in 0..10 {
             let parent = (i > 0).then(|| format!("a{}", i - 1));
             assert_eq!(
@@ -522,14 +547,52 @@ mod slab_tests {
         }
         assert!(!has(&mut s, "orphan"), "the orphan goes first");
         assert_eq!(s.stats.evicted_by[EvictReason::Orphan as usize], 1);
-        // Keep writing: leaves go, the chain's inner blocks stay.
+        // Keep writing: the chain, least recently used, goes from its tail
+        // (what is left of it is always a prefix), each inner block once it
+        // is a leaf; then the leaves written after it.
+        let mut left = 10;
         for j in 0..40 {
             put(&mut s, &format!("y{j}"), block(2000 + j, 64 * 1024), None);
+            let present: Vec<bool> = (0..10).map(|k| has(&mut s, &format!("a{k}"))).collect();
+            let now_left = present.iter().take_while(|&&p| p).count();
+            assert!(
+                present[now_left..].iter().all(|&p| !p),
+                "a chain loses its tail first: {present:?}"
+            );
+            assert!(now_left <= left);
+            left = now_left;
+            if left > 0 {
+                assert!(has(&mut s, "x0"), "x0 is newer than the chain");
+            }
         }
-        for k in 0..9 {
-            assert!(has(&mut s, &format!("a{k}")), "inner block a{k} kept");
-        }
+        assert_eq!(left, 0, "the unread chain is evicted");
         assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+    }
+
+    #[test]
+    fn a_cold_partial_block_goes_before_older_leaves() {
+        let budget = 24 * 64 * 1024 + 64 * 1024;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        let mut i = 0;
+        while s.len() < 8 {
+            put(&mut s, &format!("x{i}"), block(i, 64 * 1024), None);
+            i += 1;
+        }
+        let write = BlockWrite {
+            cold: true,
+            ..BlockWrite::default()
+        };
+        let slot = key_slot(b"tail");
+        assert_eq!(
+            s.insert_block(slot, b"tail", block(7, 64 * 1024), write, 1000),
+            1
+        );
+        while s.stats.evicted_keys == 0 {
+            put(&mut s, &format!("x{i}"), block(i, 64 * 1024), None);
+            i += 1;
+        }
+        assert!(!has(&mut s, "tail"), "the cold block is the first victim");
+        assert!(has(&mut s, "x0"), "older leaves stay");
     }
 
     #[test]
@@ -563,9 +626,7 @@ mod slab_tests {
                 key_slot(key.as_bytes()),
                 key.as_bytes(),
                 value,
-                0,
-                None,
-                false,
+                BlockWrite::default(),
                 now,
             )
         };

@@ -4,10 +4,13 @@
 //! shard. Prefix-aware eviction needs, for every block, whether it has cached
 //! children (an inner node of some prefix) and whether its parent is gone (an
 //! orphan no lookup can reach). Each store records what happens to its own
-//! keys as [`LinkEvent`]s; the shard layer delivers each event to the store
-//! that owns the key it names (all stores for [`LinkEvent::ParentGone`]),
-//! where [`super::Store::apply_link`] updates the counts. The counts are
-//! eventually consistent: eviction only ranks by them.
+//! keys as [`LinkEvent`]s. An event about a key of the same store is applied
+//! at once (a chain within one shard is counted exactly, even between the
+//! evictions of one write); the shard layer delivers the others to the store
+//! that owns the key each names (every other store for
+//! [`LinkEvent::ParentGone`], every store for [`LinkEvent::ReclaimSegment`]),
+//! where [`super::Store::apply_link`] updates the counts. Across shards the
+//! counts are eventually consistent: eviction only ranks by them.
 //!
 //! A parent's store remembers *which* children it counted, not only how
 //! many: a child stored while its parent was absent (or before the parent
@@ -65,6 +68,8 @@ pub enum LinkEvent {
 pub enum Route<'a> {
     /// The store owning this key.
     Key(&'a Bytes),
+    /// Every store but the one that recorded it (which applied it).
+    Others,
     /// Every store.
     All,
 }
@@ -76,7 +81,8 @@ impl LinkEvent {
             LinkEvent::ChildAdded { parent, .. } | LinkEvent::ChildRemoved { parent, .. } => {
                 Route::Key(parent)
             }
-            LinkEvent::ParentGone { .. } | LinkEvent::ReclaimSegment { .. } => Route::All,
+            LinkEvent::ParentGone { .. } => Route::Others,
+            LinkEvent::ReclaimSegment { .. } => Route::All,
             LinkEvent::Orphaned { child } => Route::Key(child),
         }
     }
@@ -84,7 +90,34 @@ impl LinkEvent {
 impl Store {
     /// Link changes to deliver to other stores (see [`links`]).
     pub fn take_link_events(&mut self) -> Vec<LinkEvent> {
-        std::mem::take(&mut self.meta.outbox)
+        self.settle_links();
+        std::mem::take(&mut self.meta.remote)
+    }
+
+    /// Applies the recorded events that concern this store (keys it owns;
+    /// a parent's departure, for its children here) and keeps the rest for
+    /// [`Store::take_link_events`]. Called after each write and eviction:
+    /// O(events).
+    pub(crate) fn settle_links(&mut self) {
+        while !self.meta.outbox.is_empty() {
+            let mut fresh = std::mem::take(&mut self.meta.outbox);
+            for event in fresh.drain(..) {
+                match event.route() {
+                    Route::Key(key) if self.slots.contains(&(key_slot(key) as usize)) => {
+                        self.apply_link(event)
+                    }
+                    Route::Others => {
+                        self.apply_link(event.clone());
+                        self.meta.remote.push(event);
+                    }
+                    _ => self.meta.remote.push(event),
+                }
+            }
+            // Keep the buffer (events applied above may have recorded more).
+            if self.meta.outbox.is_empty() {
+                self.meta.outbox = fresh;
+            }
+        }
     }
 
     /// Applies a link change that names a key of this store (or, for
@@ -103,6 +136,7 @@ impl Store {
                         }
                         let counted = self.meta.counted.entry(key.clone()).or_default();
                         if counted.insert(child) {
+                            // Parked when met at the front of its level.
                             p.children += 1;
                         }
                     }
@@ -111,7 +145,7 @@ impl Store {
             }
             LinkEvent::ChildRemoved { parent, child } => {
                 let index = self.index(key_slot(&parent));
-                let Some(p) = self.maps[index].get_mut(&parent[..]) else {
+                let Some((key, p)) = self.maps[index].get_key_value_mut(&parent[..]) else {
                     return;
                 };
                 let Some(counted) = self.meta.counted.get_mut(&parent[..]) else {
@@ -119,6 +153,10 @@ impl Store {
                 };
                 if counted.remove(&child) {
                     p.children -= 1;
+                    if p.children == 0 {
+                        // A leaf again: evicted in its turn.
+                        self.recency.unpark(key, p);
+                    }
                     if counted.is_empty() {
                         self.meta.counted.remove(&parent[..]);
                     }
@@ -143,7 +181,7 @@ impl Store {
             if !e.orphan {
                 e.orphan = true;
                 if self.policy == EvictionPolicy::Prefix {
-                    self.queues.orphans.push_back((k.clone(), e.gen));
+                    self.recency.orphans.push_back((k.clone(), e.tick));
                 }
                 if e.children > 0 {
                     self.meta

@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use crate::slab::{self, NoRoom};
 use crate::slot::key_slot;
-use crate::{key_hash, EvictReason, EvictionPolicy, OutOfMemory, Store};
+use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store};
 
 impl Store {
     /// A slab slot holding `value`, evicting (never `protect`) until one is
@@ -14,7 +14,7 @@ impl Store {
     /// charge still to come for the write.
     pub(crate) fn place_in_slab(
         &mut self,
-        value: &[u8],
+        value: Contents,
         protect: &[u8],
         index_growth: usize,
     ) -> Result<slab::SlotRef, OutOfMemory> {
@@ -22,7 +22,11 @@ impl Store {
         loop {
             let growth = self.arena.growth_for(value.len()) + index_growth;
             let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
-            let class = match self.arena.store(value, may_map) {
+            let stored = match value {
+                Contents::Bytes(b) => self.arena.store(b, may_map),
+                Contents::Unwritten(len) => self.arena.store_unwritten(len, may_map),
+            };
+            let class = match stored {
                 Ok(slot) => return Ok(slot),
                 Err(NoRoom::Mmap) => return Err(OutOfMemory),
                 Err(NoRoom::Full { class }) => class,
@@ -133,7 +137,16 @@ impl Store {
         protect: Option<&[u8]>,
         dram_only: bool,
     ) -> Option<EvictReason> {
-        let (slot, key, reason) = if self.policy == EvictionPolicy::Prefix {
+        let (slot, key, reason) = if self.policy == EvictionPolicy::AllKeysLru {
+            match self.lru_victim(protect, dram_only) {
+                Some(found) => found,
+                // Keys written before the policy changed are not queued.
+                None => {
+                    let (slot, key) = self.pick_victim(protect, dram_only)?;
+                    (slot, key, EvictReason::Policy)
+                }
+            }
+        } else if self.policy == EvictionPolicy::Prefix {
             match self.prefix_victim(protect, dram_only) {
                 Some(found) => found,
                 // Keys written before the policy changed are not queued.
@@ -152,13 +165,11 @@ impl Store {
         let kept = in_dram && self.spill_out(slot, &key, false);
         if !kept {
             self.drop_entry(slot, &key)?;
-            if self.policy == EvictionPolicy::Prefix {
-                let capacity = self.meta.main_live;
-                self.queues.ghost.insert(key_hash(&key), capacity);
-            }
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[reason as usize] += 1;
         }
+        // Its parent may be a leaf now, its children orphans.
+        self.settle_links();
         self.arena.reclaim();
         Some(reason)
     }

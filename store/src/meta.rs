@@ -37,9 +37,10 @@ pub(crate) struct Meta {
     pub(crate) counted: HashMap<Bytes, HashSet<Bytes>>,
     /// Link changes for other stores.
     pub(crate) outbox: Vec<LinkEvent>,
-    /// Live entries in each S3-FIFO queue.
-    pub(crate) small_live: usize,
-    pub(crate) main_live: usize,
+    /// Link changes for other stores, once the store applied its own (`Store::settle_links`).
+    pub(crate) remote: Vec<LinkEvent>,
+    /// Entries in the `prefix` policy's DRAM queues.
+    pub(crate) queued: usize,
     /// The spill directory, when the tier is on (live record counts).
     pub(crate) disk: Option<Arc<spill::SpillDir>>,
     /// Keys of this store with a record in each segment (for reclaim).
@@ -118,10 +119,8 @@ impl Meta {
                 child: key.clone(),
             });
         }
-        match entry.queue {
-            Queue::Small => self.small_live += 1,
-            Queue::Main => self.main_live += 1,
-            Queue::Out => {}
+        if entry.queue != Queue::Out {
+            self.queued += 1;
         }
     }
 
@@ -159,10 +158,8 @@ impl Meta {
                 });
             }
         }
-        match entry.queue {
-            Queue::Small => self.small_live -= 1,
-            Queue::Main => self.main_live -= 1,
-            Queue::Out => {}
+        if entry.queue != Queue::Out {
+            self.queued -= 1;
         }
     }
 }
@@ -174,7 +171,7 @@ pub(crate) fn live<'m>(
     stats: &mut StoreStats,
     key: &[u8],
     now: u64,
-) -> Option<&'m mut Entry> {
+) -> Option<(&'m Bytes, &'m mut Entry)> {
     match map.entry_ref(key) {
         EntryRef::Occupied(o) if o.get().expired(now) => {
             let (key, entry) = o.remove_entry();
@@ -182,7 +179,7 @@ pub(crate) fn live<'m>(
             stats.expired_keys += 1;
             None
         }
-        EntryRef::Occupied(o) => Some(o.into_mut()),
+        EntryRef::Occupied(o) => Some(o.into_entry()),
         EntryRef::Vacant(_) => None,
     }
 }

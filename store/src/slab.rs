@@ -430,13 +430,28 @@ impl SlabArena {
     /// and returns the index's handle. `may_map` says whether the store's
     /// budget allows mapping `growth_for(len)` more bytes.
     pub fn store(&mut self, value: &[u8], may_map: bool) -> Result<SlotRef, NoRoom> {
+        self.store_contents(value.len(), Some(value), may_map)
+    }
+
+    /// Takes a slot for `len` bytes and writes nothing in it: a block the
+    /// policy simulator accounts for by its size (the slot's memory is
+    /// mapped but never touched, so it costs no resident memory).
+    pub fn store_unwritten(&mut self, len: usize, may_map: bool) -> Result<SlotRef, NoRoom> {
+        self.store_contents(len, None, may_map)
+    }
+
+    fn store_contents(
+        &mut self,
+        len: usize,
+        value: Option<&[u8]>,
+        may_map: bool,
+    ) -> Result<SlotRef, NoRoom> {
         self.reclaim();
-        let len = value.len();
         if self.is_span(len) {
             if !may_map {
                 return Err(NoRoom::Full { class: usize::MAX });
             }
-            return self.store_span(value);
+            return self.store_span(len, value);
         }
         let class = self.class_for(len);
         let page_id = match self.partial[class].last().copied() {
@@ -456,11 +471,18 @@ impl SlabArena {
         let offset = slot as usize * slot_size;
         let prev = mem.states[slot as usize].swap(STORED, Ordering::AcqRel);
         debug_assert_eq!(prev, 0, "a free slot has no holder");
-        // SAFETY: the slot was free (state 0: no index handle, no lease), so
-        // nobody reads or writes these bytes; offset + len is inside the page
-        // because slot < page_size / slot_size and len <= slot_size.
-        unsafe {
-            std::ptr::copy_nonoverlapping(value.as_ptr(), mem.region.ptr.as_ptr().add(offset), len);
+        if let Some(value) = value {
+            // SAFETY: the slot was free (state 0: no index handle, no lease),
+            // so nobody reads or writes these bytes; offset + len is inside
+            // the page because slot < page_size / slot_size and
+            // len = value.len() <= slot_size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    value.as_ptr(),
+                    mem.region.ptr.as_ptr().add(offset),
+                    len,
+                );
+            }
         }
         Ok(SlotRef {
             page: mem,
@@ -471,13 +493,15 @@ impl SlabArena {
         })
     }
 
-    fn store_span(&mut self, value: &[u8]) -> Result<SlotRef, NoRoom> {
-        let len = span_len(value.len());
+    fn store_span(&mut self, value_len: usize, value: Option<&[u8]>) -> Result<SlotRef, NoRoom> {
+        let len = span_len(value_len);
         let region = Region::map(len, self.hugepages, false).map_err(|_| NoRoom::Mmap)?;
-        // SAFETY: the span was just mapped, is `len >= value.len()` bytes
-        // long and nobody else can see it yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(value.as_ptr(), region.ptr.as_ptr(), value.len());
+        if let Some(value) = value {
+            // SAFETY: the span was just mapped, is `len >= value.len()`
+            // bytes long and nobody else can see it yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(value.as_ptr(), region.ptr.as_ptr(), value.len());
+            }
         }
         self.span_bytes.fetch_add(len, Ordering::AcqRel);
         let mem = Arc::new(PageMem {
@@ -491,7 +515,7 @@ impl SlabArena {
             page: mem,
             slot: 0,
             offset: 0,
-            len: value.len(),
+            len: value_len,
             capacity: len,
         })
     }

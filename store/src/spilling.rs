@@ -21,7 +21,10 @@ use super::spill::record::{self, Record};
 use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
 };
-use super::{Encoding, Entry, EvictReason, LinkEvent, PrefixStep, Store, Value, SLAB_MIN};
+use super::{
+    Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Store, Value,
+    SLAB_MIN,
+};
 use crate::slot::key_slot;
 
 /// Reads of a spilled block after which it moves back to DRAM.
@@ -429,7 +432,7 @@ impl Store {
         let placed = if value.len() < SLAB_MIN {
             Value::Heap(Bytes::copy_from_slice(&value))
         } else {
-            match self.place_in_slab(&value, key, 0) {
+            match self.place_in_slab(Contents::Bytes(&value), key, 0) {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
                     slot: slot_ref,
                     loc: loc.clone(),
@@ -443,16 +446,13 @@ impl Store {
         }
         self.replace_value(slot, key, placed);
         // Back in DRAM: back in the eviction queues.
-        if self.policy == super::EvictionPolicy::Prefix {
-            self.next_gen = self.next_gen.wrapping_add(1);
-            let gen = self.next_gen;
+        if self.policy.queues() {
             let index = self.index(slot);
             if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
                 if e.queue == super::Queue::Out {
-                    e.queue = super::Queue::Small;
-                    e.gen = gen;
-                    self.meta.small_live += 1;
-                    self.queues.small.push_back((k.clone(), gen));
+                    self.meta.queued += 1;
+                    e.tick = self.recency.tick();
+                    self.recency.requeue(k, e, false);
                 }
             }
         }
@@ -489,7 +489,11 @@ impl Store {
     }
 
     /// Swaps an entry's value in place, keeping its key, links and queue
-    /// position, and keeping the counts right.
+    /// position, and keeping the counts right. Under the `prefix` policy a
+    /// block that leaves DRAM (or comes back) is a child fewer (or more) of
+    /// its parent: the order of DRAM counts children in DRAM, so a parent
+    /// whose children are all on disk is a leaf of DRAM, not parked behind
+    /// them.
     pub(super) fn replace_value(&mut self, slot: u16, key: &[u8], value: Value) {
         let index = self.index(slot);
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
@@ -508,6 +512,18 @@ impl Store {
         if new_disk.is_some() {
             entry.on_disk = true;
         }
+        let moved = entry.value.in_dram() != value.in_dram();
+        if let (true, true, Some(parent)) = (
+            moved,
+            self.policy == EvictionPolicy::Prefix,
+            entry.parent.clone(),
+        ) {
+            let child = stored.clone();
+            self.meta.outbox.push(match value.in_dram() {
+                true => LinkEvent::ChildAdded { parent, child },
+                false => LinkEvent::ChildRemoved { parent, child },
+            });
+        }
         entry.value = value;
         let after = entry.charge(stored.len());
         self.meta.used = self.meta.used - before + after;
@@ -524,7 +540,8 @@ impl Store {
 
     /// Eviction's alternative to deleting: write the block to the spill
     /// tier and keep it in the index. `false` when the tier is off, the
-    /// block not admitted (too few reads), the write queue full, or the disk
+    /// block not admitted (too few reads; an orphan or an unread cold block
+    /// under `prefix`), the write queue full, or the disk
     /// budget exhausted: the caller deletes it then.
     /// `admit`: skip the admission check (reclaim rewrites, shutdown).
     pub(super) fn spill_out(&mut self, slot: u16, key: &[u8], admit: bool) -> bool {
@@ -554,7 +571,11 @@ impl Store {
                 .parent
                 .as_ref()
                 .is_some_and(|p| p.len() > u16::MAX as usize);
-        if (entry.reads < spill.config.admission && !admit)
+        // Under the `prefix` policy the signal that orders DRAM also
+        // decides the disk: an orphan (no prefix lookup reaches it) and a
+        // cold partial block never read are dropped.
+        let unwanted = self.policy == EvictionPolicy::Prefix && (entry.orphan || entry.uses == 0);
+        if ((entry.reads < spill.config.admission || unwanted) && !admit)
             || (dir.in_flight() >= QUEUE_HARD && !spill.shutting_down)
             || too_long
         {

@@ -10,7 +10,7 @@
 //!   values of the leading present blocks; with BLOCK, waits for a prefill
 //!   worker's writes to complete the prefix.
 //! * `MSETBLOCK numblocks key value... [EX s|PX ms] [CHAIN [PARENT key]]
-//!   [REPLACE]`: stores blocks (immutable unless REPLACE); CHAIN records the
+//!   [REPLACE] [PARTIAL]`: stores blocks (immutable unless REPLACE); CHAIN records the
 //!   parent links and publishes in chain order.
 //! * `MEXISTS numkeys key...`: 0/1 per key.
 
@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
-use kvtier_store::{now_ms, Fetched, InPrefix, PrefixStep, Store, Waiter};
+use kvtier_store::{
+    now_ms, partial_tail, BlockWrite, Fetched, InPrefix, PrefixStep, Store, Waiter,
+};
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
@@ -61,7 +63,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         keys: KeySpec::counted(1, 2),
         summary: "Stores KV-cache blocks; with CHAIN, records parent links and publishes in chain order.",
         complexity: "O(N) where N is the number of blocks.",
-        syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey]] [REPLACE]",
+        syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey]] [REPLACE] [PARTIAL]",
         handler: Handler::Async(msetblock),
         one_shard: Some(OneShard {
             run: msetblock_one,
@@ -142,6 +144,8 @@ pub(crate) struct SetOptions {
     pub(crate) chain: bool,
     pub(crate) parent: Option<Bytes>,
     pub(crate) replace: bool,
+    /// The last block is a request's final, partial block.
+    pub(crate) partial: bool,
 }
 
 /// Parses MSETBLOCK's options from `args[from..]`.
@@ -151,6 +155,7 @@ pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOption
         chain: false,
         parent: None,
         replace: false,
+        partial: false,
     };
     let mut has_expiry = false;
     let mut i = from;
@@ -170,11 +175,24 @@ pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOption
         } else if is(a, "replace") && !opts.replace {
             opts.replace = true;
             i += 1;
+        } else if is(a, "partial") && !opts.partial {
+            opts.partial = true;
+            i += 1;
         } else {
             return Err(syntax_error());
         }
     }
     Ok(opts)
+}
+
+impl SetOptions {
+    /// Whether block `i` of `n` (`len` bytes, after one of `previous_len`)
+    /// is a request's final partial block, queued to be evicted first:
+    /// the last of the call, flagged PARTIAL or, in a chain, shorter than
+    /// the block before it ([`partial_tail`]).
+    fn cold(&self, i: usize, n: usize, len: usize, previous_len: Option<usize>) -> bool {
+        i + 1 == n && (self.partial || (self.chain && partial_tail(i, n, len, previous_len)))
+    }
 }
 
 fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
@@ -191,13 +209,24 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let key_indexes: Vec<usize> = (0..n).map(|i| 2 + 2 * i).collect();
         let (at, replace) = (opts.expire_at, opts.replace);
         if !opts.chain {
+            // PARTIAL without CHAIN: the last key argument is the cold one
+            // (fan_out hands each key argument itself: known by address).
+            let cold_key = opts
+                .partial
+                .then(|| args[key_indexes[n - 1]].as_ptr() as usize);
             let stored = fan_out(
                 client,
                 &args,
                 &key_indexes,
                 move |store, slot, key, value, now| {
                     let value = value.cloned().unwrap_or_default();
-                    store.insert_block(slot, key, value, at, None, replace, now)
+                    let write = BlockWrite {
+                        expire_at: at,
+                        replace,
+                        cold: cold_key == Some(key.as_ptr() as usize),
+                        ..BlockWrite::default()
+                    };
+                    store.insert_block(slot, key, value, write, now)
                 },
             )
             .await;
@@ -213,8 +242,10 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
-/// One block of a chain being stored: key, its slot, value, parent key.
-type ChainBlock = (Bytes, u16, Bytes, Option<Bytes>);
+/// One block of a chain being stored: key, its slot, value, parent key,
+/// and whether it is the request's final partial block
+/// ([`SetOptions::cold`]).
+type ChainBlock = (Bytes, u16, Bytes, Option<Bytes>, bool);
 
 /// A chain on its way through the shards (see [`store_chain`]).
 struct ChainRelay {
@@ -239,11 +270,17 @@ impl ChainRelay {
         {
             let mut store = shard.store.borrow_mut();
             let now = now_ms();
-            for (key, slot, value, parent) in run {
+            for (key, slot, value, parent, cold) in run {
                 let code = if failed {
                     -1
                 } else {
-                    store.insert_block(slot, &key, value, self.expire_at, parent, self.replace, now)
+                    let write = BlockWrite {
+                        expire_at: self.expire_at,
+                        parent,
+                        replace: self.replace,
+                        cold,
+                    };
+                    store.insert_block(slot, &key, value, write, now)
                 };
                 failed |= code < 0;
                 self.codes.push(code);
@@ -289,7 +326,9 @@ async fn store_chain(
         } else {
             Some(args[key_indexes[i - 1]].clone())
         };
-        let block = (args[k].clone(), slot, args[k + 1].clone(), parent);
+        let previous_len = i.checked_sub(1).map(|p| args[key_indexes[p] + 1].len());
+        let cold = opts.cold(i, key_indexes.len(), args[k + 1].len(), previous_len);
+        let block = (args[k].clone(), slot, args[k + 1].clone(), parent, cold);
         match runs.back_mut() {
             Some((o, run)) if *o == owner => run.push(block),
             _ => runs.push_back((owner, vec![block])),
@@ -798,15 +837,14 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         let code = if failed {
             -1
         } else {
-            store.insert_block(
-                args.slot(2 + 2 * i),
-                key,
-                value.clone(),
-                opts.expire_at,
+            let previous_len = i.checked_sub(1).map(|p| args[3 + 2 * p].len());
+            let write = BlockWrite {
+                expire_at: opts.expire_at,
                 parent,
-                opts.replace,
-                now,
-            )
+                replace: opts.replace,
+                cold: opts.cold(i, n, value.len(), previous_len),
+            };
+            store.insert_block(args.slot(2 + 2 * i), key, value.clone(), write, now)
         };
         // In a chain, nothing after a block that could not be stored.
         failed |= opts.chain && code < 0;
@@ -879,6 +917,21 @@ mod tests {
         assert!(parse_set_options(&args("msetblock 1 a 1 PARENT p"), 4).is_err());
         assert!(parse_set_options(&args("msetblock 1 a 1 EX 1 PX 1"), 4).is_err());
         assert!(parse_set_options(&args("msetblock 1 a 1 bogus"), 4).is_err());
+        let o = parse_set_options(&args("msetblock 1 a 1 partial CHAIN"), 4)
+            .ok()
+            .unwrap();
+        assert!(o.partial && o.chain && o.parent.is_none());
+        assert!(parse_set_options(&args("msetblock 1 a 1 PARTIAL PARTIAL"), 4).is_err());
+        // Only the last block of a call is cold: flagged, or (in a chain)
+        // shorter than the one before it.
+        assert!(o.cold(2, 3, 100, Some(100)) && !o.cold(1, 3, 100, Some(100)));
+        let o = parse_set_options(&args("msetblock 1 a 1 CHAIN"), 4)
+            .ok()
+            .unwrap();
+        assert!(o.cold(2, 3, 50, Some(100)) && !o.cold(2, 3, 100, Some(100)));
+        assert!(!o.cold(0, 1, 50, None));
+        let o = parse_set_options(&args("msetblock 1 a 1"), 4).ok().unwrap();
+        assert!(!o.cold(2, 3, 50, Some(100)), "no chain: sizes say nothing");
     }
 
     #[test]

@@ -155,6 +155,7 @@ impl Shard {
                     // neither counted nor an orphan here).
                     Route::Key(key) if !self.node_owns(key) => Vec::new(),
                     Route::Key(key) => vec![self.owner_of(slot::key_slot(key))],
+                    Route::Others => (0..self.count()).filter(|&t| t != self.id).collect(),
                     Route::All => (0..self.count()).collect(),
                 };
                 for target in targets {

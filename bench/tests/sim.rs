@@ -1,0 +1,87 @@
+//! `kvtier-bench sim` runs the store's eviction code with no server: its
+//! hit rate agrees with a replay of the same trace through a live
+//! kvtier-server with the same shards, maxmemory and policy.
+
+mod common;
+
+use common::{bench, f, read_json, trace_path, u, Server, TempDir};
+
+/// Requests replayed: enough for thousands of evictions, a few seconds.
+const LIMIT: &str = "1500";
+const BLOCK: &str = "16KiB";
+const BLOCK_BYTES: f64 = 16384.0;
+
+fn sim(trace: &std::path::Path, policy: &str, dir: &TempDir) -> serde_json::Value {
+    let json = dir.file(&format!("sim-{policy}.json"));
+    let run = bench(&[
+        "sim",
+        &trace.display().to_string(),
+        "--policy",
+        &format!("{policy},lru,belady"),
+        "--capacity",
+        "0.1",
+        "--shards",
+        "2",
+        "--block-bytes",
+        BLOCK,
+        "--limit",
+        LIMIT,
+        "--json",
+        &json.display().to_string(),
+    ]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    read_json(&json)
+}
+
+fn rate(report: &serde_json::Value, policy: &str) -> f64 {
+    let row = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find(|r| r["policy"] == policy)
+        .expect("policy row");
+    f(row, "block_hit_rate")
+}
+
+#[test]
+fn sim_agrees_with_a_replay_through_the_server() {
+    let Some(trace) = trace_path() else { return };
+    let dir = TempDir::new("sim");
+    for policy in ["prefix", "allkeys-lru"] {
+        let report = sim(&trace, policy, &dir);
+        let budget = (u(&report, "unique_blocks") as f64 * BLOCK_BYTES * 0.1) as u64;
+        let (lru, belady) = (rate(&report, "lru"), rate(&report, "belady"));
+        assert!(lru < belady, "MIN beats LRU: {lru} vs {belady}");
+        let server = Server::kvtier(&[
+            "--threads",
+            "2",
+            "--maxmemory",
+            &budget.to_string(),
+            "--maxmemory-policy",
+            policy,
+        ]);
+        let json = dir.file(&format!("trace-{policy}.json"));
+        let run = bench(&[
+            "trace",
+            &trace.display().to_string(),
+            "--target",
+            &server.addr,
+            "--block-bytes",
+            BLOCK,
+            "--concurrency",
+            "1",
+            "--limit",
+            LIMIT,
+            "--json",
+            &json.display().to_string(),
+        ]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        let replayed = f(&read_json(&json), "block_hit_rate");
+        let simulated = rate(&report, policy);
+        assert!(
+            (replayed - simulated).abs() <= 0.002,
+            "{policy}: server {replayed}, sim {simulated}"
+        );
+        assert!(simulated > 0.0 && simulated < 1.0, "{simulated}");
+    }
+}
