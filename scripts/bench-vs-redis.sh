@@ -18,6 +18,11 @@
 # /proc/PID/stat): an efficiency figure that does not depend on whether the
 # client or the server was the limit.
 #
+# MAXMEMORY=256mb measures under eviction: every server gets that maxmemory
+# (kvtier with --maxmemory-policy $POLICY, default prefix; redis-server with
+# allkeys-lru) and SETs go to KEYSPACE (default 1000000) random keys, so
+# once full, each SET evicts.
+#
 # BASELINE_BIN=path/to/an/older/kvtier-server adds that build to the
 # rotation (t=1 and t=THREADS), with the ratio of this build to it and the
 # baseline's own run-to-run spread (max-min over median of its REPS) as the
@@ -44,17 +49,26 @@ BIN=target/release/kvtier-server
 
 
 BASELINE_BIN=${BASELINE_BIN:-}
+MAXMEMORY=${MAXMEMORY:-}
+POLICY=${POLICY:-prefix}
+KEYSPACE=${KEYSPACE:-1000000}
+KV_LIMITS=(); REDIS_LIMITS=(); KEYS_ARGS=()
+if [[ -n "$MAXMEMORY" ]]; then
+  KV_LIMITS=(--maxmemory "$MAXMEMORY" --maxmemory-policy "$POLICY")
+  REDIS_LIMITS=(--maxmemory "$MAXMEMORY" --maxmemory-policy allkeys-lru)
+  KEYS_ARGS=(-r "$KEYSPACE")
+fi
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 start_kvtier() { # port threads [binary]
-  "${3:-$BIN}" --port "$1" --threads "$2" --metrics-addr none >/dev/null 2>&1 &
+  "${3:-$BIN}" --port "$1" --threads "$2" --metrics-addr none "${KV_LIMITS[@]}" >/dev/null 2>&1 &
   PIDS+=($!)
 }
 REDIS_PORT=$(free_port); KV1_PORT=$(free_port); KVN_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
+redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no "${REDIS_LIMITS[@]}" >/dev/null 2>&1 &
 PIDS+=($!); REDIS_PID=$!
 start_kvtier "$KV1_PORT" 1; KV1_PID=${PIDS[-1]}
 start_kvtier "$KVN_PORT" "$THREADS"; KVN_PID=${PIDS[-1]}
@@ -92,7 +106,7 @@ HZ=$(getconf CLK_TCK)
 rate() { # port op n size pipeline
   local op_upper
   op_upper=$(echo "$2" | tr '[:lower:]' '[:upper:]')
-  redis-benchmark -p "$1" -t "$2" -n "$3" -c "$CLIENTS" -P "$5" -d "$4" -q --threads "$BENCH_THREADS" 2>/dev/null \
+  redis-benchmark -p "$1" -t "$2" -n "$3" -c "$CLIENTS" -P "$5" -d "$4" -q --threads "$BENCH_THREADS" "${KEYS_ARGS[@]}" 2>/dev/null \
     | tr '\r' '\n' | awk -v op="$op_upper" '$1 == op":" && /requests per second/ {print $2}'
 }
 
@@ -180,6 +194,6 @@ for size in $SIZES; do
   done
 done
 if [[ -n "$OUT" ]]; then
-  { echo "$table"; echo; echo "Command: \`${BASELINE_BIN:+BASELINE_BIN=$BASELINE_BIN }REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS BENCH_THREADS=$BENCH_THREADS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
+  { echo "$table"; echo; echo "Command: \`${BASELINE_BIN:+BASELINE_BIN=$BASELINE_BIN }${MAXMEMORY:+MAXMEMORY=$MAXMEMORY POLICY=$POLICY KEYSPACE=$KEYSPACE }REPS=$REPS SIZES=\"$SIZES\" PIPELINES=\"$PIPELINES\" CLIENTS=$CLIENTS BENCH_THREADS=$BENCH_THREADS scripts/bench-vs-redis.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores."; } > "$OUT"
   echo "table written to $OUT"
 fi

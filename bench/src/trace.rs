@@ -97,6 +97,10 @@ pub struct TraceArgs {
     /// TTL in seconds for stored blocks (none by default).
     #[arg(long)]
     pub ttl: Option<u64>,
+    /// Do not flag a request's final partial block with MSETBLOCK PARTIAL
+    /// (for servers older than the option).
+    #[arg(long)]
+    pub no_partial_hint: bool,
 }
 
 /// One request of the trace.
@@ -176,6 +180,8 @@ struct Replay {
     protocol: Protocol,
     block_bytes: usize,
     block_tokens: usize,
+    /// Send MSETBLOCK PARTIAL for a request's final partial block.
+    partial_hint: bool,
     pool: ValuePool,
     ttl: Option<Bytes>,
     speed: Option<f64>,
@@ -208,6 +214,7 @@ impl Replay {
             protocol: a.protocol,
             block_bytes,
             block_tokens: a.block_tokens,
+            partial_hint: !a.no_partial_hint,
             ttl: a.ttl.map(|s| Bytes::from(s.to_string())),
             speed: if a.as_fast_as_possible { None } else { a.speed },
             next: AtomicUsize::new(0),
@@ -513,7 +520,7 @@ async fn serve(
                 if hits > 0 {
                     cmd.extend([Bytes::from_static(b"PARENT"), keys[hits - 1].clone()]);
                 }
-                if ends_partial(req, replay.block_tokens) {
+                if replay.partial_hint && ends_partial(req, replay.block_tokens) {
                     cmd.push(Bytes::from_static(b"PARTIAL"));
                 }
                 let v = client.call(cmd).await?;

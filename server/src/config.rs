@@ -42,7 +42,8 @@ pub struct Config {
     pub maxmemory: u64,
 
     /// What to do when maxmemory is reached: prefix (KV-cache blocks:
-    /// orphans, then chain leaves by S3-FIFO, inner blocks last), noeviction
+    /// orphans, then final partial blocks, then chain leaves by LRU over two
+    /// levels of reuse, inner blocks last), noeviction
     /// (writes fail with OOM), allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru,
     /// volatile-lfu, volatile-random or volatile-ttl.
     #[arg(long, default_value = "prefix")]

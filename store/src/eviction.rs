@@ -34,8 +34,9 @@ pub enum EvictionPolicy {
     VolatileRandom,
     /// The key with the nearest expiry.
     VolatileTtl,
-    /// Prefix-aware (the default): orphaned blocks first, then leaves of
-    /// chains by S3-FIFO, blocks with cached children last.
+    /// Prefix-aware (the default): orphaned blocks first, then cold final
+    /// partial blocks, then leaves of chains by LRU over two levels of
+    /// reuse, blocks with cached children last.
     Prefix,
 }
 

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The eviction policy study, reproducible: hit rates of the store's policies
+# against exact LRU, prefix-aware LRU and Belady's MIN on the standard traces
+# (docs/traces.md) and the Mooncake synthetic trace, from `kvtier-bench sim`
+# (the store's own eviction code, no server); the default confirmed through
+# a real server with `kvtier-bench trace`; and DRAM+disk against DRAM-only.
+#
+#   scripts/bench-eviction.sh                     # all three parts
+#   PARTS="sim" TRACES="synthetic conv-1" scripts/bench-eviction.sh
+#
+# Environment: PARTS ("sim confirm spill cost"; cost needs BASELINE_BIN), TRACE_DIR (/tmp/kvtier-traces,
+# generated there when missing), TRACES (all seven), CAPACITIES
+# ("0.05,0.1,0.25"), POLICIES (prefix,allkeys-lru,allkeys-lfu plus the
+# references), SIM_BLOCK (1MiB), CONFIRM_CAP (0.1), REPLAY_BLOCK (64KiB:
+# the server replays move every byte), THREADS (nproc), SPILL_TRACES
+# ("conv-1 synthetic"), BASELINE_BIN (an older kvtier-server: its `prefix`
+# replayed beside this build's in the confirm part), OUT (markdown file).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$(dirname "$0")/.."
+PARTS=${PARTS:-"sim confirm spill cost"}
+TRACE_DIR=${TRACE_DIR:-/tmp/kvtier-traces}
+TRACES=${TRACES:-"synthetic conv-1 conv-2 sys-1 agent-1 rag-1 mix-1"}
+CAPACITIES=${CAPACITIES:-0.05,0.1,0.25}
+POLICIES=${POLICIES:-prefix,allkeys-lru,allkeys-lfu,lru,prefix-lru,belady}
+SIM_BLOCK=${SIM_BLOCK:-1MiB}
+CONFIRM_CAP=${CONFIRM_CAP:-0.1}
+REPLAY_BLOCK=${REPLAY_BLOCK:-64KiB}
+THREADS=${THREADS:-$(nproc)}
+SPILL_TRACES=${SPILL_TRACES:-"conv-1 synthetic"}
+BASELINE_BIN=${BASELINE_BIN:-}
+OUT=${OUT:-}
+command -v redis-cli >/dev/null || { echo "missing redis-cli (apt-get install redis-tools)"; exit 1; }
+cargo build --release -q -p kvtier-server -p kvtier-bench
+BENCH=target/release/kvtier-bench
+if [[ ! -f $TRACE_DIR/conv-1.jsonl ]]; then
+  python3 bench/gen_traces.py standard --out-dir "$TRACE_DIR" >/dev/null
+fi
+[[ -f $TRACE_DIR/synthetic.jsonl ]] || cp ../shared/traces/mooncake_synthetic_trace.jsonl "$TRACE_DIR/synthetic.jsonl"
+PID=""; TMP=$(mktemp -d)
+trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT
+report=""
+say() { echo "$1"; report+="$1"$'\n'; }
+
+# bytes(block size) for the sim's own parser's units
+bytes_of() { python3 -c "
+import re, sys
+m = re.fullmatch(r'(\d+)\s*([KMG]i?B)?', sys.argv[1])
+print(int(m.group(1)) * {None: 1, 'KiB': 1024, 'MiB': 1 << 20, 'GiB': 1 << 30, 'KB': 1000, 'MB': 10**6, 'GB': 10**9}[m.group(2)])" "$1"; }
+
+# replay TRACE MAXMEMORY POLICY [BIN] [extra server args...] -> "hit_rate spill_writes spill_hits"
+# (a BIN other than this build's is an older server: no PARTIAL hint)
+replay() {
+  local trace=$1 mem=$2 policy=$3 bin=${4:-target/release/kvtier-server} port hint=()
+  shift 4 || shift $#
+  [[ $bin != target/release/kvtier-server ]] && hint=(--no-partial-hint)
+  port=$(free_port)
+  "$bin" --port "$port" --threads "$THREADS" --metrics-addr none \
+    --maxmemory "$mem" --maxmemory-policy "$policy" "$@" >/dev/null 2>&1 &
+  PID=$!
+  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  $BENCH trace "$trace" --target "127.0.0.1:$port" --block-bytes "$REPLAY_BLOCK" \
+    --concurrency 1 --json "$TMP/run.json" "${hint[@]}" >/dev/null
+  local writes hits
+  writes=$(redis-cli -p "$port" info spill | tr -d '\r' | awk -F: '$1 == "spill_writes" {print $2}')
+  hits=$(redis-cli -p "$port" info spill | tr -d '\r' | awk -F: '$1 == "spill_hits" {print $2}')
+  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
+  echo "$(json "$TMP/run.json" "r['block_hit_rate']") ${writes:-0} ${hits:-0}"
+}
+
+# sim TRACE POLICIES CAPS BLOCK SHARDS -> JSON in $TMP/sim.json
+sim() { $BENCH sim "$1" --policy "$2" --capacity "$3" --block-bytes "$4" --shards "$5" --json "$TMP/sim.json" >/dev/null; }
+# sim_rate POLICY CAP: from $TMP/sim.json
+sim_rate() { json "$TMP/sim.json" "[x['block_hit_rate'] for x in r['results'] if x['policy'] == '$1' and abs(x['capacity'] - $2) < 1e-9][0]"; }
+
+if [[ " $PARTS " == *" sim "* ]]; then
+  say "## Policies on the store's code: kvtier-bench sim, $SIM_BLOCK blocks, one shard"
+  say ""
+  say "| trace | policy | $(echo "$CAPACITIES" | sed 's/,/ | /g') |"
+  say "|---|---|$(echo "$CAPACITIES" | sed 's/[^,]*/---/g; s/,/|/g')|"
+  gaps=""
+  for t in $TRACES; do
+    sim "$TRACE_DIR/$t.jsonl" "$POLICIES" "$CAPACITIES" "$SIM_BLOCK" 1
+    for p in ${POLICIES//,/ }; do
+      row="| $t | $p |"
+      for c in ${CAPACITIES//,/ }; do row+=" $(printf '%.4f' "$(sim_rate "$p" "$c")") |"; done
+      say "$row"
+    done
+    row="| $t |"
+    for c in ${CAPACITIES//,/ }; do
+      row+=" $(python3 -c "l, b, p = $(sim_rate lru "$c"), $(sim_rate belady "$c"), $(sim_rate prefix "$c"); print(f'{(p - l) / (b - l) * 100:+.1f}%' if b > l else '-')") |"
+    done
+    gaps+="$row"$'\n'
+  done
+  say ""
+  say "Share of the LRU→Belady gap the default \`prefix\` closes:"
+  say ""
+  say "| trace | $(echo "$CAPACITIES" | sed 's/,/ | /g') |"
+  say "|---|$(echo "$CAPACITIES" | sed 's/[^,]*/---/g; s/,/|/g')|"
+  say "${gaps%$'\n'}"
+  say ""
+fi
+
+if [[ " $PARTS " == *" confirm "* ]]; then
+  say "## The default through a real server: kvtier-bench trace, $REPLAY_BLOCK blocks, --threads $THREADS, maxmemory ${CONFIRM_CAP} of unique bytes"
+  say ""
+  head="| trace | sim prefix | server prefix | difference | sim allkeys-lru | server allkeys-lru |"
+  rule="|---|---|---|---|---|---|"
+  [[ -n $BASELINE_BIN ]] && { head+=" old build's prefix (server) |"; rule+="---|"; }
+  say "$head"; say "$rule"
+  for t in $TRACES; do
+    sim "$TRACE_DIR/$t.jsonl" prefix,allkeys-lru "$CONFIRM_CAP" "$REPLAY_BLOCK" "$THREADS"
+    unique=$(json "$TMP/sim.json" "r['unique_blocks']")
+    mem=$(python3 -c "print(int($unique * $(bytes_of "$REPLAY_BLOCK") * $CONFIRM_CAP))")
+    sp=$(sim_rate prefix "$CONFIRM_CAP"); sl=$(sim_rate allkeys-lru "$CONFIRM_CAP")
+    read -r rp _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" prefix)
+    read -r rl _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" allkeys-lru)
+    row="| $t | $(printf '%.4f' "$sp") | $(printf '%.4f' "$rp") | $(python3 -c "print(f'{$rp - $sp:+.4f}')") | $(printf '%.4f' "$sl") | $(printf '%.4f' "$rl") |"
+    if [[ -n $BASELINE_BIN ]]; then
+      read -r ro _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" prefix "$BASELINE_BIN")
+      row+=" $(printf '%.4f' "$ro") |"
+    fi
+    say "$row"
+  done
+  say ""
+fi
+
+if [[ " $PARTS " == *" spill "* ]]; then
+  say "## DRAM + disk against DRAM only: DRAM ${CONFIRM_CAP} of unique bytes, a spill tier as large again"
+  say ""
+  say "| trace | policy | DRAM only | DRAM + disk | disk writes | disk hits |"
+  say "|---|---|---|---|---|---|"
+  for t in $SPILL_TRACES; do
+    sim "$TRACE_DIR/$t.jsonl" lru "$CONFIRM_CAP" "$REPLAY_BLOCK" 1
+    unique=$(json "$TMP/sim.json" "r['unique_blocks']")
+    mem=$(python3 -c "print(int($unique * $(bytes_of "$REPLAY_BLOCK") * $CONFIRM_CAP))")
+    for p in prefix allkeys-lru; do
+      read -r dram _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" "$p")
+      rm -rf "$TMP/spill"; mkdir -p "$TMP/spill"
+      read -r both writes hits < <(replay "$TRACE_DIR/$t.jsonl" "$mem" "$p" "" \
+        --spill-dir "$TMP/spill" --spill-max-bytes "$mem")
+      say "| $t | $p | $(printf '%.4f' "$dram") | $(printf '%.4f' "$both") | $writes | $hits |"
+    done
+  done
+  say ""
+fi
+if [[ " $PARTS " == *" cost "* && -n $BASELINE_BIN ]]; then
+  # Writes under eviction, this build against BASELINE_BIN (same flags,
+  # alternately, REPS times): every write evicts once the 256 MiB are full.
+  REPS=${REPS:-3}; COST_N=${COST_N:-1000000}
+  value=$(head -c 4096 /dev/zero | tr '\0' v)
+  say "## Writes under eviction: this build against BASELINE_BIN, maxmemory 256mb, --threads $THREADS"
+  say ""
+  say "| command (4 KiB values, -P 16, 50 clients, 1M random keys) | policy | new ops/s | base ops/s | new/base | base spread |"
+  say "|---|---|---|---|---|---|"
+  for p in prefix allkeys-lru; do
+    for cmd in SET MSETBLOCK; do
+      new=(); base=()
+      for _ in $(seq "$REPS"); do
+        for which in new base; do
+          bin=target/release/kvtier-server; [[ $which == base ]] && bin=$BASELINE_BIN
+          port=$(free_port)
+          "$bin" --port "$port" --threads "$THREADS" --metrics-addr none --maxmemory 256mb \
+            --maxmemory-policy "$p" >/dev/null 2>&1 &
+          PID=$!
+          for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+          args=(SET "key:__rand_int__" "$value")
+          [[ $cmd == MSETBLOCK ]] && args=(MSETBLOCK 1 "key:__rand_int__" "$value")
+          rps=$(redis-benchmark -p "$port" -n "$COST_N" -c 50 -P 16 -r 1000000 -q --threads 2 "${args[@]}" 2>/dev/null \
+            | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}')
+          kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
+          [[ $which == new ]] && new+=("$rps") || base+=("$rps")
+        done
+      done
+      read -r n b s < <(python3 -c "
+import statistics, sys
+n = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
+mn, mb = statistics.median(n), statistics.median(b)
+print(f'{mn:.0f} {mb:.0f} {(max(b) - min(b)) / mb * 100:.0f}')" "${new[*]}" "${base[*]}")
+      say "| $cmd | $p | $n | $b | $(python3 -c "print(f'{$n / $b:.3f}x')") | ±$s% |"
+    done
+  done
+  say ""
+fi
+say "Command: \`PARTS=\"$PARTS\" scripts/bench-eviction.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores, commit $(git rev-parse --short HEAD)."
+[[ -n "$OUT" ]] && printf '%s' "$report" > "$OUT"
+exit 0
