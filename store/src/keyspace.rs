@@ -108,6 +108,8 @@ impl Store {
     /// A live entry for reading: counts a hit or miss and, unless `touch` is
     /// false (CLIENT NO-TOUCH, side-effect-free commands), marks it used.
     pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
+        // A use queues the block again: reads alone must not grow the queues.
+        self.compact_queues_if_stale();
         match self.live_entry(slot, key, now) {
             Ok(found) => Some(found.hit(now, touch)),
             Err(stats) => {
@@ -124,6 +126,7 @@ impl Store {
 
     /// Marks a key as used (TOUCH); false if absent.
     pub fn touch(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
+        self.compact_queues_if_stale();
         match self.live_entry(slot, key, now) {
             Ok(found) => {
                 found.used(now);
@@ -146,6 +149,7 @@ impl Store {
         now: u64,
         step: &PrefixStep,
     ) -> Result<&mut Entry, InPrefix> {
+        self.compact_queues_if_stale();
         let found = self
             .live_entry(slot, key, now)
             .map_err(|_| InPrefix::Absent)?;

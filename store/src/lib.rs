@@ -596,6 +596,19 @@ mod slab_tests {
     }
 
     #[test]
+    fn reads_alone_keep_the_queues_bounded() {
+        for policy in [EvictionPolicy::Prefix, EvictionPolicy::AllKeysLru] {
+            let mut s = Store::new(0..SLOTS, 0, policy);
+            put(&mut s, "b", block(1, 8192), None);
+            let slot = key_slot(b"b");
+            for _ in 0..20_000 {
+                assert!(s.read(slot, b"b", 1000, true).is_some());
+            }
+            assert!(s.recency.queued() <= 4 * s.meta.queued + 1025, "{policy}");
+        }
+    }
+
+    #[test]
     fn a_departed_parent_orphans_its_children() {
         let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
         put(&mut s, "p", block(1, 8192), None);
