@@ -25,8 +25,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Args;
-use kvtier_store::links::Route;
-use kvtier_store::slot::{key_slot, SLOTS};
+use kvtier_store::slot::{key_slot, shard_slots, slot_shard};
 use kvtier_store::{
     BlockWrite, EvictReason, EvictionPolicy, InPrefix, PrefixStep, PrefixTuning, Store,
 };
@@ -196,9 +195,7 @@ impl Shards {
         let tuning = tuning(&a.tune)?;
         let stores = (0..shards)
             .map(|s| {
-                let start = (s * SLOTS).div_ceil(shards);
-                let end = ((s + 1) * SLOTS).div_ceil(shards);
-                let mut store = Store::new(start..end, budget / shards, policy);
+                let mut store = Store::new(shard_slots(s, shards), budget / shards, policy);
                 store.set_prefix_tuning(tuning);
                 store
             })
@@ -225,7 +222,7 @@ impl Shards {
     }
 
     fn shard_of(&self, slot: u16) -> usize {
-        (slot as usize * self.stores.len()) / SLOTS
+        slot_shard(slot, self.stores.len())
     }
 
     fn at(&mut self, req: &TraceRequest) {
@@ -241,12 +238,7 @@ impl Shards {
             for s in 0..self.stores.len() {
                 for event in self.stores[s].take_link_events() {
                     moved = true;
-                    let targets: Vec<usize> = match event.route() {
-                        Route::Key(key) => vec![self.shard_of(key_slot(key))],
-                        Route::Others => (0..self.stores.len()).filter(|&t| t != s).collect(),
-                        Route::All => (0..self.stores.len()).collect(),
-                    };
-                    for t in targets {
+                    for t in event.targets(s, self.stores.len()) {
                         self.stores[t].apply_link(event.clone());
                     }
                 }

@@ -21,7 +21,7 @@
 
 use bytes::Bytes;
 
-use crate::slot::key_slot;
+use crate::slot::{self, key_slot};
 use crate::{EvictionPolicy, Store};
 
 /// A change one store tells another about.
@@ -84,6 +84,16 @@ impl LinkEvent {
             LinkEvent::ParentGone { .. } => Route::Others,
             LinkEvent::ReclaimSegment { .. } => Route::All,
             LinkEvent::Orphaned { child } => Route::Key(child),
+        }
+    }
+
+    /// The shards (of `shards`, split as [`slot::shard_slots`]) that must
+    /// apply the event recorded by shard `from`.
+    pub fn targets(&self, from: usize, shards: usize) -> Vec<usize> {
+        match self.route() {
+            Route::Key(key) => vec![slot::slot_shard(key_slot(key), shards)],
+            Route::Others => (0..shards).filter(|&t| t != from).collect(),
+            Route::All => (0..shards).collect(),
         }
     }
 }

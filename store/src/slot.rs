@@ -9,6 +9,19 @@
 /// Number of hash slots, as in Redis Cluster.
 pub const SLOTS: usize = 16384;
 
+/// Which of `shards` shards owns `slot`: shards own contiguous slot ranges,
+/// so a SCAN walks one shard's slots before moving to the next.
+pub fn slot_shard(slot: u16, shards: usize) -> usize {
+    (slot as usize * shards) / SLOTS
+}
+
+/// The slot range `[start, end)` owned by `shard` of `shards`.
+pub fn shard_slots(shard: usize, shards: usize) -> std::ops::Range<usize> {
+    let start = (shard * SLOTS).div_ceil(shards);
+    let end = ((shard + 1) * SLOTS).div_ceil(shards);
+    start..end
+}
+
 /// CRC16 (XMODEM: poly 0x1021, init 0) lookup table, built at compile time.
 const CRC16_TABLE: [u16; 256] = {
     let mut table = [0u16; 256];
@@ -58,6 +71,22 @@ pub fn key_slot(key: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_ranges_partition_the_slots() {
+        for shards in 1..=7 {
+            let mut next = 0;
+            for shard in 0..shards {
+                let range = shard_slots(shard, shards);
+                assert_eq!(range.start, next);
+                for slot in range.clone() {
+                    assert_eq!(slot_shard(slot as u16, shards), shard);
+                }
+                next = range.end;
+            }
+            assert_eq!(next, SLOTS);
+        }
+    }
 
     #[test]
     fn crc16_matches_reference_vector() {

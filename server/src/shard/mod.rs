@@ -150,13 +150,11 @@ impl Shard {
                 return;
             }
             for event in events {
-                let targets: Vec<usize> = match event.route() {
+                let targets = match event.route() {
                     // A parent on another node is not tracked (it is
                     // neither counted nor an orphan here).
                     Route::Key(key) if !self.node_owns(key) => Vec::new(),
-                    Route::Key(key) => vec![self.owner_of(slot::key_slot(key))],
-                    Route::Others => (0..self.count()).filter(|&t| t != self.id).collect(),
-                    Route::All => (0..self.count()).collect(),
+                    _ => event.targets(self.id, self.count()),
                 };
                 for target in targets {
                     let event = event.clone();
