@@ -302,6 +302,8 @@ fn msetblock_errors() {
         ("MSETBLOCK 1 a 1 CHAIN CHAIN", syntax.clone()),
         ("MSETBLOCK 1 a 1 CHAIN PARENT p PARENT q", syntax.clone()),
         ("MSETBLOCK 1 a 1 REPLACE REPLACE", syntax.clone()),
+        ("MSETBLOCK 1 a 1 PARTIAL", syntax.clone()),
+        ("MSETBLOCK 1 a 1 CHAIN PARTIAL PARTIAL", syntax.clone()),
         ("MSETBLOCK 1 a 1 EX 10 PX 10", syntax.clone()),
         ("MSETBLOCK 1 a 1 EX 10 EX 10", syntax.clone()),
         ("MSETBLOCK 1 a 1 EX", syntax.clone()),
@@ -326,6 +328,10 @@ fn msetblock_errors() {
     // Options in any order and any case.
     assert_eq!(
         c.run("MSETBLOCK 2 a 1 b 2 replace ex 100 chain parent p"),
+        ints(&[1, 1])
+    );
+    assert_eq!(
+        c.run("MSETBLOCK 2 e 1 f 2 partial CHAIN PARENT b"),
         ints(&[1, 1])
     );
     assert_eq!(c.run("MSETBLOCK 1 c 3 CHAIN REPLACE Px 5000"), ints(&[1]));

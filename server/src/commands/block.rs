@@ -9,8 +9,8 @@
 //! * `MGETPREFIX numkeys key... [MAXBYTES n] [BLOCK ms [MIN count]]`: the
 //!   values of the leading present blocks; with BLOCK, waits for a prefill
 //!   worker's writes to complete the prefix.
-//! * `MSETBLOCK numblocks key value... [EX s|PX ms] [CHAIN [PARENT key]]
-//!   [REPLACE] [PARTIAL]`: stores blocks (immutable unless REPLACE); CHAIN records the
+//! * `MSETBLOCK numblocks key value... [EX s|PX ms] [CHAIN [PARENT key]
+//!   [PARTIAL]] [REPLACE]`: stores blocks (immutable unless REPLACE); CHAIN records the
 //!   parent links and publishes in chain order.
 //! * `MEXISTS numkeys key...`: 0/1 per key.
 
@@ -63,7 +63,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         keys: KeySpec::counted(1, 2),
         summary: "Stores KV-cache blocks; with CHAIN, records parent links and publishes in chain order.",
         complexity: "O(N) where N is the number of blocks.",
-        syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey]] [REPLACE] [PARTIAL]",
+        syntax: "numblocks (key value)... [EX seconds|PX milliseconds] [CHAIN [PARENT parentkey] [PARTIAL]] [REPLACE]",
         handler: Handler::Async(msetblock),
         one_shard: Some(OneShard {
             run: msetblock_one,
@@ -144,7 +144,7 @@ pub(crate) struct SetOptions {
     pub(crate) chain: bool,
     pub(crate) parent: Option<Bytes>,
     pub(crate) replace: bool,
-    /// The last block is a request's final, partial block.
+    /// The chain's last block is a request's final, partial block.
     pub(crate) partial: bool,
 }
 
@@ -182,16 +182,20 @@ pub(crate) fn parse_set_options(args: &[Bytes], from: usize) -> Result<SetOption
             return Err(syntax_error());
         }
     }
+    // PARTIAL names the last block of a chain, as PARENT its first.
+    if opts.partial && !opts.chain {
+        return Err(syntax_error());
+    }
     Ok(opts)
 }
 
 impl SetOptions {
-    /// Whether block `i` of `n` (`len` bytes, after one of `previous_len`)
-    /// is a request's final partial block, queued to be evicted first:
-    /// the last of the call, flagged PARTIAL or, in a chain, shorter than
-    /// the block before it ([`partial_tail`]).
+    /// Whether block `i` of a chain of `n` (`len` bytes, after one of
+    /// `previous_len`) is a request's final partial block, queued to be
+    /// evicted first: the chain's last, flagged PARTIAL or shorter than the
+    /// block before it ([`partial_tail`]).
     fn cold(&self, i: usize, n: usize, len: usize, previous_len: Option<usize>) -> bool {
-        i + 1 == n && (self.partial || (self.chain && partial_tail(i, n, len, previous_len)))
+        self.chain && i + 1 == n && (self.partial || partial_tail(i, n, len, previous_len))
     }
 }
 
@@ -209,11 +213,6 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let key_indexes: Vec<usize> = (0..n).map(|i| 2 + 2 * i).collect();
         let (at, replace) = (opts.expire_at, opts.replace);
         if !opts.chain {
-            // PARTIAL without CHAIN: the last key argument is the cold one
-            // (fan_out hands each key argument itself: known by address).
-            let cold_key = opts
-                .partial
-                .then(|| args[key_indexes[n - 1]].as_ptr() as usize);
             let stored = fan_out(
                 client,
                 &args,
@@ -223,7 +222,6 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     let write = BlockWrite {
                         expire_at: at,
                         replace,
-                        cold: cold_key == Some(key.as_ptr() as usize),
                         ..BlockWrite::default()
                     };
                     store.insert_block(slot, key, value, write, now)
@@ -921,7 +919,11 @@ mod tests {
             .ok()
             .unwrap();
         assert!(o.partial && o.chain && o.parent.is_none());
-        assert!(parse_set_options(&args("msetblock 1 a 1 PARTIAL PARTIAL"), 4).is_err());
+        assert!(parse_set_options(&args("msetblock 1 a 1 CHAIN PARTIAL PARTIAL"), 4).is_err());
+        assert!(
+            parse_set_options(&args("msetblock 1 a 1 PARTIAL"), 4).is_err(),
+            "PARTIAL without CHAIN"
+        );
         // Only the last block of a call is cold: flagged, or (in a chain)
         // shorter than the one before it.
         assert!(o.cold(2, 3, 100, Some(100)) && !o.cold(1, 3, 100, Some(100)));
@@ -931,7 +933,7 @@ mod tests {
         assert!(o.cold(2, 3, 50, Some(100)) && !o.cold(2, 3, 100, Some(100)));
         assert!(!o.cold(0, 1, 50, None));
         let o = parse_set_options(&args("msetblock 1 a 1"), 4).ok().unwrap();
-        assert!(!o.cold(2, 3, 50, Some(100)), "no chain: sizes say nothing");
+        assert!(!o.cold(2, 3, 50, Some(100)), "no chain: no last block");
     }
 
     #[test]
