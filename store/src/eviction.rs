@@ -222,15 +222,23 @@ impl PrefixTuning {
 /// `(key, tick)`; an entry whose tick moved on (used, demoted, removed) is
 /// skipped when met.
 ///
+/// The queues exist only while there is a budget to evict for (a store
+/// with no maxmemory never evicts: its reads and writes queue nothing, and
+/// setting a budget builds the queues from the index, in recency order).
+///
 /// With them, the store's logical clock (one tick per read or write of a
-/// key: exact recency for LRU and the lifetimes here, and the stamp that
-/// tells current queue entries from stale ones).
+/// key, kept with or without queues: exact recency for LRU and the
+/// lifetimes here, and the stamp that tells current queue entries from
+/// stale ones).
 #[derive(Default)]
 pub(crate) struct Recency {
     pub(crate) clock: u32,
     pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) orphans: VecDeque<(Bytes, u32)>,
+    /// Entries pushed since the last compaction (the stale ones among all
+    /// queued are at most this many).
+    pub(crate) pushed: usize,
     /// `allkeys-lru`: one queue (level 0) in exact recency order, nothing
     /// parked.
     pub(crate) lru_only: bool,
@@ -252,19 +260,33 @@ impl Recency {
         }
     }
 
+    /// The queue `entry` (of `uses`) goes to: its level (set in the
+    /// entry), not parked.
+    pub(crate) fn place(&self, entry: &mut Entry) -> u8 {
+        let level = self.level_of(entry.uses);
+        entry.queue = Queue::Level(level);
+        entry.parked = false;
+        level
+    }
+
+    /// Pushes `key`, stamped `tick`, on level `level`'s queue (its parked
+    /// queue if `parked`), at the front if `front`.
+    pub(crate) fn push(&mut self, level: u8, parked: bool, front: bool, key: Bytes, tick: u32) {
+        self.pushed += 1;
+        let q = self.queue(level, parked);
+        if front {
+            q.push_front((key, tick));
+        } else {
+            q.push_back((key, tick));
+        }
+    }
+
     /// Queues `entry` (of `key`) at the back of its level, stamped with its
     /// tick (after a use, which gave it a new one). `cold` puts it at the
     /// front instead (a block the writer does not expect read again).
     pub(crate) fn requeue(&mut self, key: &Bytes, entry: &mut Entry, cold: bool) {
-        let level = self.level_of(entry.uses);
-        entry.queue = Queue::Level(level);
-        entry.parked = false;
-        let q = &mut self.queues[level as usize];
-        if cold {
-            q.push_front((key.clone(), entry.tick));
-        } else {
-            q.push_back((key.clone(), entry.tick));
-        }
+        let level = self.place(entry);
+        self.push(level, false, cold, key.clone(), entry.tick);
     }
 
     /// A parked block that lost its last cached child: back to the front of
@@ -272,16 +294,23 @@ impl Recency {
     pub(crate) fn unpark(&mut self, key: &Bytes, entry: &mut Entry) {
         if let (true, Queue::Level(level)) = (entry.parked, entry.queue) {
             entry.parked = false;
-            self.queues[level as usize].push_front((key.clone(), entry.tick));
+            self.push(level, false, true, key.clone(), entry.tick);
         }
     }
 
-    /// Queue entries in all levels (live or not): compacted when they
-    /// outnumber the live ones by far.
+    /// A block that became an orphan: queued to go first.
+    pub(crate) fn orphaned(&mut self, key: &Bytes, entry: &Entry) {
+        self.pushed += 1;
+        self.orphans.push_back((key.clone(), entry.tick));
+    }
+
+    /// Queue entries (live or stale) in all queues.
+    #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
         self.queues
             .iter()
             .chain(&self.parked)
+            .chain([&self.orphans])
             .map(VecDeque::len)
             .sum()
     }
@@ -302,15 +331,69 @@ fn current(entry: &Entry, tick: u32, parked: bool) -> bool {
 }
 
 impl Store {
+    /// Whether reads and writes keep the queues: a policy that queues, and
+    /// a budget to evict for.
+    pub(crate) fn queues_on(&self) -> bool {
+        self.budget != 0 && self.policy.queues()
+    }
+
+    /// Builds the queues anew from the index (after a change of policy or
+    /// of whether there is a budget): empty unless [`Store::queues_on`];
+    /// else every block in DRAM in recency order (oldest first, on its
+    /// level) and every orphan. O(n log n), once per change.
+    pub(crate) fn reset_queues(&mut self) {
+        self.recency = Recency {
+            clock: self.recency.clock,
+            lru_only: self.policy == EvictionPolicy::AllKeysLru,
+            tuning: self.recency.tuning,
+            ..Recency::default()
+        };
+        self.meta.queued = 0;
+        let on = self.queues_on();
+        let clock = self.recency.clock;
+        let mut order = Vec::new();
+        for map in &mut self.maps {
+            for (key, e) in map.iter_mut() {
+                e.queue = Queue::Out;
+                e.parked = false;
+                if on && e.value.in_dram() {
+                    order.push((clock.wrapping_sub(e.tick), key.clone()));
+                }
+            }
+        }
+        // Oldest (most ticks ago) first.
+        order.sort_unstable_by_key(|(age, _)| std::cmp::Reverse(*age));
+        for (_, key) in order {
+            let index = self.index(key_slot(&key));
+            let Some(e) = self.maps[index].get_mut(&key[..]) else {
+                continue;
+            };
+            self.meta.queued += 1;
+            self.recency.requeue(&key, e, false);
+            if e.orphan && self.policy == EvictionPolicy::Prefix {
+                self.recency.orphaned(&key, e);
+            }
+        }
+    }
+
     /// Drops the stale queue entries (used or removed blocks' old places)
-    /// once they outnumber the live ones four to one: amortised O(1).
+    /// once more were pushed since the last time than three times the
+    /// blocks queued (so stale ones are at most 3 to 1 plus 1024):
+    /// amortised O(1), a compare on every read.
     pub(crate) fn compact_queues_if_stale(&mut self) {
-        if self.recency.queued() > 4 * self.meta.queued + 1024 {
+        if self.recency.pushed > 3 * self.meta.queued + 1024 {
             self.compact_queues();
         }
     }
 
     fn compact_queues(&mut self) {
+        self.recency.pushed = 0;
+        let mut orphans = std::mem::take(&mut self.recency.orphans);
+        orphans.retain(|(key, _)| {
+            let index = self.index(key_slot(key));
+            self.maps[index].get(&key[..]).is_some_and(|e| e.orphan)
+        });
+        self.recency.orphans = orphans;
         for parked in [false, true] {
             let mut queues = match parked {
                 true => std::mem::take(&mut self.recency.parked),
@@ -362,7 +445,7 @@ impl Store {
                 e.tick = self.recency.tick();
                 let down = level - 1;
                 e.queue = Queue::Level(down);
-                self.recency.queues[down as usize].push_back((key, e.tick));
+                self.recency.push(down, false, false, key, e.tick);
             }
         }
     }
@@ -458,7 +541,7 @@ impl Store {
             if !parked && !lru_only && e.children > 0 {
                 // An inner block: waits until its children are gone.
                 e.parked = true;
-                self.recency.parked[level as usize].push_back((key, tick));
+                self.recency.push(level, true, false, key, tick);
                 continue;
             }
             if !e.value.in_dram() {

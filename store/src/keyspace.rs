@@ -264,10 +264,15 @@ impl Store {
         entry.encoding = encoding;
         entry.parent = parent;
         entry.tick = self.recency.tick();
-        let track = self.policy.queues();
-        if track {
-            entry.queue = Queue::Level(self.recency.tuning.level_of(entry.uses));
+        let cold =
+            cold && self.policy == EvictionPolicy::Prefix && self.recency.tuning.cold_partial;
+        if cold {
+            // Not a use: 0 marks a cold block never read.
+            entry.uses = 0;
         }
+        // Its place in the queues, set before the index counts it.
+        let level = self.queues_on().then(|| self.recency.place(&mut entry));
+        let tick = entry.tick;
         let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
             MapEntry::Occupied(mut o) => {
                 let old = std::mem::replace(o.get_mut(), entry);
@@ -289,17 +294,8 @@ impl Store {
         if old.as_ref().is_some_and(|o| o.on_disk) {
             self.tombstone(key);
         }
-        if track {
-            let index = self.index(slot);
-            let cold =
-                cold && self.policy == EvictionPolicy::Prefix && self.recency.tuning.cold_partial;
-            if let Some(e) = self.maps[index].get_mut(&stored_key[..]) {
-                if cold {
-                    // Not a use: 0 marks a cold block never read.
-                    e.uses = 0;
-                }
-                self.recency.requeue(&stored_key, e, cold);
-            }
+        if let Some(level) = level {
+            self.recency.push(level, false, cold, stored_key, tick);
             self.compact_queues_if_stale();
         }
         self.settle_links();
@@ -616,12 +612,12 @@ impl<'a> Found<'a> {
         self.entry
     }
 
-    /// A use: recency and frequency, and under the `prefix` policy the block
-    /// moves to the back of its (new) level.
+    /// A use: recency and frequency, and a queued block moves to the back
+    /// of its (new) level.
     fn used(self, now: u64) -> &'a mut Entry {
         let tick = self.recency.tick();
         eviction::touch(self.entry, self.policy, now, tick);
-        if self.policy.queues() && self.entry.queue != Queue::Out {
+        if self.entry.queue != Queue::Out {
             self.recency.requeue(self.key, self.entry, false);
         }
         self.entry

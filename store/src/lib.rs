@@ -246,7 +246,11 @@ impl Store {
 
     /// Changes the memory budget; evicts now if the store is over it.
     pub fn set_budget(&mut self, budget: usize) {
+        let queued = self.queues_on();
         self.budget = budget;
+        if queued != self.queues_on() {
+            self.reset_queues();
+        }
         let _ = self.ensure_room(0, None);
     }
 
@@ -258,22 +262,9 @@ impl Store {
     /// Changes the eviction policy.
     pub fn set_policy(&mut self, policy: EvictionPolicy) {
         if policy != self.policy {
-            // Keys queued for the old policy are met as stale (or evicted
-            // by sampling until the new order holds them).
-            self.recency = Recency {
-                clock: self.recency.clock,
-                lru_only: policy == EvictionPolicy::AllKeysLru,
-                tuning: self.recency.tuning,
-                ..Recency::default()
-            };
-            for map in &mut self.maps {
-                for e in map.values_mut() {
-                    e.queue = Queue::Out;
-                }
-            }
-            self.meta.queued = 0;
+            self.policy = policy;
+            self.reset_queues();
         }
-        self.policy = policy;
     }
 
     /// Sets the `prefix` policy's parameters.
@@ -598,14 +589,62 @@ mod slab_tests {
     #[test]
     fn reads_alone_keep_the_queues_bounded() {
         for policy in [EvictionPolicy::Prefix, EvictionPolicy::AllKeysLru] {
-            let mut s = Store::new(0..SLOTS, 0, policy);
+            let mut s = Store::new(0..SLOTS, 1 << 30, policy);
             put(&mut s, "b", block(1, 8192), None);
             let slot = key_slot(b"b");
             for _ in 0..20_000 {
                 assert!(s.read(slot, b"b", 1000, true).is_some());
             }
+            assert_eq!(s.meta.queued, 1);
             assert!(s.recency.queued() <= 4 * s.meta.queued + 1025, "{policy}");
         }
+    }
+
+    #[test]
+    fn queues_are_built_when_a_budget_is_set() {
+        // No budget: nothing is queued, whatever is written or read.
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        for k in ["a", "b", "c"] {
+            put(&mut s, k, block(1, 8192), None);
+        }
+        assert!(s.read(key_slot(b"a"), b"a", 1000, true).is_some());
+        assert_eq!((s.recency.queued(), s.meta.queued), (0, 0));
+        // A budget: every block queued in recency order on its level (a,
+        // written and read, has two uses: level 1).
+        s.set_budget(1 << 30);
+        let keys = |q: &std::collections::VecDeque<(Bytes, u32)>| -> Vec<Bytes> {
+            q.iter().map(|(k, _)| k.clone()).collect()
+        };
+        assert_eq!(keys(&s.recency.queues[0]), ["b", "c"]);
+        assert_eq!(keys(&s.recency.queues[1]), ["a"]);
+        assert_eq!(s.meta.queued, 3);
+        // No budget again: the queues go.
+        s.set_budget(0);
+        assert_eq!((s.recency.queued(), s.meta.queued), (0, 0));
+
+        // Eviction on the rebuilt queues: the unread chain goes first, from
+        // its tail, before the newer blocks.
+        let mut s = Store::new(0..SLOTS, 0, EvictionPolicy::Prefix);
+        for i in 0..10 {
+            let parent = (i > 0).then(|| format!("a{}", i - 1));
+            put(
+                &mut s,
+                &format!("a{i}"),
+                block(i, 1 << 20),
+                parent.as_deref(),
+            );
+        }
+        for i in 0..30 {
+            put(&mut s, &format!("x{i}"), block(100 + i, 1 << 20), None);
+        }
+        s.set_budget(25 << 20);
+        assert!(s.stats.evicted_keys > 0);
+        assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+        let present: Vec<bool> = (0..10).map(|k| has(&mut s, &format!("a{k}"))).collect();
+        let left = present.iter().take_while(|&&p| p).count();
+        assert!(present[left..].iter().all(|&p| !p), "{present:?}");
+        assert_eq!(left, 0, "the oldest blocks, the chain, go first");
+        assert!(has(&mut s, "x29"), "the newest block stays");
     }
 
     #[test]

@@ -190,8 +190,8 @@ impl Store {
         if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
             if !e.orphan {
                 e.orphan = true;
-                if self.policy == EvictionPolicy::Prefix {
-                    self.recency.orphans.push_back((k.clone(), e.tick));
+                if self.policy == EvictionPolicy::Prefix && self.budget != 0 {
+                    self.recency.orphaned(k, e);
                 }
                 if e.children > 0 {
                     self.meta

@@ -121,7 +121,8 @@ enum Op {
     Links,
     /// FLUSHALL.
     Clear,
-    /// CONFIG SET maxmemory to `percent`% of the starting budget.
+    /// CONFIG SET maxmemory to `percent`% of the starting budget (0: none,
+    /// and the eviction queues go until a budget is set again).
     Budget { percent: u8 },
 }
 
@@ -143,7 +144,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(|which| Op::Release { which }),
         3 => Just(Op::Links),
         1 => proptest::bool::weighted(0.05).prop_map(|clear| if clear { Op::Clear } else { Op::Links }),
-        1 => (25..150u8).prop_map(|percent| Op::Budget { percent }),
+        1 => prop_oneof![Just(0u8), 25..150u8].prop_map(|percent| Op::Budget { percent }),
     ]
 }
 
@@ -554,7 +555,13 @@ impl Run {
         prop_assert_eq!(store.meta.expires.len(), volatile, "expiry set");
         prop_assert_eq!(store.meta.queued, queued, "queued count");
         if store.policy() == EvictionPolicy::Prefix {
-            prop_assert_eq!(queued, keys, "every block queued under prefix");
+            // Queues exist to evict for: with no budget, nothing is queued.
+            let want = if store.budget() == 0 { 0 } else { keys };
+            prop_assert_eq!(
+                queued,
+                want,
+                "every block queued under prefix with a budget"
+            );
         }
         prop_assert_eq!(store.meta.slot_keys.len(), slot_keys, "slot_keys size");
         for h in &self.held {
@@ -636,9 +643,9 @@ impl Run {
                     prop_assert!(counted, "{:?} does not count its child {:?}", p, k);
                 }
             }
-            // Under `prefix`, every orphan waits in the orphan queue (held
-            // ones too: they go first once released).
-            if store.policy() == EvictionPolicy::Prefix {
+            // Under `prefix` with a budget, every orphan waits in the orphan
+            // queue (held ones too: they go first once released).
+            if store.policy() == EvictionPolicy::Prefix && store.budget() != 0 {
                 let queued: HashSet<&Bytes> =
                     store.recency.orphans.iter().map(|(k, _)| k).collect();
                 for (k, e) in store.maps.iter().flatten() {

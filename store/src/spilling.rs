@@ -446,7 +446,7 @@ impl Store {
         }
         self.replace_value(slot, key, placed);
         // Back in DRAM: back in the eviction queues.
-        if self.policy.queues() {
+        if self.queues_on() {
             let index = self.index(slot);
             if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
                 if e.queue == super::Queue::Out {
