@@ -42,12 +42,6 @@ trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/nul
 report=""
 say() { echo "$1"; report+="$1"$'\n'; }
 
-# bytes(block size) for the sim's own parser's units
-bytes_of() { python3 -c "
-import re, sys
-m = re.fullmatch(r'(\d+)\s*([KMG]i?B)?', sys.argv[1])
-print(int(m.group(1)) * {None: 1, 'KiB': 1024, 'MiB': 1 << 20, 'GiB': 1 << 30, 'KB': 1000, 'MB': 10**6, 'GB': 10**9}[m.group(2)])" "$1"; }
-
 # replay TRACE MAXMEMORY POLICY [BIN] [extra server args...] -> "hit_rate spill_writes spill_hits"
 # (a BIN other than this build's is an older server: no PARTIAL hint)
 replay() {
@@ -70,8 +64,9 @@ replay() {
 
 # sim TRACE POLICIES CAPS BLOCK SHARDS -> JSON in $TMP/sim.json
 sim() { $BENCH sim "$1" --policy "$2" --capacity "$3" --block-bytes "$4" --shards "$5" --json "$TMP/sim.json" >/dev/null; }
-# sim_rate POLICY CAP: from $TMP/sim.json
-sim_rate() { json "$TMP/sim.json" "[x['block_hit_rate'] for x in r['results'] if x['policy'] == '$1' and abs(x['capacity'] - $2) < 1e-9][0]"; }
+# sim_field FIELD POLICY CAP: from $TMP/sim.json
+sim_field() { json "$TMP/sim.json" "[x['$1'] for x in r['results'] if x['policy'] == '$2' and abs(x['capacity'] - $3) < 1e-9][0]"; }
+sim_rate() { sim_field block_hit_rate "$1" "$2"; }
 
 if [[ " $PARTS " == *" sim "* ]]; then
   say "## Policies on the store's code: kvtier-bench sim, $SIM_BLOCK blocks, one shard"
@@ -110,8 +105,7 @@ if [[ " $PARTS " == *" confirm "* ]]; then
   say "$head"; say "$rule"
   for t in $TRACES; do
     sim "$TRACE_DIR/$t.jsonl" prefix,allkeys-lru "$CONFIRM_CAP" "$REPLAY_BLOCK" "$THREADS"
-    unique=$(json "$TMP/sim.json" "r['unique_blocks']")
-    mem=$(python3 -c "print(int($unique * $(bytes_of "$REPLAY_BLOCK") * $CONFIRM_CAP))")
+    mem=$(sim_field budget_bytes prefix "$CONFIRM_CAP")
     sp=$(sim_rate prefix "$CONFIRM_CAP"); sl=$(sim_rate allkeys-lru "$CONFIRM_CAP")
     read -r rp _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" prefix)
     read -r rl _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" allkeys-lru)
@@ -132,8 +126,7 @@ if [[ " $PARTS " == *" spill "* ]]; then
   say "|---|---|---|---|---|---|"
   for t in $SPILL_TRACES; do
     sim "$TRACE_DIR/$t.jsonl" lru "$CONFIRM_CAP" "$REPLAY_BLOCK" 1
-    unique=$(json "$TMP/sim.json" "r['unique_blocks']")
-    mem=$(python3 -c "print(int($unique * $(bytes_of "$REPLAY_BLOCK") * $CONFIRM_CAP))")
+    mem=$(sim_field budget_bytes lru "$CONFIRM_CAP")
     for p in prefix allkeys-lru; do
       read -r dram _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" "$p")
       rm -rf "$TMP/spill"; mkdir -p "$TMP/spill"

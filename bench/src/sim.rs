@@ -107,6 +107,9 @@ pub struct Outcome {
     pub evicted: [u64; EvictReason::ALL.len()],
     /// The references' room, in blocks.
     pub capacity_blocks: usize,
+    /// The store's memory (all shards): the `--maxmemory` a server replay
+    /// of the same run takes.
+    pub budget_bytes: usize,
 }
 
 /// The trace as the simulators need it.
@@ -632,6 +635,7 @@ pub fn simulate(
         resident,
         evicted,
         capacity_blocks: blocks,
+        budget_bytes: budget,
     })
 }
 
@@ -725,6 +729,7 @@ pub fn run(a: SimArgs) -> std::io::Result<()> {
                     "seconds": o.seconds,
                     "resident_blocks": o.resident,
                     "capacity_blocks": o.capacity_blocks,
+                    "budget_bytes": o.budget_bytes,
                 })
             })
             .collect();

@@ -33,14 +33,17 @@ fn sim(trace: &std::path::Path, policy: &str, dir: &TempDir) -> serde_json::Valu
     read_json(&json)
 }
 
-fn rate(report: &serde_json::Value, policy: &str) -> f64 {
-    let row = report["results"]
+fn row<'r>(report: &'r serde_json::Value, policy: &str) -> &'r serde_json::Value {
+    report["results"]
         .as_array()
         .expect("results")
         .iter()
         .find(|r| r["policy"] == policy)
-        .expect("policy row");
-    f(row, "block_hit_rate")
+        .expect("policy row")
+}
+
+fn rate(report: &serde_json::Value, policy: &str) -> f64 {
+    f(row(report, policy), "block_hit_rate")
 }
 
 #[test]
@@ -49,7 +52,12 @@ fn sim_agrees_with_a_replay_through_the_server() {
     let dir = TempDir::new("sim");
     for policy in ["prefix", "allkeys-lru"] {
         let report = sim(&trace, policy, &dir);
-        let budget = (u(&report, "unique_blocks") as f64 * BLOCK_BYTES * 0.1) as u64;
+        let budget = u(row(&report, policy), "budget_bytes");
+        assert_eq!(
+            budget,
+            (u(&report, "unique_blocks") as f64 * BLOCK_BYTES * 0.1) as u64,
+            "10% of the unique bytes"
+        );
         let (lru, belady) = (rate(&report, "lru"), rate(&report, "belady"));
         assert!(lru < belady, "MIN beats LRU: {lru} vs {belady}");
         let server = Server::kvtier(&[
