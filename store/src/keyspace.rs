@@ -475,12 +475,8 @@ impl Store {
             disk,
             ..Meta::default()
         };
-        self.recency = Recency {
-            clock: self.recency.clock,
-            lru_only: self.recency.lru_only,
-            tuning: self.recency.tuning,
-            ..Recency::default()
-        };
+        // Empty queues (the index is empty).
+        self.reset_queues();
         self.arena.reclaim();
         self.spill_cleared();
     }
