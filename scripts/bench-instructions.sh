@@ -7,9 +7,12 @@
 #   scripts/bench-instructions.sh                    # kvtier --threads 1 and 2, redis-server
 #   BASELINE_BIN=target/baseline/target/release/kvtier-server scripts/bench-instructions.sh
 #
-# For kvtier only the connection tasks and the shard mailboxes are counted
-# (callgrind --toggle-collect), so the once-a-second cron (expiry, metrics)
-# does not depend on how long the run took under valgrind. With --threads 2
+# For kvtier rows marked "tasks" only the connection tasks and the shard
+# mailboxes are counted (callgrind --toggle-collect), so the cron (expiry,
+# metrics) does not depend on how long the run took under valgrind; rows
+# marked "process" count the whole process (event loop, scheduler, cron at
+# --hz 1) as redis-server's row does: that is the like-for-like figure. The
+# top functions of each server's GET run (self cost) follow the table. With --threads 2
 # a single-key command costs a cross-shard hop or not depending on which
 # shard accepted the connection: that column is for the multi-key dialect.
 # Environment: N (2000 requests per multi-key cell, 10x for single keys),
@@ -20,6 +23,13 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "missing valgrind (apt-get install valgrind)"; exit 1; }
 cargo build --release -q -p kvtier-server
 N=${N:-2000}
+# Idle polling (--idle-poll-us) spends instructions waiting for the next
+# request, as many as the wall clock allows: off here, so the count is the
+# request's own work. Builds older than the flag run without it.
+poll_off() {
+  local help; help=$("$1" --help 2>&1 || true)
+  if [[ $help == *idle-poll-us* ]]; then echo "--idle-poll-us 0"; fi
+}
 VALUE=${VALUE:-2048}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -31,10 +41,14 @@ BLOCK=$(head -c "$VALUE" /dev/zero | tr '\0' 'x')
 instructions() {
   local kind=$1 bin=$2 threads=$3 work=$4 port out pid
   port=$(free_port); out=$WORK/cg.$port
+  local POLL; POLL=$(poll_off "$bin")
   if [[ $kind == kvtier ]]; then
     valgrind --tool=callgrind --callgrind-out-file="$out" \
       --toggle-collect='*connection::serve*' --toggle-collect='*run_mailbox*' \
-      "$bin" --port "$port" --threads "$threads" --metrics-addr none >/dev/null 2>&1 &
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL >/dev/null 2>&1 &
+  elif [[ $kind == kvtier-process ]]; then
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none --hz 1 $POLL >/dev/null 2>&1 &
   else
     valgrind --tool=callgrind --callgrind-out-file="$out" \
       redis-server --port "$port" --save '' --appendonly no >/dev/null 2>&1 &
@@ -43,7 +57,7 @@ instructions() {
   for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
   local args=()
   for k in $KEYS; do args+=("$k" "$BLOCK"); done
-  if [[ $kind == kvtier ]]; then
+  if [[ $kind == kvtier* ]]; then
     redis-cli -p "$port" msetblock 64 "${args[@]}" chain >/dev/null
   else
     redis-cli -p "$port" mset "${args[@]}" >/dev/null
@@ -59,6 +73,7 @@ instructions() {
   esac
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" 2>/dev/null || true
+  cp "$out" "$WORK/last.$kind.$threads.$work"
   callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}'
 }
 
@@ -70,7 +85,8 @@ per_request() {
   awk -v t="$total" -v b="$base" -v n="$5" 'BEGIN {printf "%.0f", (t - b) / n}'
 }
 
-servers=("kvtier t=1|kvtier|target/release/kvtier-server|1" "kvtier t=2|kvtier|target/release/kvtier-server|2")
+servers=("kvtier t=1 tasks|kvtier|target/release/kvtier-server|1" "kvtier t=2 tasks|kvtier|target/release/kvtier-server|2"
+  "kvtier t=1 process|kvtier-process|target/release/kvtier-server|1" "kvtier t=2 process|kvtier-process|target/release/kvtier-server|2")
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   servers+=("baseline t=1|kvtier|$BASELINE_BIN|1" "baseline t=2|kvtier|$BASELINE_BIN|2")
 fi
@@ -83,7 +99,7 @@ for s in "${servers[@]}"; do
   IFS='|' read -r name kind bin threads <<<"$s"
   g=$(per_request "$kind" "$bin" "$threads" get $((N * 10)))
   st=$(per_request "$kind" "$bin" "$threads" set $((N * 10)))
-  if [[ $kind == kvtier ]]; then
+  if [[ $kind == kvtier* ]]; then
     p=$(per_request "$kind" "$bin" "$threads" prefixlen "$N")
     m=$(per_request "$kind" "$bin" "$threads" mgetprefix "$N")
   else
@@ -92,4 +108,11 @@ for s in "${servers[@]}"; do
     m="$(per_request "$kind" "$bin" "$threads" mget "$N") (MGET)"
   fi
   echo "| $name | $g | $st | $p | $m |"
+done
+
+for run in kvtier-process.1.get redis.1.get; do
+  echo
+  echo "top functions by instructions (self), $run, $((N * 10)) GETs:"
+  callgrind_annotate --inclusive=no "$WORK/last.$run" 2>/dev/null \
+    | awk '/^-+$/ {n++; next} n >= 3 && NF >= 2 {print} ' | head -15
 done

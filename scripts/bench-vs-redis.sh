@@ -28,6 +28,9 @@
 # baseline's own run-to-run spread (max-min over median of its REPS) as the
 # noise band; a cell more than 5% worse beyond that band is marked WORSE
 # (scripts/bench-before-after.sh builds the baseline from a git revision).
+# KV_FLAGS and BASELINE_FLAGS add flags to this build's servers and to the
+# baseline's: BASELINE_BIN=target/release/kvtier-server
+# BASELINE_FLAGS="--pin-threads no" compares two settings of one build.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -63,21 +66,25 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-start_kvtier() { # port threads [binary]
-  "${3:-$BIN}" --port "$1" --threads "$2" --metrics-addr none "${KV_LIMITS[@]}" >/dev/null 2>&1 &
+read -r -a KV_EXTRA <<<"${KV_FLAGS:-}"
+read -r -a BASE_EXTRA <<<"${BASELINE_FLAGS:-}"
+start_kvtier() { # port threads [binary flags...]
+  local port=$1 threads=$2 bin=${3:-$BIN}
+  shift $(( $# < 3 ? $# : 3 ))
+  "$bin" --port "$port" --threads "$threads" --metrics-addr none "${KV_LIMITS[@]}" "$@" >/dev/null 2>&1 &
   PIDS+=($!)
 }
 REDIS_PORT=$(free_port); KV1_PORT=$(free_port); KVN_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no "${REDIS_LIMITS[@]}" >/dev/null 2>&1 &
 PIDS+=($!); REDIS_PID=$!
-start_kvtier "$KV1_PORT" 1; KV1_PID=${PIDS[-1]}
-start_kvtier "$KVN_PORT" "$THREADS"; KVN_PID=${PIDS[-1]}
+start_kvtier "$KV1_PORT" 1 "$BIN" "${KV_EXTRA[@]}"; KV1_PID=${PIDS[-1]}
+start_kvtier "$KVN_PORT" "$THREADS" "$BIN" "${KV_EXTRA[@]}"; KVN_PID=${PIDS[-1]}
 SERVERS="redis kv1 kvn"
 PORTS="$REDIS_PORT $KV1_PORT $KVN_PORT"
 if [[ -n "$BASELINE_BIN" ]]; then
   BASE1_PORT=$(free_port); BASEN_PORT=$(free_port)
-  start_kvtier "$BASE1_PORT" 1 "$BASELINE_BIN"; BASE1_PID=${PIDS[-1]}
-  start_kvtier "$BASEN_PORT" "$THREADS" "$BASELINE_BIN"; BASEN_PID=${PIDS[-1]}
+  start_kvtier "$BASE1_PORT" 1 "$BASELINE_BIN" "${BASE_EXTRA[@]}"; BASE1_PID=${PIDS[-1]}
+  start_kvtier "$BASEN_PORT" "$THREADS" "$BASELINE_BIN" "${BASE_EXTRA[@]}"; BASEN_PID=${PIDS[-1]}
   SERVERS+=" base1 basen"
   PORTS+=" $BASE1_PORT $BASEN_PORT"
 fi

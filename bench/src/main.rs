@@ -3,6 +3,7 @@
 
 mod common;
 mod kv;
+mod latency;
 mod pd;
 mod prefix;
 mod report;
@@ -43,6 +44,10 @@ enum Command {
     /// (no network, block sizes only), beside exact LRU, prefix-aware LRU
     /// and Belady's MIN.
     Sim(sim::SimArgs),
+    /// One client's unpipelined round trip (and eight clients'): p50, p99,
+    /// p99.9 of GET, EXISTS, PREFIXLEN and MGETPREFIX against redis-server,
+    /// targets alternated round by round.
+    Latency(latency::LatencyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,6 +72,7 @@ fn main() -> std::process::ExitCode {
             Command::Skew(a) => skew::run(a, threads).await,
             Command::Prefix(a) => prefix::run(a).await,
             Command::Sim(a) => sim::run(a),
+            Command::Latency(a) => latency::run(a),
         }
     });
     match result {

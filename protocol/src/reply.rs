@@ -409,6 +409,15 @@ impl ReplyBuf {
     /// Writes everything pending with vectored writes.
     pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
         while !self.is_empty() {
+            // The common reply, small values only: one buffer, no iovec list.
+            if self.chunks.is_empty() {
+                let written = w.write(&self.scratch).await?;
+                if written == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                self.consume(written);
+                continue;
+            }
             let written = {
                 let mut slices: Vec<IoSlice<'_>> =
                     Vec::with_capacity(self.chunks.len().min(MAX_IOVECS) + 1);

@@ -2,9 +2,9 @@
 //!
 //! Three paths, one result:
 //!
-//! * **Fast path.** When a whole RESP array is already in the read buffer, the
-//!   redis-protocol crate's zero-copy decoder (`decode_range`) finds its
-//!   arguments and they become slices of one frozen `Bytes`: no copy at all.
+//! * **Fast path.** When a whole RESP array written canonically is already in
+//!   the read buffer, one scan finds its arguments and they become slices of
+//!   one frozen `Bytes`: no copy, no allocation but the argument list.
 //! * **Streaming path.** A command that is still arriving is assembled one
 //!   argument at a time, so a pipeline or a huge MSET never re-scans what was
 //!   already parsed. A bulk argument of [`BIG_BULK`] bytes or more gets its own
@@ -17,7 +17,6 @@
 //! does (`Protocol error: invalid bulk length`, ...).
 
 use bytes::{Buf, Bytes, BytesMut};
-use redis_protocol::resp2::{decode::decode_range, types::RangeFrame};
 
 use super::inline::split_inline_args;
 
@@ -266,62 +265,82 @@ impl RequestParser {
         }
     }
 
-    /// A whole, well-formed array of bulk strings at the front of `buf`,
-    /// decoded by redis-protocol without copying. `None` sends the request
-    /// down the streaming path (incomplete, malformed, or over a limit), which
-    /// produces Redis's exact errors.
+    /// A whole array of bulk strings at the front of `buf`, every length
+    /// written canonically (`*3\r\n$3\r\nSET\r\n...`): its arguments as
+    /// slices of one frozen `Bytes`, no copy. `None` sends the request down
+    /// the streaming path (incomplete, malformed, non-canonical or over a
+    /// limit), which produces Redis's exact errors.
+    ///
+    /// One scan checks the frame and finds its end; a second, over the
+    /// frozen frame, cuts the arguments (re-reading a few digits is cheaper
+    /// than keeping their ranges in a second allocation).
     fn fast_path(&self, buf: &mut BytesMut) -> Option<Vec<Bytes>> {
-        let (frame, used) = match decode_range(buf) {
-            Ok(Some(found)) => found,
-            _ => return None,
-        };
-        let RangeFrame::Array(items) = frame else {
-            return None;
-        };
-        let max_count = if self.unauthenticated {
-            UNAUTH_MAX_MULTIBULK
+        let (max_count, max_bulk) = if self.unauthenticated {
+            (UNAUTH_MAX_MULTIBULK, UNAUTH_MAX_BULK.min(self.max_bulk))
         } else {
-            MAX_MULTIBULK
+            (MAX_MULTIBULK, self.max_bulk)
         };
-        let max_bulk = if self.unauthenticated {
-            UNAUTH_MAX_BULK.min(self.max_bulk)
-        } else {
-            self.max_bulk
-        };
-        if items.len() > max_count {
+        let (count, mut at) = canonical_header(buf, 0, b'*')?;
+        if count == 0 || count > max_count {
             return None;
         }
-        // What the array spans when every length is written canonically.
-        let mut canonical = 1 + decimal_len(items.len()) + 2;
-        for item in &items {
-            match item {
-                RangeFrame::BulkString((start, end)) if end - start <= max_bulk => {
-                    canonical += 1 + decimal_len(end - start) + 2 + (end - start) + 2;
-                }
-                _ => return None,
+        for _ in 0..count {
+            let (len, payload) = canonical_header(buf, at, b'$')?;
+            if len > max_bulk {
+                return None;
             }
+            let end = payload.checked_add(len)?;
+            if buf.get(end..end + 2)? != b"\r\n" {
+                return None;
+            }
+            at = end + 2;
         }
-        // The decoder is laxer than Redis about lengths (`$+4`, `$04`, `*01`);
-        // anything but the canonical form goes down the streaming path, which
-        // rejects what Redis rejects.
-        if used != canonical {
-            return None;
+        let frame = buf.split_to(at).freeze();
+        let mut args = Vec::with_capacity(count);
+        let (_, mut at) = canonical_header(&frame, 0, b'*')?;
+        for _ in 0..count {
+            let (len, payload) = canonical_header(&frame, at, b'$')?;
+            let arg = &frame[payload..payload + len];
+            // Big arguments own their memory, so a stored value never pins
+            // a read buffer.
+            args.push(if len >= BIG_BULK {
+                Bytes::copy_from_slice(arg)
+            } else {
+                frame.slice(payload..payload + len)
+            });
+            at = payload + len + 2;
         }
-        let frame = buf.split_to(used).freeze();
-        Some(
-            items
-                .into_iter()
-                .map(|item| match item {
-                    // Big arguments own their memory, so a stored value never
-                    // pins a read buffer.
-                    RangeFrame::BulkString((start, end)) if end - start >= BIG_BULK => {
-                        Bytes::copy_from_slice(&frame[start..end])
-                    }
-                    RangeFrame::BulkString((start, end)) => frame.slice(start..end),
-                    _ => Bytes::new(),
-                })
-                .collect(),
-        )
+        Some(args)
+    }
+}
+
+/// A canonical header line at `at` (`kind`, then a decimal number with no
+/// sign and no leading zero, then CRLF): the number and where the line
+/// ends. `None` for anything else, or when the line is not all there.
+fn canonical_header(buf: &[u8], at: usize, kind: u8) -> Option<(usize, usize)> {
+    /// Digits a length may have here (larger ones go the streaming way).
+    const MAX_DIGITS: usize = 18;
+    if *buf.get(at)? != kind {
+        return None;
+    }
+    let digits = at + 1;
+    let mut n: usize = 0;
+    let mut i = digits;
+    loop {
+        let b = *buf.get(i)?;
+        match b {
+            b'0'..=b'9' if i - digits < MAX_DIGITS => {
+                if b == b'0' && i == digits && buf.get(i + 1) != Some(&b'\r') {
+                    return None;
+                }
+                n = n * 10 + (b - b'0') as usize;
+                i += 1;
+            }
+            b'\r' if i > digits => {
+                return (*buf.get(i + 1)? == b'\n').then_some((n, i + 2));
+            }
+            _ => return None,
+        }
     }
 }
 
@@ -341,11 +360,6 @@ fn header_line<'a>(
         ))),
         None => Ok(None),
     }
-}
-
-/// Number of decimal digits of `n`.
-fn decimal_len(n: usize) -> usize {
-    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Parses a length the way Redis's `string2ll` does: optional `-`, digits,
@@ -522,10 +536,67 @@ mod tests {
             parse_all(b"*1\r\n$10\r\n0123456789\r\n").unwrap(),
             strs(&[&["0123456789"]])
         );
-        assert_eq!(decimal_len(0), 1);
-        assert_eq!(decimal_len(9), 1);
-        assert_eq!(decimal_len(10), 2);
-        assert_eq!(decimal_len(1000), 4);
+    }
+
+    #[test]
+    fn canonical_headers() {
+        assert_eq!(canonical_header(b"*3\r\n", 0, b'*'), Some((3, 4)));
+        assert_eq!(canonical_header(b"xx$0\r\n", 2, b'$'), Some((0, 6)));
+        assert_eq!(canonical_header(b"$10\r\n", 0, b'$'), Some((10, 5)));
+        for bad in [
+            &b"$01\r\n"[..],
+            b"$\r\n",
+            b"$-1\r\n",
+            b"$+1\r\n",
+            b"$1 \r\n",
+            b"$1\rx",
+            b"*1\r\n",
+            b"$1234567890123456789\r\n",
+        ] {
+            assert_eq!(canonical_header(bad, 0, b'$'), None, "{bad:?}");
+        }
+        // Not all there yet.
+        assert_eq!(canonical_header(b"$12", 0, b'$'), None);
+        assert_eq!(canonical_header(b"$12\r", 0, b'$'), None);
+    }
+
+    #[test]
+    fn fast_path_cuts_one_frame_and_agrees_with_streaming() {
+        let parser = RequestParser::new(1 << 30);
+        let mut rng = 7u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        for _ in 0..300 {
+            let args: Vec<Vec<u8>> = (0..1 + next(6))
+                .map(|_| {
+                    let len = [0, 1, 9, 10, 99, 100, 1000][next(7) as usize];
+                    (0..len).map(|_| next(256) as u8).collect()
+                })
+                .collect();
+            let mut input = format!("*{}\r\n", args.len()).into_bytes();
+            for a in &args {
+                input.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                input.extend_from_slice(a);
+                input.extend_from_slice(b"\r\n");
+            }
+            input.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+            let mut buf = BytesMut::from(&input[..]);
+            let fast = parser.fast_path(&mut buf).expect("a canonical frame");
+            assert_eq!(fast, args);
+            assert_eq!(&buf[..], b"*1\r\n$4\r\nPING\r\n");
+            let mut want = vec![args.clone()];
+            want.push(vec![b"PING".to_vec()]);
+            assert_eq!(parse_bytewise(&input).unwrap(), want);
+            // Cut anywhere, the frame is not taken.
+            let cut = next(input.len() as u64 - 14) as usize;
+            let mut part = BytesMut::from(&input[..cut]);
+            assert!(parser.fast_path(&mut part).is_none());
+            assert_eq!(part.len(), cut);
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, LiveConfig};
 use crate::report::{Exporter, ShardReport};
-use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard};
+use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard, StoreCells};
 
 /// State shared by every shard thread. Read on the data path only through
 /// atomics; nothing here is locked per command.
@@ -29,6 +29,9 @@ pub struct Shared {
     pub shards: usize,
     /// Each shard's mailbox.
     pub mailboxes: Vec<Mailbox>,
+    /// Each shard's store, for reads taken without waking its thread
+    /// ([`Shard::read`](crate::shard::Shard::read)).
+    pub stores: StoreCells,
     /// Settings CONFIG SET can change.
     pub config: LiveConfig,
     /// When the server started.
@@ -174,6 +177,7 @@ impl Server {
         let shared = Arc::new(Shared {
             shards,
             mailboxes: senders,
+            stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
             config: live,
             started: Instant::now(),
             started_unix,
@@ -199,8 +203,8 @@ impl Server {
         let mut threads = Vec::with_capacity(shards);
         for (id, (listener, rx)) in listeners.into_iter().zip(receivers).enumerate() {
             let shared = Arc::clone(&shared);
-            // Pin only when there is a core for every shard.
-            let cpu = (cpus.len() >= shards).then(|| cpus[id]);
+            // Pin only when asked and there is a core for every shard.
+            let cpu = (config.pin_threads && cpus.len() >= shards).then(|| cpus[id]);
             let handle = std::thread::Builder::new()
                 .name(format!("kvtier-shard-{id}"))
                 .spawn(move || run_shard(id, shared, listener, rx, cpu))?;
@@ -354,7 +358,11 @@ fn run_shard(
                 return;
             }
         };
-        accept_loop(Rc::clone(&shard), listener).await;
+        // The accepting runs as a task of its own: the future `block_on`
+        // drives is polled again on every wake-up of the thread, so it
+        // should cost nothing to poll (a join handle) rather than poll the
+        // listener and the shutdown signal once per request.
+        let _ = tokio::task::spawn_local(accept_loop(Rc::clone(&shard), listener)).await;
         shard.clients.borrow().kill_all();
         // Let connections see the kill and close their sockets.
         tokio::task::yield_now().await;
@@ -419,6 +427,9 @@ async fn cron(shard: Rc<Shard>) {
     loop {
         let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
         tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
+        if shard.id == 0 {
+            kvtier_store::resync_clock();
+        }
         shard.deliver_links();
         if shared.active_expire.load(Relaxed) {
             // Bounded work per round so clients are not stalled; the next

@@ -47,6 +47,11 @@ pub struct ShardStats {
     pub total_error_replies: u64,
     /// Clients waiting in a blocking command (MGETPREFIX BLOCK).
     pub blocked_clients: u64,
+    /// Reads of another shard's keys run on this thread, without waking
+    /// the owner (see `Shard::read`).
+    pub direct_reads: u64,
+    /// Jobs this shard sent to another shard's mailbox and awaited.
+    pub mailbox_calls: u64,
     /// CONFIG RESETSTAT calls so far (the metrics exporter starts its
     /// counts again from zero when this changes).
     pub resets: u64,
@@ -69,6 +74,8 @@ impl ShardStats {
             errors: HashMap::new(),
             total_error_replies: 0,
             blocked_clients: 0,
+            direct_reads: 0,
+            mailbox_calls: 0,
             resets: 0,
             ops_samples: [0; 16],
             ops_sample_at: 0,
@@ -119,6 +126,8 @@ impl ShardStats {
         self.net_output_bytes = 0;
         self.errors.clear();
         self.total_error_replies = 0;
+        self.direct_reads = 0;
+        self.mailbox_calls = 0;
         self.ops_last_total = 0;
         self.resets += 1;
     }

@@ -55,12 +55,51 @@ pub const EXPIRE_OVERHEAD: usize = 48;
 /// Values at least this long are stored in the slab arena.
 pub const SLAB_MIN: usize = 4096;
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch: every expiry, TTL and idle time.
+///
+/// One clock for every thread: the monotonic clock plus an offset to the
+/// wall clock ([`resync_clock`] re-reads it once a second). A caller that
+/// already read the monotonic clock converts that reading
+/// ([`clock_ms`]) instead of reading a second clock; a later instant never
+/// gives an earlier time, except across a resync that follows a step of
+/// the system clock.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
+    clock_ms(std::time::Instant::now())
+}
+
+/// [`now_ms`] at `at`.
+pub fn clock_ms(at: std::time::Instant) -> u64 {
+    let (start, offset) = clock();
+    let mono_us = at.saturating_duration_since(start).as_micros() as i64;
+    (mono_us + offset.load(std::sync::atomic::Ordering::Relaxed)).max(0) as u64 / 1000
+}
+
+/// Re-reads the wall clock for [`now_ms`] (NTP slews it against the
+/// monotonic clock by up to 0.05%).
+pub fn resync_clock() {
+    let (start, offset) = clock();
+    offset.store(wall_offset(start), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The instant the offset is counted from and the offset, in microseconds,
+/// from it to the Unix epoch.
+fn clock() -> (std::time::Instant, &'static std::sync::atomic::AtomicI64) {
+    static CLOCK: std::sync::OnceLock<(std::time::Instant, std::sync::atomic::AtomicI64)> =
+        std::sync::OnceLock::new();
+    let (start, offset) = CLOCK.get_or_init(|| {
+        let start = std::time::Instant::now();
+        (start, std::sync::atomic::AtomicI64::new(wall_offset(start)))
+    });
+    (*start, offset)
+}
+
+fn wall_offset(start: std::time::Instant) -> i64 {
+    let mono = std::time::Instant::now();
+    let wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    wall - mono.saturating_duration_since(start).as_micros() as i64
 }
 
 /// The write did not fit in memory and nothing could be evicted.

@@ -98,6 +98,16 @@ impl LinkEvent {
     }
 }
 impl Store {
+    /// Whether something waits for the owner shard's next
+    /// `take_link_events` / `flush_spill`: link changes to deliver or spill
+    /// writes to send. A read run from another thread checks this and
+    /// hands that work to the owner.
+    pub fn has_deferred_work(&self) -> bool {
+        !self.meta.outbox.is_empty()
+            || !self.meta.remote.is_empty()
+            || self.spill.as_ref().is_some_and(|s| s.has_unflushed())
+    }
+
     /// Link changes to deliver to other stores (see [`links`]).
     pub fn take_link_events(&mut self) -> Vec<LinkEvent> {
         self.settle_links();

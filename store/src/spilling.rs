@@ -211,6 +211,11 @@ impl SpillState {
     }
 
     /// Hands the open batch to an I/O thread.
+    /// Whether tombstones or an open write batch wait for `flush_spill`.
+    pub(crate) fn has_unflushed(&self) -> bool {
+        self.open.is_some() || !self.tombstones.is_empty()
+    }
+
     fn flush(&mut self) {
         let Some(batch) = self.open.take() else {
             return;

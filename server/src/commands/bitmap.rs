@@ -10,7 +10,7 @@ use kvtier_protocol::Reply;
 use kvtier_store::{now_ms, Encoding, Store};
 
 use super::flags::*;
-use super::keyspace::fan_out;
+use super::keyspace::{fan_out, Access};
 use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, Spread, KEY1,
@@ -132,12 +132,18 @@ fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             return Reply::error("ERR BITOP NOT must be called with a single source key.");
         }
         let sources: Vec<usize> = (3..args.len()).collect();
-        let read = fan_out(client, &args, &sources, |store, slot, key, _, now| {
-            store.materialize(slot, key, now);
-            store
-                .peek(slot, key, now)
-                .map(|e| e.value.bytes().unwrap_or_default())
-        })
+        let read = fan_out(
+            client,
+            &args,
+            &sources,
+            Access::Write,
+            |store, slot, key, _, now| {
+                store.materialize(slot, key, now);
+                store
+                    .peek(slot, key, now)
+                    .map(|e| e.value.bytes().unwrap_or_default())
+            },
+        )
         .await;
         let Ok(values) = read else {
             return Reply::error("ERR server is shutting down");

@@ -28,7 +28,7 @@ use kvtier_store::{
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
-use super::keyspace::fan_out;
+use super::keyspace::{fan_out, Access};
 use super::string::expire_at_from;
 use super::value_reply;
 use super::{
@@ -217,6 +217,7 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 client,
                 &args,
                 &key_indexes,
+                Access::Write,
                 move |store, slot, key, value, now| {
                     let value = value.cloned().unwrap_or_default();
                     let write = BlockWrite {
@@ -403,8 +404,8 @@ async fn read_values(
             continue;
         }
         let (watch, args) = (watch.clone(), Arc::clone(&keys.args));
-        pending.push(shard.call(target, move |s| {
-            let mut store = s.store.borrow_mut();
+        // Read where the caller runs when the owner is free (no wake-up).
+        pending.push(shard.read(target, move |store| {
             let now = now_ms();
             let mut out = Vec::with_capacity(work.len());
             for (pos, i) in work {
@@ -457,8 +458,7 @@ fn touch_returned(shard: &Rc<Shard>, keys: &PrefixKeys, count: usize, touch: boo
             continue;
         }
         let (args, first) = (Arc::clone(&keys.args), keys.first);
-        let job = move |s: &Shard| {
-            let mut store = s.store.borrow_mut();
+        let job = move |store: &mut Store| {
             let now = now_ms();
             for (_, i) in work {
                 // Each block with the one returned before it.
@@ -471,9 +471,12 @@ fn touch_returned(shard: &Rc<Shard>, keys: &PrefixKeys, count: usize, touch: boo
             }
         };
         if target == shard.id {
-            job(shard);
-        } else {
-            let _ = shard.post(target, Box::new(job));
+            job(&mut shard.store.borrow_mut());
+        } else if let Err(job) = shard.read_now(target, job) {
+            let _ = shard.post(
+                target,
+                Box::new(move |s: &Shard| job(&mut s.store.borrow_mut())),
+            );
         }
     }
 }
@@ -681,8 +684,7 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             let args = Arc::clone(&keys.args);
             // Each shard reports its first missing position (side-effect
             // free: no recency, no hit/miss counting).
-            pending.push(shard.call(target, move |s| {
-                let mut store = s.store.borrow_mut();
+            pending.push(shard.read(target, move |store| {
                 let now = now_ms();
                 work.into_iter()
                     .find(|&(_, i)| store.peek(args.slot(i), &args[i], now).is_none())
@@ -712,9 +714,13 @@ fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             return syntax_error();
         }
         let keys: Vec<usize> = (2..2 + n).collect();
-        let Ok(mut present) = fan_out(client, &args, &keys, |store, slot, key, _, now| {
-            store.read(slot, key, now, false).is_some()
-        })
+        let Ok(mut present) = fan_out(
+            client,
+            &args,
+            &keys,
+            Access::Read,
+            |store, slot, key, _, now| store.read(slot, key, now, false).is_some(),
+        )
         .await
         else {
             return gone();
@@ -730,9 +736,13 @@ fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             .map(|i| 2 + i)
             .collect();
         if !recheck.is_empty() {
-            let again = fan_out(client, &args, &recheck, |store, slot, key, _, now| {
-                store.peek(slot, key, now).is_some()
-            })
+            let again = fan_out(
+                client,
+                &args,
+                &recheck,
+                Access::Read,
+                |store, slot, key, _, now| store.peek(slot, key, now).is_some(),
+            )
             .await;
             let Ok(again) = again else { return gone() };
             for (i, p) in recheck.into_iter().zip(again) {

@@ -323,6 +323,16 @@ pub enum Fanned {
     Oom,
 }
 
+/// What a fan-out's `f` does to the stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// It writes: each shard's part runs on that shard's thread.
+    Write,
+    /// It only reads: another shard's part runs on this thread when that
+    /// shard's store is free (see [`Shard::read`](crate::shard::Shard::read)).
+    Read,
+}
+
 /// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
 /// owns it: one job per shard, all shards in parallel, this shard's keys
 /// inline. `f` gets the store, the key's slot, the key, the argument after the
@@ -332,6 +342,7 @@ pub async fn fan_out<R, F>(
     client: &Client,
     args: &Arc<Args>,
     key_indexes: &[usize],
+    access: Access,
     f: F,
 ) -> Result<Vec<R>, ShardGone>
 where
@@ -354,36 +365,44 @@ where
             continue;
         }
         let args = Arc::clone(args);
-        let job = move |s: &crate::shard::Shard| {
-            let mut store = s.store.borrow_mut();
+        let job = move |store: &mut Store| {
             let now = kvtier_store::now_ms();
             work.into_iter()
-                .map(|(pos, i)| {
-                    (
-                        pos,
-                        f(&mut store, args.slot(i), &args[i], args.get(i + 1), now),
-                    )
-                })
+                .map(|(pos, i)| (pos, f(store, args.slot(i), &args[i], args.get(i + 1), now)))
                 .collect::<Vec<_>>()
         };
         if target == shard.id {
             local = Some(job);
+        } else if access == Access::Read {
+            pending.push(Either::Read(shard.read(target, job)));
         } else {
-            pending.push(shard.call(target, job));
+            pending.push(Either::Call(
+                shard.call(target, move |s| job(&mut s.store.borrow_mut())),
+            ));
         }
     }
     let mut out: Vec<Option<R>> = (0..key_indexes.len()).map(|_| None).collect();
     if let Some(job) = local {
-        for (pos, r) in job(shard) {
+        for (pos, r) in job(&mut shard.store.borrow_mut()) {
             out[pos] = Some(r);
         }
     }
     for p in pending {
-        for (pos, r) in p.await? {
+        let results = match p {
+            Either::Read(p) => p.await?,
+            Either::Call(p) => p.await?,
+        };
+        for (pos, r) in results {
             out[pos] = Some(r);
         }
     }
     Ok(out.into_iter().flatten().collect())
+}
+
+/// One of two kinds of pending shard answer.
+enum Either<A, B> {
+    Read(A),
+    Call(B),
 }
 
 fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
@@ -398,9 +417,15 @@ fn del(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
-            fan_out(client, &args, &keys, |store, slot, key, _, now| {
-                store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
-            })
+            fan_out(
+                client,
+                &args,
+                &keys,
+                Access::Write,
+                |store, slot, key, _, now| {
+                    store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
+                },
+            )
             .await,
         )
     })
@@ -411,9 +436,13 @@ fn exists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
-            fan_out(client, &args, &keys, |store, slot, key, _, now| {
-                store.read(slot, key, now, false).is_some()
-            })
+            fan_out(
+                client,
+                &args,
+                &keys,
+                Access::Read,
+                |store, slot, key, _, now| store.read(slot, key, now, false).is_some(),
+            )
             .await,
         )
     })
@@ -424,9 +453,13 @@ fn touch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let args = Arc::new(args);
         let keys: Vec<usize> = (1..args.len()).collect();
         count_true(
-            fan_out(client, &args, &keys, |store, slot, key, _, now| {
-                store.touch(slot, key, now)
-            })
+            fan_out(
+                client,
+                &args,
+                &keys,
+                Access::Write,
+                |store, slot, key, _, now| store.touch(slot, key, now),
+            )
             .await,
         )
     })

@@ -177,15 +177,25 @@ pub struct ShardOp {
     pub op: KeyOp,
     /// The shard owning the key.
     pub owner: usize,
+    /// The command only reads (READONLY): another shard's thread may run it
+    /// when the owner is free (see [`Shard::read`]).
+    pub read_only: bool,
 }
 
 impl ShardOp {
     /// `args` for `run`, its key at `key_index`, for `client`.
-    pub fn new(client: &Client, run: KeyFn, args: Args, key_index: usize) -> Self {
+    pub fn new(
+        client: &Client,
+        spec: &CommandSpec,
+        run: KeyFn,
+        args: Args,
+        key_index: usize,
+    ) -> Self {
         let slot = args.slot(key_index);
         ShardOp {
             run,
             owner: client.shard.owner_of(slot),
+            read_only: spec.has(flags::READONLY),
             op: KeyOp {
                 args,
                 key_index,
@@ -221,12 +231,18 @@ impl Plan {
     /// How `args`, a call of `spec`, runs for `client`.
     pub fn of(client: &Client, spec: &'static CommandSpec, args: Args) -> Plan {
         match spec.handler {
-            Handler::Key(f) => Plan::Shard(ShardOp::new(client, f, args, spec.keys.first as usize)),
+            Handler::Key(f) => Plan::Shard(ShardOp::new(
+                client,
+                spec,
+                f,
+                args,
+                spec.keys.first as usize,
+            )),
             Handler::Sync(f) => Plan::Now(f, args),
             Handler::Parent => Plan::Parent(args),
             Handler::Async(f) => match spec.one_shard.filter(|one| (one.applies)(&args)) {
                 Some(one) => match single_owner(client, &args) {
-                    Some(first) => Plan::Shard(ShardOp::new(client, one.run, args, first)),
+                    Some(first) => Plan::Shard(ShardOp::new(client, spec, one.run, args, first)),
                     None => Plan::Await(f, args),
                 },
                 None => Plan::Await(f, args),
@@ -250,6 +266,11 @@ fn single_owner(client: &Client, args: &Args) -> Option<usize> {
 /// the same [`Plan`] but batches its shard work with the pipeline.
 pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
     match Plan::of(client, spec, args) {
+        Plan::Shard(op) if op.read_only => client
+            .shard
+            .read(op.owner, move |store| op.run(store, now_ms()))
+            .await
+            .unwrap_or_else(|_| Reply::error("ERR server is shutting down")),
         Plan::Shard(op) => client
             .shard
             .call(op.owner, move |s| {

@@ -10,7 +10,7 @@ use kvtier_protocol::Reply;
 use kvtier_store::{Encoding, OutOfMemory, Store};
 
 use super::flags::*;
-use super::keyspace::{fan_out, Fanned};
+use super::keyspace::{fan_out, Access, Fanned};
 use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
@@ -568,11 +568,17 @@ fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let args = Arc::new(args);
         let touch = !client.no_touch;
         let keys: Vec<usize> = (1..args.len()).collect();
-        let result = fan_out(client, &args, &keys, move |store, slot, key, _, now| {
-            store
-                .read_value(slot, key, now, touch)
-                .map_or(Reply::Nil, value_reply)
-        })
+        let result = fan_out(
+            client,
+            &args,
+            &keys,
+            Access::Read,
+            move |store, slot, key, _, now| {
+                store
+                    .read_value(slot, key, now, touch)
+                    .map_or(Reply::Nil, value_reply)
+            },
+        )
         .await;
         match result {
             Ok(values) => Reply::Array(values),
@@ -588,10 +594,16 @@ fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             return arity_error("mset");
         }
         let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
-        let result = fan_out(client, &args, &keys, |store, slot, key, value, now| {
-            let value = value.cloned().unwrap_or_default();
-            store.insert(slot, key, value, 0, now).is_ok()
-        })
+        let result = fan_out(
+            client,
+            &args,
+            &keys,
+            Access::Write,
+            |store, slot, key, value, now| {
+                let value = value.cloned().unwrap_or_default();
+                store.insert(slot, key, value, 0, now).is_ok()
+            },
+        )
         .await;
         match result {
             Ok(done) if done.iter().all(|&ok| ok) => Reply::ok(),
@@ -617,25 +629,35 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         }
         keys.reverse();
         // All keys on one shard: check and set in one step, atomically.
-        let result = fan_out(client, &args, &keys, |store, slot, key, _, now| {
-            store.peek(slot, key, now).is_some()
-        })
+        let result = fan_out(
+            client,
+            &args,
+            &keys,
+            Access::Write,
+            |store, slot, key, _, now| store.peek(slot, key, now).is_some(),
+        )
         .await;
         match result {
             Ok(present) if present.iter().any(|&p| p) => return Reply::Int(0),
             Ok(_) => {}
             Err(_) => return Reply::error(SHUTTING_DOWN),
         }
-        let result = fan_out(client, &args, &keys, |store, slot, key, value, now| {
-            if store.peek(slot, key, now).is_some() {
-                return Fanned::Skipped;
-            }
-            let value = value.cloned().unwrap_or_default();
-            match store.insert(slot, key, value, 0, now) {
-                Ok(_) => Fanned::Done,
-                Err(_) => Fanned::Oom,
-            }
-        })
+        let result = fan_out(
+            client,
+            &args,
+            &keys,
+            Access::Write,
+            |store, slot, key, value, now| {
+                if store.peek(slot, key, now).is_some() {
+                    return Fanned::Skipped;
+                }
+                let value = value.cloned().unwrap_or_default();
+                match store.insert(slot, key, value, 0, now) {
+                    Ok(_) => Fanned::Done,
+                    Err(_) => Fanned::Oom,
+                }
+            },
+        )
         .await;
         match result {
             Ok(r) if r.contains(&Fanned::Oom) => oom_error(),
@@ -897,13 +919,19 @@ fn lcs(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             );
         }
         let touch = !client.no_touch;
-        let values = fan_out(client, &args, &[1, 2], move |store, slot, key, _, now| {
-            store.materialize(slot, key, now);
-            store
-                .read(slot, key, now, touch)
-                .and_then(|e| e.value.bytes())
-                .unwrap_or_default()
-        })
+        let values = fan_out(
+            client,
+            &args,
+            &[1, 2],
+            Access::Write,
+            move |store, slot, key, _, now| {
+                store.materialize(slot, key, now);
+                store
+                    .read(slot, key, now, touch)
+                    .and_then(|e| e.value.bytes())
+                    .unwrap_or_default()
+            },
+        )
         .await;
         let Ok(values) = values else {
             return Reply::error(SHUTTING_DOWN);

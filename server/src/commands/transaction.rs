@@ -242,7 +242,10 @@ async fn run_on_one_shard(
         .queued
         .into_iter()
         .filter_map(|(id, spec, args)| match spec.handler {
-            Handler::Key(f) => Some((id, ShardOp::new(client, f, args, spec.keys.first as usize))),
+            Handler::Key(f) => Some((
+                id,
+                ShardOp::new(client, spec, f, args, spec.keys.first as usize),
+            )),
             _ => None,
         })
         .collect();

@@ -44,6 +44,9 @@ const MAX_BATCH: usize = 1024;
 const MAX_BUFFERED_WHILE_BLOCKED: usize = 1024 * 1024;
 /// Commands timed together by one clock read.
 const TIMING_GROUP: usize = 8;
+/// How long polling stays off after two connections of a shard read in
+/// turn.
+const POLL_QUIET: Duration = Duration::from_millis(2);
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
@@ -166,14 +169,14 @@ impl Connection {
         loop {
             self.parser
                 .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
-            let mut batch = Batch {
-                remote: (0..self.client.shard.count()).map(|_| Vec::new()).collect(),
-                ..Batch::default()
-            };
+            // `remote` gets its per-shard queues when a command is first
+            // queued for another shard: none for a batch that runs here.
+            let mut batch = Batch::default();
             let mut fatal = None;
             let mut cut_short = false;
             self.clock = Instant::now();
-            self.now_ms = now_ms();
+            self.note_reader();
+            self.now_ms = kvtier_store::clock_ms(self.clock);
             self.client.info.borrow_mut().last_active = self.clock;
             loop {
                 if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
@@ -222,6 +225,10 @@ impl Connection {
                 info.qbuf = self.rbuf.len();
                 info.omem = 0;
             }
+            if let Some(n) = self.idle_poll().await? {
+                self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
+                continue;
+            }
             let timeout = shared.config.timeout.load(Relaxed);
             let idle = async {
                 if timeout == 0 {
@@ -259,6 +266,70 @@ impl Connection {
                 return Ok(());
             }
             self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
+        }
+    }
+
+    /// Notes that this connection is reading a request: when the last
+    /// reader was another connection, polling is off for a while
+    /// ([`POLL_QUIET`]).
+    fn note_reader(&self) {
+        let shard = &self.client.shard;
+        let id = self.client.id();
+        if shard.last_reader.get().0 != id {
+            shard.last_reader.set((id, Some(self.clock + POLL_QUIET)));
+        }
+    }
+
+    /// `--idle-poll-us`: before the shard thread may sleep, keeps looking
+    /// for this client's next request for a few microseconds, yielding to
+    /// every other task between looks (each yield lets the runtime poll
+    /// its sockets without blocking). A request that arrives meanwhile is
+    /// read at once: no thread wake-up. Returns the bytes read, `None`
+    /// when the window passed (or polling is off, or another connection of
+    /// this shard is polling).
+    async fn idle_poll(&mut self) -> std::io::Result<Option<usize>> {
+        let window = self.client.shard.shared.config.idle_poll_us.load(Relaxed);
+        let shard = Rc::clone(&self.client.shard);
+        let contended = shard
+            .last_reader
+            .get()
+            .1
+            .is_some_and(|until| self.clock < until);
+        if window == 0
+            || contended
+            || shard.polling.get()
+            || self.parser.big_bulk_buffer().is_some()
+        {
+            return Ok(None);
+        }
+        shard.polling.set(true);
+        let started = Instant::now();
+        let window = Duration::from_micros(window);
+        let found = loop {
+            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(n) => break Ok(Some(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => break Err(e),
+            }
+            if started.elapsed() >= window || self.client.info.borrow().killed {
+                break Ok(None);
+            }
+            tokio::task::yield_now().await;
+        };
+        shard.polling.set(false);
+        shard
+            .polled_us
+            .set(shard.polled_us.get() + started.elapsed().as_micros() as u64);
+        if matches!(found, Ok(Some(_))) {
+            shard.poll_hits.set(shard.poll_hits.get() + 1);
+        }
+        match found {
+            // EOF: let the blocking read below see it.
+            Ok(Some(0)) => Ok(None),
+            other => other,
         }
     }
 
@@ -384,7 +455,7 @@ impl Connection {
         // Timed on its own: it may have waited for other shards.
         self.untimed.push((id, reply.is_error()));
         self.take_time();
-        self.now_ms = now_ms();
+        self.now_ms = kvtier_store::clock_ms(self.clock);
         let resp3 = self.client.resp3;
         self.ready(batch, reply, resp3);
     }
@@ -467,12 +538,21 @@ impl Connection {
         }
     }
 
-    /// Runs `op` on its shard: inline now if that is this shard, else
-    /// queued for the owner's next batch job.
+    /// Runs `op` on its shard: inline now if that is this shard; a read of
+    /// another shard with nothing of this batch queued before it there,
+    /// inline too when that shard's store is free (no wake-up); else queued
+    /// for the owner's next batch job.
     fn run_on(&mut self, id: usize, op: ShardOp, batch: &mut Batch) {
         let shard = &self.client.shard;
-        if op.owner == shard.id {
-            let reply = op.run(&mut shard.store.borrow_mut(), self.now_ms);
+        let now = self.now_ms;
+        let done = if op.owner == shard.id {
+            Some(op.run(&mut shard.store.borrow_mut(), now))
+        } else if op.read_only && batch.remote.get(op.owner).is_none_or(Vec::is_empty) {
+            shard.read_now(op.owner, |store| op.run(store, now)).ok()
+        } else {
+            None
+        };
+        if let Some(reply) = done {
             self.record(id, &reply);
             let resp3 = self.client.resp3;
             self.ready(batch, reply, resp3);
@@ -482,6 +562,9 @@ impl Connection {
                 reply: None,
                 resp3: self.client.resp3,
             });
+            if batch.remote.is_empty() {
+                batch.remote = (0..shard.count()).map(|_| Vec::new()).collect();
+            }
             batch.remote[op.owner].push(Remote { entry, id, op });
             batch.remote_count += 1;
         }

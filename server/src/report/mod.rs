@@ -86,6 +86,14 @@ pub struct ShardReport {
     pub error_replies: u64,
     /// Per command (by statistics id).
     pub command_stats: Vec<CommandStat>,
+    /// Reads of other shards' keys taken without waking their thread.
+    pub direct_reads: u64,
+    /// Jobs sent to other shards' mailboxes and awaited.
+    pub mailbox_calls: u64,
+    /// Microseconds connections spent polling before the thread slept.
+    pub idle_poll_us: u64,
+    /// Requests read while their connection was polling.
+    pub idle_poll_hits: u64,
     /// CONFIG RESETSTAT calls so far (they zero the counts above).
     pub resets: u64,
 }
@@ -118,6 +126,10 @@ impl ShardReport {
             errors: stats.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             error_replies: stats.total_error_replies,
             command_stats: stats.commands.clone(),
+            direct_reads: stats.direct_reads,
+            mailbox_calls: stats.mailbox_calls,
+            idle_poll_us: shard.polled_us.get(),
+            idle_poll_hits: shard.poll_hits.get(),
             resets: stats.resets,
         }
     }

@@ -36,8 +36,35 @@ pub const MISSES: Metric = Metric::counter(
     "Key lookups that missed, by shard.",
 );
 
+/// Reads of another shard's keys taken on the caller's thread.
+pub const DIRECT_READS: Metric = Metric::counter(
+    "kvtier_cross_shard_direct_reads_total",
+    "Reads of another shard's keys run on the connection's own thread (no wake-up of the owner), by shard.",
+);
+/// Jobs sent to another shard's mailbox and awaited.
+pub const MAILBOX_CALLS: Metric = Metric::counter(
+    "kvtier_cross_shard_calls_total",
+    "Jobs sent to another shard's mailbox and awaited (one thread wake-up each way), by shard.",
+);
+
+/// Requests caught by polling.
+pub const IDLE_POLL_HITS: Metric = Metric::counter(
+    "kvtier_idle_poll_hits_total",
+    "Requests read while their connection was polling (--idle-poll-us; INFO idle_poll_us has the time spent), each a thread wake-up saved, by shard.",
+);
+
 /// This section's metrics.
-pub const METRICS: &[&Metric] = &[&NET_INPUT, &NET_OUTPUT, &EXPIRED, &EVICTED, &HITS, &MISSES];
+pub const METRICS: &[&Metric] = &[
+    &NET_INPUT,
+    &NET_OUTPUT,
+    &EXPIRED,
+    &EVICTED,
+    &HITS,
+    &MISSES,
+    &DIRECT_READS,
+    &MAILBOX_CALLS,
+    &IDLE_POLL_HITS,
+];
 
 /// `# Stats`
 pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
@@ -67,6 +94,10 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     o.field("pubsub_patterns", 0);
     o.field("total_error_replies", sum(reports, |r| r.error_replies));
     o.field("total_reads_processed", sum(reports, |r| r.commands));
+    o.field("cross_shard_direct_reads", sum(reports, |r| r.direct_reads));
+    o.field("cross_shard_calls", sum(reports, |r| r.mailbox_calls));
+    o.field("idle_poll_us", sum(reports, |r| r.idle_poll_us));
+    o.field("idle_poll_hits", sum(reports, |r| r.idle_poll_hits));
 }
 
 /// `# Errorstats`: error replies by code, every shard's added up.
@@ -90,6 +121,9 @@ pub fn export(e: &mut Exporter, r: &ShardReport) {
     e.counter(&EXPIRED, 0, shard, r.store.expired_keys);
     e.counter(&HITS, 0, shard, r.store.keyspace_hits);
     e.counter(&MISSES, 0, shard, r.store.keyspace_misses);
+    e.counter(&DIRECT_READS, 0, shard, r.direct_reads);
+    e.counter(&MAILBOX_CALLS, 0, shard, r.mailbox_calls);
+    e.counter(&IDLE_POLL_HITS, 0, shard, r.idle_poll_hits);
     for (i, reason) in EvictReason::ALL.iter().enumerate() {
         let labels = || {
             vec![

@@ -1,19 +1,26 @@
 //! Thread-per-core shards.
 //!
-//! Each shard is an OS thread running its own single-threaded tokio runtime,
-//! pinned to a core, with its own `SO_REUSEPORT` listener and its own
-//! [`Store`] holding a contiguous range of hash slots. Nothing on the data path
-//! is shared between threads: a connection's task executes keys of its own
-//! shard inline and sends work for other shards to their mailbox as a closure,
-//! getting the answer (values as `Bytes` handles, never copies) on a oneshot
-//! channel.
+//! Each shard is an OS thread running its own single-threaded tokio runtime
+//! (pinned to a core with `--pin-threads yes`), with its own `SO_REUSEPORT`
+//! listener and its own [`Store`] holding a contiguous range of hash slots.
+//! A connection's task executes keys of its own shard inline and sends work
+//! for other shards to their mailbox as a closure, getting the answer
+//! (values as `Bytes` handles, never copies) on a oneshot channel.
+//!
+//! One exception, for the lookup path: a read of another shard's keys
+//! ([`Shard::read`]) runs on the caller's thread when the owner's store is
+//! free at that moment (an uncontended `try_lock`), instead of waking the
+//! owner's thread and waiting to be woken in turn — on a VM each of those
+//! wake-ups costs tens of microseconds. When the owner is busy the read goes
+//! through its mailbox as before, so a long command never stalls another
+//! shard's thread. Writes always run on the owner.
 
 pub mod slot;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use kvtier_cluster::hot::{Copies, HotCounter};
 use kvtier_cluster::peer::PeerPool;
@@ -32,6 +39,45 @@ pub type ShardJob = Box<dyn FnOnce(&Shard) + Send>;
 /// The sending half of a shard's mailbox.
 pub type Mailbox = mpsc::UnboundedSender<ShardJob>;
 
+/// A shard's store, locked by whoever runs on it: its own thread for every
+/// command, another shard's thread for a read taken without waking it
+/// (see [`Shard::read`]). Uncontended on the owner's path: one atomic
+/// exchange to lock, one to unlock.
+pub struct StoreCell(Mutex<Store>);
+
+impl StoreCell {
+    /// Wraps `store`.
+    pub fn new(store: Store) -> StoreCell {
+        StoreCell(Mutex::new(store))
+    }
+
+    /// The store, for the owner's thread: waits for a reader from another
+    /// thread to finish (it holds the lock for one read, never across an
+    /// await).
+    pub fn borrow_mut(&self) -> MutexGuard<'_, Store> {
+        // A panic while holding the lock leaves the store as consistent as
+        // a RefCell would have: keep serving.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`StoreCell::borrow_mut`] (the store has no shared borrow).
+    pub fn borrow(&self) -> MutexGuard<'_, Store> {
+        self.borrow_mut()
+    }
+
+    /// The store if nobody holds it now.
+    pub fn try_borrow_mut(&self) -> Option<MutexGuard<'_, Store>> {
+        match self.0.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+/// Every shard's store, filled in as each shard starts.
+pub type StoreCells = Vec<OnceLock<Arc<StoreCell>>>;
+
 /// A shard that is gone (the server is shutting down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardGone;
@@ -43,7 +89,7 @@ pub struct Shard {
     /// State shared by all shards (configuration, mailboxes, ...).
     pub shared: Arc<Shared>,
     /// The keyspace of this shard's slots.
-    pub store: RefCell<Store>,
+    pub store: Arc<StoreCell>,
     /// Connections served by this shard.
     pub clients: RefCell<ClientRegistry>,
     /// Counters for INFO and metrics.
@@ -56,22 +102,42 @@ pub struct Shard {
     pub hot: RefCell<HotCounter>,
     /// Copies of other nodes' hot keys.
     pub copies: RefCell<Copies>,
+    /// Whether a connection of this shard is polling its socket before
+    /// the thread sleeps (`--idle-poll-us`; one at a time).
+    pub polling: Cell<bool>,
+    /// The connection that last read a request, and until when polling
+    /// stays off because another one read (several active clients keep
+    /// the thread busy anyway; polling for one of them would only delay
+    /// the others).
+    pub last_reader: Cell<(u64, Option<std::time::Instant>)>,
+    /// Microseconds spent polling so far (INFO `idle_poll_us`).
+    pub polled_us: Cell<u64>,
+    /// Requests that arrived while their connection was polling.
+    pub poll_hits: Cell<u64>,
 }
 
 impl Shard {
     /// Creates shard `id`'s state.
     pub fn new(id: usize, shared: Arc<Shared>, store: Store) -> Shard {
         let commands = crate::commands::table().len();
+        let store = Arc::new(StoreCell::new(store));
+        if let Some(cell) = shared.stores.get(id) {
+            let _ = cell.set(Arc::clone(&store));
+        }
         Shard {
             id,
             shared,
-            store: RefCell::new(store),
+            store,
             clients: RefCell::new(ClientRegistry::default()),
             stats: RefCell::new(ShardStats::new(commands)),
             peers: PeerPool::default(),
             view_cache: RefCell::new(None),
             hot: RefCell::new(HotCounter::default()),
             copies: RefCell::new(Copies::default()),
+            polling: Cell::new(false),
+            last_reader: Cell::new((0, None)),
+            polled_us: Cell::new(0),
+            poll_hits: Cell::new(0),
         }
     }
 
@@ -120,6 +186,7 @@ impl Shard {
         let pending = if target == self.id {
             Err(f(self))
         } else {
+            self.stats.borrow_mut().mailbox_calls += 1;
             let (tx, rx) = oneshot::channel();
             let sent = self.post(
                 target,
@@ -136,6 +203,61 @@ impl Shard {
                 Ok(Err(gone)) => Err(gone),
             }
         }
+    }
+
+    /// Runs `read` against shard `target`'s store and returns its result:
+    /// inline for this shard; on this thread too for another shard whose
+    /// store is free at this moment (no wake-up of its thread, none of this
+    /// one); through its mailbox otherwise.
+    ///
+    /// `read` must not write keys: what a read does to the store (recency,
+    /// hit counts, a lazily expired key, a block promoted from disk) is
+    /// fine, and whatever of that leaves work for the owner (link events,
+    /// spill writes) is handed to the owner's thread afterwards.
+    ///
+    /// Order: a connection uses this only when nothing it queued for
+    /// `target` is still unanswered, so a read never overtakes the caller's
+    /// own earlier writes.
+    pub fn read<R, F>(&self, target: usize, read: F) -> impl Future<Output = Result<R, ShardGone>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Store) -> R + Send + 'static,
+    {
+        let pending = match self.read_now(target, read) {
+            Ok(done) => Err(done),
+            Err(read) => Ok(self.call(target, move |s: &Shard| read(&mut s.store.borrow_mut()))),
+        };
+        async move {
+            match pending {
+                Err(done) => Ok(done),
+                Ok(call) => call.await,
+            }
+        }
+    }
+
+    /// The direct half of [`Shard::read`]: runs `read` on this thread
+    /// against another shard's store if that store is free now; gives
+    /// `read` back otherwise (and for this shard's own store, which the
+    /// caller runs inline).
+    pub fn read_now<R, F>(&self, target: usize, read: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut Store) -> R,
+    {
+        let cell = match self.shared.stores.get(target).and_then(OnceLock::get) {
+            Some(cell) if target != self.id => cell,
+            _ => return Err(read),
+        };
+        let Some(mut store) = cell.try_borrow_mut() else {
+            return Err(read);
+        };
+        let result = read(&mut store);
+        let deferred = store.has_deferred_work();
+        drop(store);
+        if deferred {
+            let _ = self.post(target, Box::new(|s: &Shard| s.deliver_links()));
+        }
+        self.stats.borrow_mut().direct_reads += 1;
+        Ok(result)
     }
 
     /// Delivers the link changes this shard's store recorded (see
