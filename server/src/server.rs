@@ -29,6 +29,10 @@ pub struct Shared {
     pub shards: usize,
     /// Each shard's mailbox.
     pub mailboxes: Vec<Mailbox>,
+    /// Each shard's cron tick, rung `hz` times a second by the ticker
+    /// thread: the shards' runtimes then hold no timer of their own, so a
+    /// request's park does not walk a timer wheel.
+    pub ticks: Vec<Arc<tokio::sync::Notify>>,
     /// Each shard's store, for reads taken without waking its thread
     /// ([`Shard::read`](crate::shard::Shard::read)).
     pub stores: StoreCells,
@@ -178,6 +182,7 @@ impl Server {
             shards,
             mailboxes: senders,
             stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
+            ticks: (0..shards).map(|_| Arc::default()).collect(),
             config: live,
             started: Instant::now(),
             started_unix,
@@ -210,6 +215,7 @@ impl Server {
                 .spawn(move || run_shard(id, shared, listener, rx, cpu))?;
             threads.push(handle);
         }
+        threads.push(start_ticker(Arc::clone(&shared))?);
         if let Some(cluster) = &shared.cluster {
             threads.push(kvtier_cluster::gossip::start(
                 Arc::clone(cluster),
@@ -418,15 +424,30 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     }
 }
 
+/// Rings every shard's cron tick `hz` times a second until shutdown.
+fn start_ticker(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("kvtier-ticker".into())
+        .spawn(move || {
+            while !shared.shutting_down() {
+                let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
+                std::thread::sleep(Duration::from_millis(1000 / hz));
+                for tick in &shared.ticks {
+                    tick.notify_one();
+                }
+            }
+        })
+}
+
 /// Background work of a shard: active expiry `hz` times a second, and once
 /// a second the rate sample and the metrics export.
 async fn cron(shard: Rc<Shard>) {
     let shared = Arc::clone(&shard.shared);
     let mut last_export = Instant::now();
     let (mut exporter, mut node_exporter) = (Exporter::default(), Exporter::default());
+    let tick = Arc::clone(&shared.ticks[shard.id]);
     loop {
-        let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
-        tokio::time::sleep(Duration::from_millis(1000 / hz)).await;
+        tick.notified().await;
         if shard.id == 0 {
             kvtier_store::resync_clock();
         }
