@@ -423,9 +423,7 @@ impl Cell {
     }
 
     fn median_ops(&self) -> f64 {
-        let mut v = self.ops_per_sec.clone();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        median(&self.ops_per_sec)
     }
 }
 

@@ -409,16 +409,11 @@ impl ReplyBuf {
     /// Writes everything pending with vectored writes.
     pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
         while !self.is_empty() {
-            // The common reply, small values only: one buffer, no iovec list.
-            if self.chunks.is_empty() {
-                let written = w.write(&self.scratch).await?;
-                if written == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                self.consume(written);
-                continue;
-            }
-            let written = {
+            let written = if self.chunks.is_empty() {
+                // The common reply, small values only: one buffer, no
+                // iovec list.
+                w.write(&self.scratch).await?
+            } else {
                 let mut slices: Vec<IoSlice<'_>> =
                     Vec::with_capacity(self.chunks.len().min(MAX_IOVECS) + 1);
                 for c in self.chunks.iter().take(MAX_IOVECS) {
@@ -427,11 +422,7 @@ impl ReplyBuf {
                 if slices.len() < MAX_IOVECS && !self.scratch.is_empty() {
                     slices.push(IoSlice::new(&self.scratch));
                 }
-                if slices.len() == 1 {
-                    w.write(&slices[0]).await?
-                } else {
-                    w.write_vectored(&slices).await?
-                }
+                w.write_vectored(&slices).await?
             };
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());

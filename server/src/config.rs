@@ -49,7 +49,7 @@ pub struct Config {
     /// connection and costs CPU only while a client is active. One
     /// connection per shard polls at a time, and none while several
     /// clients of the shard are active.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=MAX_IDLE_POLL_US))]
     pub idle_poll_us: u64,
 
     /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit).
@@ -363,7 +363,7 @@ impl LiveConfig {
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
-            idle_poll_us: AtomicU64::new(config.idle_poll_us.min(MAX_IDLE_POLL_US)),
+            idle_poll_us: AtomicU64::new(config.idle_poll_us),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             loglevel: RwLock::new(config.loglevel.clone()),
             save: RwLock::new(String::new()),

@@ -34,7 +34,7 @@ pub struct Shared {
     /// request's park does not walk a timer wheel.
     pub ticks: Vec<Arc<tokio::sync::Notify>>,
     /// Each shard's store, for reads taken without waking its thread
-    /// ([`Shard::read`](crate::shard::Shard::read)).
+    /// ([`Shard::with_store`](crate::shard::Shard::with_store)).
     pub stores: StoreCells,
     /// Settings CONFIG SET can change.
     pub config: LiveConfig,
@@ -344,9 +344,8 @@ fn run_shard(
                 dir: Arc::clone(&tier.dir),
                 pool: Arc::clone(&tier.pool),
                 post: Arc::new(move |job: StoreJob| {
-                    let _ = mailbox.send(Box::new(move |shard: &Shard| {
-                        job(&mut shard.store.borrow_mut())
-                    }));
+                    let _ =
+                        mailbox.send(Box::new(move |shard: &Shard| job(&mut shard.store.lock())));
                 }),
                 shard: id,
                 admission: spill_admission(&shared.config),
@@ -374,7 +373,7 @@ fn run_shard(
         tokio::task::yield_now().await;
         if shared.spill.is_some() && shared.config.spill_on_shutdown.load(Relaxed) {
             let started = Instant::now();
-            shard.store.borrow_mut().spill_everything();
+            shard.store.lock().spill_everything();
             info!(
                 "shard {id}: DRAM blocks written to the spill tier in {:.1?}",
                 started.elapsed()
@@ -456,10 +455,7 @@ async fn cron(shard: Rc<Shard>) {
             // Bounded work per round so clients are not stalled; the next
             // round continues right after yielding.
             loop {
-                let removed = shard
-                    .store
-                    .borrow_mut()
-                    .expire_due(kvtier_store::now_ms(), 1000);
+                let removed = shard.store.lock().expire_due(kvtier_store::now_ms(), 1000);
                 if removed < 1000 {
                     break;
                 }
@@ -505,7 +501,7 @@ pub async fn apply_live_config(shard: &Shard) {
     let _ = shard
         .call_all(|s| {
             let config = &s.shared.config;
-            let mut store = s.store.borrow_mut();
+            let mut store = s.store.lock();
             store.set_policy(config.policy());
             store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
             store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);

@@ -48,10 +48,15 @@ pub struct ShardStats {
     /// Clients waiting in a blocking command (MGETPREFIX BLOCK).
     pub blocked_clients: u64,
     /// Reads of another shard's keys run on this thread, without waking
-    /// the owner (see `Shard::read`).
+    /// the owner (see `Shard::with_store`).
     pub direct_reads: u64,
     /// Jobs this shard sent to another shard's mailbox and awaited.
     pub mailbox_calls: u64,
+    /// Microseconds connections spent polling before the thread slept
+    /// (`--idle-poll-us`).
+    pub idle_poll_us: u64,
+    /// Requests read while their connection was polling.
+    pub idle_poll_hits: u64,
     /// CONFIG RESETSTAT calls so far (the metrics exporter starts its
     /// counts again from zero when this changes).
     pub resets: u64,
@@ -76,6 +81,8 @@ impl ShardStats {
             blocked_clients: 0,
             direct_reads: 0,
             mailbox_calls: 0,
+            idle_poll_us: 0,
+            idle_poll_hits: 0,
             resets: 0,
             ops_samples: [0; 16],
             ops_sample_at: 0,
@@ -128,6 +135,8 @@ impl ShardStats {
         self.total_error_replies = 0;
         self.direct_reads = 0;
         self.mailbox_calls = 0;
+        self.idle_poll_us = 0;
+        self.idle_poll_hits = 0;
         self.ops_last_total = 0;
         self.resets += 1;
     }

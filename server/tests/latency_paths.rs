@@ -134,3 +134,21 @@ fn pinning_is_a_choice() {
         assert_eq!(c.run("GET k"), bulk("v"));
     }
 }
+
+#[test]
+fn an_idle_poll_window_out_of_range_is_refused_at_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+        .args([
+            "--port",
+            "0",
+            "--metrics-addr",
+            "none",
+            "--idle-poll-us",
+            "10001",
+        ])
+        .output()
+        .expect("run kvtier-server");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("idle-poll-us"), "{stderr}");
+}

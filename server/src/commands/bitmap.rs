@@ -10,12 +10,13 @@ use kvtier_protocol::Reply;
 use kvtier_store::{now_ms, Encoding, Store};
 
 use super::flags::*;
-use super::keyspace::{fan_out, Access};
+use super::keyspace::fan_out;
 use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, Spread, KEY1,
 };
 use crate::shard::slot::key_slot;
+use crate::shard::Access;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -167,7 +168,7 @@ fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let stored = client
             .shard
             .call(owner, move |s| {
-                let mut store = s.store.borrow_mut();
+                let mut store = s.store.lock();
                 let now = now_ms();
                 if value.is_empty() {
                     store.remove(slot, &dest);

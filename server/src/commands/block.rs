@@ -28,13 +28,14 @@ use kvtier_store::{
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
-use super::keyspace::{fan_out, Access};
+use super::keyspace::fan_out;
 use super::string::expire_at_from;
 use super::value_reply;
 use super::{
     always, is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, OneShard, Spread,
 };
+use crate::shard::Access;
 use crate::shard::Shard;
 
 const BASE: CommandSpec = CommandSpec {
@@ -267,7 +268,7 @@ impl ChainRelay {
         };
         let mut failed = false;
         {
-            let mut store = shard.store.borrow_mut();
+            let mut store = shard.store.lock();
             let now = now_ms();
             for (key, slot, value, parent, cold) in run {
                 let code = if failed {
@@ -405,7 +406,7 @@ async fn read_values(
         }
         let (watch, args) = (watch.clone(), Arc::clone(&keys.args));
         // Read where the caller runs when the owner is free (no wake-up).
-        pending.push(shard.read(target, move |store| {
+        pending.push(shard.with_store(target, Access::Read, move |store| {
             let now = now_ms();
             let mut out = Vec::with_capacity(work.len());
             for (pos, i) in work {
@@ -471,12 +472,9 @@ fn touch_returned(shard: &Rc<Shard>, keys: &PrefixKeys, count: usize, touch: boo
             }
         };
         if target == shard.id {
-            job(&mut shard.store.borrow_mut());
+            job(&mut shard.store.lock());
         } else if let Err(job) = shard.read_now(target, job) {
-            let _ = shard.post(
-                target,
-                Box::new(move |s: &Shard| job(&mut s.store.borrow_mut())),
-            );
+            let _ = shard.post(target, Box::new(move |s: &Shard| job(&mut s.store.lock())));
         }
     }
 }
@@ -503,7 +501,7 @@ impl Drop for WatchGuard {
             let _ = self.shard.post(
                 target,
                 Box::new(move |s: &Shard| {
-                    let mut store = s.store.borrow_mut();
+                    let mut store = s.store.lock();
                     for (_, i) in work {
                         store.unwatch(&args[i], id);
                     }
@@ -684,7 +682,7 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             let args = Arc::clone(&keys.args);
             // Each shard reports its first missing position (side-effect
             // free: no recency, no hit/miss counting).
-            pending.push(shard.read(target, move |store| {
+            pending.push(shard.with_store(target, Access::Read, move |store| {
                 let now = now_ms();
                 work.into_iter()
                     .find(|&(_, i)| store.peek(args.slot(i), &args[i], now).is_none())

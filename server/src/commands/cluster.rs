@@ -443,7 +443,7 @@ fn countkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         client
             .shard
             .call(owner, move |s| {
-                s.store.borrow().count_in_slot(slot as usize, now) as i64
+                s.store.lock().count_in_slot(slot as usize, now) as i64
             })
             .await
             .map_or_else(|_| Reply::error("ERR server is shutting down"), Reply::Int)
@@ -469,7 +469,7 @@ fn getkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             .shard
             .call(owner, move |s| {
                 s.store
-                    .borrow()
+                    .lock()
                     .keys_in_slot(slot as usize, count, now)
                     .into_iter()
                     .map(Reply::Bulk)

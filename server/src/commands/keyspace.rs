@@ -16,7 +16,7 @@ use super::{
 };
 use crate::glob::glob_match;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
-use crate::shard::ShardGone;
+use crate::shard::{Access, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -323,16 +323,6 @@ pub enum Fanned {
     Oom,
 }
 
-/// What a fan-out's `f` does to the stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// It writes: each shard's part runs on that shard's thread.
-    Write,
-    /// It only reads: another shard's part runs on this thread when that
-    /// shard's store is free (see [`Shard::read`](crate::shard::Shard::read)).
-    Read,
-}
-
 /// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
 /// owns it: one job per shard, all shards in parallel, this shard's keys
 /// inline. `f` gets the store, the key's slot, the key, the argument after the
@@ -373,36 +363,22 @@ where
         };
         if target == shard.id {
             local = Some(job);
-        } else if access == Access::Read {
-            pending.push(Either::Read(shard.read(target, job)));
         } else {
-            pending.push(Either::Call(
-                shard.call(target, move |s| job(&mut s.store.borrow_mut())),
-            ));
+            pending.push(shard.with_store(target, access, job));
         }
     }
     let mut out: Vec<Option<R>> = (0..key_indexes.len()).map(|_| None).collect();
     if let Some(job) = local {
-        for (pos, r) in job(&mut shard.store.borrow_mut()) {
+        for (pos, r) in job(&mut shard.store.lock()) {
             out[pos] = Some(r);
         }
     }
     for p in pending {
-        let results = match p {
-            Either::Read(p) => p.await?,
-            Either::Call(p) => p.await?,
-        };
-        for (pos, r) in results {
+        for (pos, r) in p.await? {
             out[pos] = Some(r);
         }
     }
     Ok(out.into_iter().flatten().collect())
-}
-
-/// One of two kinds of pending shard answer.
-enum Either<A, B> {
-    Read(A),
-    Call(B),
 }
 
 fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
@@ -503,7 +479,7 @@ fn keys(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             .call_all(move |s| {
                 let mut out = Vec::new();
                 s.store
-                    .borrow()
+                    .lock()
                     .for_each_live(kvtier_store::now_ms(), |k, _| {
                         if glob_match(&pattern, k, false) {
                             out.push(Reply::Bulk(k.clone()));
@@ -561,7 +537,7 @@ fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 .shard
                 .call(owner, move |s| {
                     let now = kvtier_store::now_ms();
-                    s.store.borrow_mut().scan(
+                    s.store.lock().scan(
                         slot,
                         want,
                         |k, _| {
@@ -614,7 +590,7 @@ pub fn parse_cursor(arg: &[u8]) -> Option<u64> {
 
 fn randomkey(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let sizes = match client.shard.call_all(|s| s.store.borrow().len()).await {
+        let sizes = match client.shard.call_all(|s| s.store.lock().len()).await {
             Ok(sizes) => sizes,
             Err(e) => return gone(e),
         };
@@ -641,7 +617,7 @@ fn randomkey(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             let found = client
                 .shard
                 .call(target, |s| {
-                    s.store.borrow_mut().random_key(kvtier_store::now_ms())
+                    s.store.lock().random_key(kvtier_store::now_ms())
                 })
                 .await;
             match found {
@@ -675,7 +651,7 @@ async fn transfer(
         // One shard: the whole move is one atomic step.
         return shard
             .call(src_owner, move |s| {
-                let mut store = s.store.borrow_mut();
+                let mut store = s.store.lock();
                 let now = kvtier_store::now_ms();
                 // A spilled source is read back first (rare: blocks are
                 // written once and read, not renamed).
@@ -720,7 +696,7 @@ async fn transfer(
         .call(src_owner, {
             let src = src.clone();
             move |s| {
-                let mut store = s.store.borrow_mut();
+                let mut store = s.store.lock();
                 let now = kvtier_store::now_ms();
                 store.materialize(src_slot, &src, now);
                 let e = store.peek(src_slot, &src, now)?;
@@ -733,7 +709,7 @@ async fn transfer(
     };
     let written = shard
         .call(dst_owner, move |s| {
-            let mut store = s.store.borrow_mut();
+            let mut store = s.store.lock();
             let now = kvtier_store::now_ms();
             if !replace && store.peek(dst_slot, &dst, now).is_some() {
                 return Ok(false);
@@ -748,7 +724,7 @@ async fn transfer(
         Ok(true) if remove_src => {
             shard
                 .call(src_owner, move |s| {
-                    s.store.borrow_mut().remove(src_slot, &src);
+                    s.store.lock().remove(src_slot, &src);
                 })
                 .await?;
             Ok(Ok(Some(true)))
@@ -780,7 +756,7 @@ fn renamenx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 .shard
                 .call(owner, move |s| {
                     s.store
-                        .borrow_mut()
+                        .lock()
                         .peek(slot, &key, kvtier_store::now_ms())
                         .is_some()
                 })

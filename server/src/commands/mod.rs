@@ -40,7 +40,7 @@ use kvtier_store::{now_ms, Fetched, Store};
 
 use crate::clients::ClientInfo;
 use crate::shard::slot::key_slot;
-use crate::shard::Shard;
+use crate::shard::{Access, Shard};
 
 /// A boxed future borrowing the client, returned by async handlers.
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
@@ -177,9 +177,9 @@ pub struct ShardOp {
     pub op: KeyOp,
     /// The shard owning the key.
     pub owner: usize,
-    /// The command only reads (READONLY): another shard's thread may run it
-    /// when the owner is free (see [`Shard::read`]).
-    pub read_only: bool,
+    /// [`Access::Read`] for a READONLY command: another shard's thread may
+    /// run it when the owner is free (see [`Shard::with_store`]).
+    pub access: Access,
 }
 
 impl ShardOp {
@@ -195,7 +195,11 @@ impl ShardOp {
         ShardOp {
             run,
             owner: client.shard.owner_of(slot),
-            read_only: spec.has(flags::READONLY),
+            access: if spec.has(flags::READONLY) {
+                Access::Read
+            } else {
+                Access::Write
+            },
             op: KeyOp {
                 args,
                 key_index,
@@ -266,16 +270,9 @@ fn single_owner(client: &Client, args: &Args) -> Option<usize> {
 /// the same [`Plan`] but batches its shard work with the pipeline.
 pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
     match Plan::of(client, spec, args) {
-        Plan::Shard(op) if op.read_only => client
-            .shard
-            .read(op.owner, move |store| op.run(store, now_ms()))
-            .await
-            .unwrap_or_else(|_| Reply::error("ERR server is shutting down")),
         Plan::Shard(op) => client
             .shard
-            .call(op.owner, move |s| {
-                op.run(&mut s.store.borrow_mut(), now_ms())
-            })
+            .with_store(op.owner, op.access, move |store| op.run(store, now_ms()))
             .await
             .unwrap_or_else(|_| Reply::error("ERR server is shutting down")),
         Plan::Now(f, args) => f(client, &args),

@@ -590,7 +590,7 @@ fn config_resetstat(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             .shard
             .call_all(|s| {
                 s.stats.borrow_mut().reset();
-                s.store.borrow_mut().stats = StoreStats::default();
+                s.store.lock().stats = StoreStats::default();
             })
             .await;
         match done {
@@ -631,7 +631,7 @@ fn info(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn dbsize(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        match client.shard.call_all(|s| s.store.borrow().len()).await {
+        match client.shard.call_all(|s| s.store.lock().len()).await {
             Ok(sizes) => Reply::Int(sizes.into_iter().sum::<usize>() as i64),
             Err(_) => gone(),
         }
@@ -645,11 +645,7 @@ fn flush(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             2 if is(&args[1], "async") || is(&args[1], "sync") => {}
             _ => return syntax_error(),
         }
-        match client
-            .shard
-            .call_all(|s| s.store.borrow_mut().clear())
-            .await
-        {
+        match client.shard.call_all(|s| s.store.lock().clear()).await {
             Ok(_) => Reply::ok(),
             Err(_) => gone(),
         }
@@ -904,7 +900,7 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     .shard
                     .call(owner, move |s| {
                         let now = now_ms();
-                        let mut store = s.store.borrow_mut();
+                        let mut store = s.store.lock();
                         store.peek(slot, &key, now).map(|e| {
                             format!(
                                 "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
@@ -928,7 +924,7 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 let parts = client
                     .shard
                     .call_all(move |s| {
-                        let store = s.store.borrow();
+                        let store = s.store.lock();
                         let now = now_ms();
                         let mut acc = [0u8; 20];
                         let mut per_key = Vec::new();

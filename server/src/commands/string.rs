@@ -10,13 +10,14 @@ use kvtier_protocol::Reply;
 use kvtier_store::{Encoding, OutOfMemory, Store};
 
 use super::flags::*;
-use super::keyspace::{fan_out, Access, Fanned};
+use super::keyspace::{fan_out, Fanned};
 use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
     always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
     CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, KEY1, KEY_VALUE_PAIRS,
 };
+use crate::shard::Access;
 
 const BASE: CommandSpec = CommandSpec {
     name: "",

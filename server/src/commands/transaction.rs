@@ -129,7 +129,7 @@ impl Watching {
             let owner = self.shard.owner_of(slot);
             let _ = self.shard.post(
                 owner,
-                Box::new(move |s: &Shard| s.store.borrow_mut().unwatch_changes(&key, client)),
+                Box::new(move |s: &Shard| s.store.lock().unwatch_changes(&key, client)),
             );
         }
         self.dirty = Arc::new(AtomicBool::new(false));
@@ -177,7 +177,7 @@ fn watch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 .shard
                 .call(owner, {
                     let key = key.clone();
-                    move |s| s.store.borrow_mut().watch_changes(&key, id, dirty)
+                    move |s| s.store.lock().watch_changes(&key, id, dirty)
                 })
                 .await;
             if registered.is_err() {
@@ -255,7 +255,7 @@ async fn run_on_one_shard(
             if dirty.load(Ordering::Acquire) {
                 return Reply::NilArray;
             }
-            let mut store = s.store.borrow_mut();
+            let mut store = s.store.lock();
             let mut stats = s.stats.borrow_mut();
             let now = now_ms();
             let replies = ops

@@ -53,7 +53,7 @@ async fn current_value(shard: &Shard, key: Bytes) -> Current {
     let now = kvtier_store::now_ms();
     shard
         .call(shard.owner_of(slot), move |s| {
-            let mut store = s.store.borrow_mut();
+            let mut store = s.store.lock();
             let Some(expire_at) = store.peek(slot, &key, now).map(|e| e.expire_at) else {
                 return Current::Absent;
             };

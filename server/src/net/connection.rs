@@ -34,7 +34,7 @@ use crate::commands::{
     CommandSpec, Handler, LocalBoxFuture, Plan, ShardOp,
 };
 use crate::coordination::{self, Routed, Through};
-use crate::shard::Shard;
+use crate::shard::{Access, Shard};
 
 /// Bytes read per `read` call into the shared read buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -320,12 +320,10 @@ impl Connection {
             tokio::task::yield_now().await;
         };
         shard.polling.set(false);
-        shard
-            .polled_us
-            .set(shard.polled_us.get() + started.elapsed().as_micros() as u64);
-        if matches!(found, Ok(Some(_))) {
-            shard.poll_hits.set(shard.poll_hits.get() + 1);
-        }
+        let mut stats = shard.stats.borrow_mut();
+        stats.idle_poll_us += started.elapsed().as_micros() as u64;
+        stats.idle_poll_hits += matches!(found, Ok(Some(n)) if n > 0) as u64;
+        drop(stats);
         match found {
             // EOF: let the blocking read below see it.
             Ok(Some(0)) => Ok(None),
@@ -546,8 +544,9 @@ impl Connection {
         let shard = &self.client.shard;
         let now = self.now_ms;
         let done = if op.owner == shard.id {
-            Some(op.run(&mut shard.store.borrow_mut(), now))
-        } else if op.read_only && batch.remote.get(op.owner).is_none_or(Vec::is_empty) {
+            Some(op.run(&mut shard.store.lock(), now))
+        } else if op.access == Access::Read && batch.remote.get(op.owner).is_none_or(Vec::is_empty)
+        {
             shard.read_now(op.owner, |store| op.run(store, now)).ok()
         } else {
             None
@@ -625,7 +624,7 @@ impl Connection {
             let work: Vec<Remote> = std::mem::take(queue);
             let indexes: Vec<usize> = work.iter().map(|r| r.entry).collect();
             let job = shard.call(target, move |s: &Shard| {
-                let mut store = s.store.borrow_mut();
+                let mut store = s.store.lock();
                 let now = now_ms();
                 let started = Instant::now();
                 let mut done = Vec::with_capacity(work.len());

@@ -101,7 +101,7 @@ pub struct ShardReport {
 impl ShardReport {
     /// `shard`'s figures now (on its own thread).
     pub fn of(shard: &Shard) -> ShardReport {
-        let store = shard.store.borrow();
+        let store = shard.store.lock();
         let stats = shard.stats.borrow();
         let now = kvtier_store::now_ms();
         ShardReport {
@@ -128,8 +128,8 @@ impl ShardReport {
             command_stats: stats.commands.clone(),
             direct_reads: stats.direct_reads,
             mailbox_calls: stats.mailbox_calls,
-            idle_poll_us: shard.polled_us.get(),
-            idle_poll_hits: shard.poll_hits.get(),
+            idle_poll_us: stats.idle_poll_us,
+            idle_poll_hits: stats.idle_poll_hits,
             resets: stats.resets,
         }
     }

@@ -8,7 +8,7 @@
 //! (values as `Bytes` handles, never copies) on a oneshot channel.
 //!
 //! One exception, for the lookup path: a read of another shard's keys
-//! ([`Shard::read`]) runs on the caller's thread when the owner's store is
+//! ([`Shard::with_store`] with [`Access::Read`]) runs on the caller's thread when the owner's store is
 //! free at that moment (an uncontended `try_lock`), instead of waking the
 //! owner's thread and waiting to be woken in turn — on a VM each of those
 //! wake-ups costs tens of microseconds. When the owner is busy the read goes
@@ -41,7 +41,7 @@ pub type Mailbox = mpsc::UnboundedSender<ShardJob>;
 
 /// A shard's store, locked by whoever runs on it: its own thread for every
 /// command, another shard's thread for a read taken without waking it
-/// (see [`Shard::read`]). Uncontended on the owner's path: one atomic
+/// (see [`Shard::with_store`]). Uncontended on the owner's path: one atomic
 /// exchange to lock, one to unlock.
 pub struct StoreCell(Mutex<Store>);
 
@@ -53,26 +53,31 @@ impl StoreCell {
 
     /// The store, for the owner's thread: waits for a reader from another
     /// thread to finish (it holds the lock for one read, never across an
-    /// await).
-    pub fn borrow_mut(&self) -> MutexGuard<'_, Store> {
+    /// await). Not reentrant: one guard at a time per thread.
+    pub fn lock(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock leaves the store as consistent as
         // a RefCell would have: keep serving.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`StoreCell::borrow_mut`] (the store has no shared borrow).
-    pub fn borrow(&self) -> MutexGuard<'_, Store> {
-        self.borrow_mut()
-    }
-
     /// The store if nobody holds it now.
-    pub fn try_borrow_mut(&self) -> Option<MutexGuard<'_, Store>> {
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, Store>> {
         match self.0.try_lock() {
             Ok(guard) => Some(guard),
             Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
+}
+
+/// What a job does to a store: whether another shard's thread may run it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// It writes: it runs on the owner's thread.
+    Write,
+    /// It only reads: another shard's thread may run it when the store is
+    /// free (see [`Shard::with_store`]).
+    Read,
 }
 
 /// Every shard's store, filled in as each shard starts.
@@ -110,10 +115,6 @@ pub struct Shard {
     /// the thread busy anyway; polling for one of them would only delay
     /// the others).
     pub last_reader: Cell<(u64, Option<std::time::Instant>)>,
-    /// Microseconds spent polling so far (INFO `idle_poll_us`).
-    pub polled_us: Cell<u64>,
-    /// Requests that arrived while their connection was polling.
-    pub poll_hits: Cell<u64>,
 }
 
 impl Shard {
@@ -136,8 +137,6 @@ impl Shard {
             copies: RefCell::new(Copies::default()),
             polling: Cell::new(false),
             last_reader: Cell::new((0, None)),
-            polled_us: Cell::new(0),
-            poll_hits: Cell::new(0),
         }
     }
 
@@ -205,27 +204,37 @@ impl Shard {
         }
     }
 
-    /// Runs `read` against shard `target`'s store and returns its result:
-    /// inline for this shard; on this thread too for another shard whose
-    /// store is free at this moment (no wake-up of its thread, none of this
-    /// one); through its mailbox otherwise.
+    /// Runs `f` against shard `target`'s store and returns its result:
+    /// inline for this shard; for another shard through its mailbox, or,
+    /// when `f` only reads ([`Access::Read`]) and that shard's store is
+    /// free at this moment, on this thread (no wake-up of its thread, none
+    /// of this one).
     ///
-    /// `read` must not write keys: what a read does to the store (recency,
+    /// A read must not write keys: what a read does to the store (recency,
     /// hit counts, a lazily expired key, a block promoted from disk) is
     /// fine, and whatever of that leaves work for the owner (link events,
     /// spill writes) is handed to the owner's thread afterwards.
     ///
-    /// Order: a connection uses this only when nothing it queued for
+    /// Order: a connection reads this way only when nothing it queued for
     /// `target` is still unanswered, so a read never overtakes the caller's
     /// own earlier writes.
-    pub fn read<R, F>(&self, target: usize, read: F) -> impl Future<Output = Result<R, ShardGone>>
+    pub fn with_store<R, F>(
+        &self,
+        target: usize,
+        access: Access,
+        f: F,
+    ) -> impl Future<Output = Result<R, ShardGone>>
     where
         R: Send + 'static,
         F: FnOnce(&mut Store) -> R + Send + 'static,
     {
-        let pending = match self.read_now(target, read) {
+        let direct = match access {
+            Access::Read => self.read_now(target, f),
+            Access::Write => Err(f),
+        };
+        let pending = match direct {
             Ok(done) => Err(done),
-            Err(read) => Ok(self.call(target, move |s: &Shard| read(&mut s.store.borrow_mut()))),
+            Err(f) => Ok(self.call(target, move |s: &Shard| f(&mut s.store.lock()))),
         };
         async move {
             match pending {
@@ -235,7 +244,7 @@ impl Shard {
         }
     }
 
-    /// The direct half of [`Shard::read`]: runs `read` on this thread
+    /// The direct half of [`Shard::with_store`]: runs `read` on this thread
     /// against another shard's store if that store is free now; gives
     /// `read` back otherwise (and for this shard's own store, which the
     /// caller runs inline).
@@ -247,7 +256,7 @@ impl Shard {
             Some(cell) if target != self.id => cell,
             _ => return Err(read),
         };
-        let Some(mut store) = cell.try_borrow_mut() else {
+        let Some(mut store) = cell.try_lock() else {
             return Err(read);
         };
         let result = read(&mut store);
@@ -265,9 +274,9 @@ impl Shard {
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent.
     pub fn deliver_links(&self) {
-        self.store.borrow_mut().flush_spill();
+        self.store.lock().flush_spill();
         loop {
-            let events = self.store.borrow_mut().take_link_events();
+            let events = self.store.lock().take_link_events();
             if events.is_empty() {
                 return;
             }
@@ -281,12 +290,12 @@ impl Shard {
                 for target in targets {
                     let event = event.clone();
                     if target == self.id {
-                        self.store.borrow_mut().apply_link(event);
+                        self.store.lock().apply_link(event);
                     } else {
                         let _ = self.post(
                             target,
                             Box::new(move |s: &Shard| {
-                                s.store.borrow_mut().apply_link(event);
+                                s.store.lock().apply_link(event);
                                 s.deliver_links();
                             }),
                         );
