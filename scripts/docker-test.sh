@@ -13,8 +13,10 @@
 #  3. driven from the host with redis-cli (each node, keys of every node) and
 #     kvtier-bench (connections over the three nodes), and from a container on
 #     the compose network with kvtier-bench, a RESP exchange over bash's
-#     /dev/tcp, and redis-cli (plain, -c, --cluster check) in a client
-#     container (Debian's redis-tools on the same base image);
+#     /dev/tcp, and redis-cli (plain, -c) in a client container (Debian's
+#     redis-tools on the same base image); cluster-aware clients on the host
+#     (redis-cli --cluster check and -c, redis-py RedisCluster RESP2/3) through
+#     the announced published ports;
 #  4. every node's /metrics scraped and checked with `promtool check metrics`;
 #     docker/prometheus.yml checked and run (Debian's prometheus binary in the
 #     base image, on the compose network) until it scrapes all three nodes;
@@ -180,7 +182,8 @@ out=$(timeout 30 docker run --rm --network "$network" --entrypoint bash "$IMAGE"
 [[ $out == "value-7" ]] || { echo "RESP from a container: '$out'"; exit 1; }
 echo "GET through kvtier-2 from a container: $out"
 # redis-cli in a client container (Debian's redis-tools on the same base):
-# plain, cluster-following (-c) and the cluster check, by service name.
+# plain and cluster-following (-c), by service name (the nodes forward, so no
+# MOVED reaches it; the announced addresses are the host's).
 printf 'FROM %s\nRUN apt-get update -q && apt-get install -y -q --no-install-recommends redis-tools && rm -rf /var/lib/apt/lists/*\n' "$BASE_TAG" \
   | docker build -q -t "$CLIENT_IMAGE" - >"$WORK/client-build.log" 2>&1 || { tail -20 "$WORK/client-build.log"; exit 1; }
 incli() { docker run --rm --network "$network" "$CLIENT_IMAGE" redis-cli "$@"; }
@@ -191,9 +194,37 @@ for i in 1 2 3 4 5; do
 done
 out=$(incli -c -h kvtier-2 mget docker:cli:1 docker:cli:5 | tr '\n' ' ')
 [[ $out == "c1 c5 " ]] || { echo "redis-cli -c MGET: '$out'"; exit 1; }
-incli --cluster check kvtier-1:6379 >"$WORK/check.txt" 2>&1 || true
-grep -q "All 16384 slots covered" "$WORK/check.txt" || { tail -5 "$WORK/check.txt"; exit 1; }
-echo "redis-cli in a container: GET, -c SET and MGET, --cluster check: all good"
+echo "redis-cli in a container: GET, -c SET and MGET: all good"
+
+log "cluster-aware clients on the host, through the announced (published) ports"
+redis-cli --cluster check "127.0.0.1:${PORTS[0]}" >"$WORK/check.txt" 2>&1 || true
+grep -q "All 16384 slots covered" "$WORK/check.txt" && grep -q "All nodes agree about slots configuration" "$WORK/check.txt" \
+  || { cat "$WORK/check.txt"; exit 1; }
+for p in "${PORTS[@]}"; do
+  grep -q "127.0.0.1:$p" "$WORK/check.txt" || { echo "redis-cli --cluster check does not name 127.0.0.1:$p"; cat "$WORK/check.txt"; exit 1; }
+done
+out=$(redis-cli -c -p "${PORTS[1]}" get docker:key:13); [[ $out == "value-13" ]] || { echo "redis-cli -c on the host: '$out'"; exit 1; }
+PY=${VENV:+$VENV/bin/python}
+if [[ -z $PY ]] || ! "$PY" -c 'import redis' 2>/dev/null; then
+  python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q 'redis>=5.3,<9' >/dev/null
+  PY=$WORK/venv/bin/python
+fi
+"$PY" - "${PORTS[@]}" <<'PY'
+import sys
+from redis.cluster import ClusterNode, RedisCluster
+ports = sorted(int(p) for p in sys.argv[1:])
+for protocol in (2, 3):
+    rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", ports[0])], protocol=protocol, socket_timeout=10)
+    primaries = sorted((n.host, n.port) for n in rc.get_primaries())
+    assert primaries == [("127.0.0.1", p) for p in ports], primaries
+    keys = [f"docker:rc{protocol}:{i}" for i in range(100)]
+    for k in keys:
+        assert rc.set(k, k)
+    assert all(rc.get(k) == k.encode() for k in keys)
+    assert len(rc.keys(f"docker:rc{protocol}:*", target_nodes=RedisCluster.PRIMARIES)) == 100
+    rc.close()
+print(f"redis-py RedisCluster from the host: primaries {primaries}, 100 keys written and read (RESP2, RESP3)")
+PY
 
 log "metrics: every node, promtool check metrics"
 for i in 0 1 2; do
@@ -269,7 +300,12 @@ for _ in $(seq 40); do
   sleep 0.25
 done
 [[ $(cli "${PORTS[0]}" cluster slots | md5sum) == "$slots_before" ]] || { echo "the slot map differs after the rejoin"; exit 1; }
-[[ $(cli "${PORTS[2]}" cluster slots | md5sum) == "$slots_before" ]] || { echo "kvtier-3 has another slot map"; exit 1; }
+# kvtier-3 learns the others' announced endpoints from its first pings.
+for _ in $(seq 40); do
+  [[ $(cli "${PORTS[2]}" cluster slots | md5sum) == "$slots_before" ]] && break
+  sleep 0.25
+done
+[[ $(cli "${PORTS[2]}" cluster slots | md5sum) == "$slots_before" ]] || { echo "kvtier-3 has another slot map"; cli "${PORTS[2]}" cluster nodes; exit 1; }
 out=$(cli "${PORTS[0]}" set docker:rejoined yes); [[ $out == OK ]]
 out=$(cli "${PORTS[2]}" get docker:rejoined); [[ $out == yes ]] || { echo "GET after rejoin: $out"; exit 1; }
 echo "kvtier-3 is back with its slots"

@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::topology::{format_nodes, Node};
-use crate::Cluster;
+use crate::topology::{format_nodes, Endpoint, Node};
+use crate::{parse_announce, Cluster};
 
 /// Starts the gossip thread: every peer is pinged a few times per node
 /// timeout, each by its own task with its own connection, and liveness is
@@ -80,13 +80,15 @@ async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
     let mut conn: Option<(TcpStream, BytesMut)> = None;
     loop {
         let (epoch, nodes) = cluster.members();
-        let ping = encode_command(&[
+        let mut ping = vec![
             Bytes::from_static(b"CLUSTER"),
             Bytes::from_static(b"PING"),
             Bytes::from(cluster.me.clone()),
             Bytes::from(epoch.to_string()),
             Bytes::from(format_nodes(&nodes)),
-        ]);
+        ];
+        ping.extend(cluster.announce_args());
+        let ping = encode_command(&ping);
         let exchange = async {
             if conn.is_none() {
                 let mut stream = TcpStream::connect(node.addr()).await?;
@@ -106,14 +108,32 @@ async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
         match answer {
             Ok(Ok(Reply::Array(items))) => {
                 cluster.heard_from(&node.id);
-                if let [Reply::Int(epoch), Reply::Bulk(list)] = items.as_slice() {
-                    cluster.gossip(&node.id, *epoch as u64, &String::from_utf8_lossy(list));
+                if let Some((epoch, list, endpoint)) = pong_fields(&items) {
+                    cluster.gossip(&node.id, epoch, &list, endpoint);
                 }
             }
             _ => conn = None,
         }
         tokio::time::sleep(interval).await;
     }
+}
+
+/// A ping's answer: `[epoch, list]` and, when the peer announces an
+/// endpoint, `ip port hostname`.
+fn pong_fields(items: &[Reply]) -> Option<(u64, String, Option<Endpoint>)> {
+    let (epoch, list, rest) = match items {
+        [Reply::Int(e), Reply::Bulk(l), rest @ ..] => (*e, l, rest),
+        _ => return None,
+    };
+    let endpoint = match rest {
+        [Reply::Bulk(ip), Reply::Bulk(port), Reply::Bulk(host)] => parse_announce(ip, port, host),
+        _ => None,
+    };
+    Some((
+        epoch.max(0) as u64,
+        String::from_utf8_lossy(list).into_owned(),
+        endpoint,
+    ))
 }
 
 async fn read_reply(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Reply> {

@@ -25,10 +25,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tracing::info;
 
 use peer::Identity;
-use topology::{format_nodes, parse_nodes, Node, View};
+use topology::{format_nodes, parse_nodes, Endpoint, Node, View};
 
 /// How a node is set up as a member (flags `--cluster-*`, `--node-id`,
 /// `--hot-key-*`).
@@ -50,6 +51,20 @@ pub struct Settings {
     pub hot_threshold: u64,
     /// Extra nodes a hot key is copied to.
     pub hot_replicas: usize,
+    /// List replicas in the topology and let READONLY clients read from
+    /// them (`--cluster-replica-reads`).
+    pub replica_reads: bool,
+    /// `--cluster-announce-ip`.
+    pub announce_ip: Option<String>,
+    /// `--cluster-announce-port`.
+    pub announce_port: Option<u16>,
+    /// `--cluster-announce-hostname`.
+    pub announce_hostname: Option<String>,
+    /// `--cluster-preferred-endpoint-type hostname`: name nodes by hostname.
+    pub hostname_first: bool,
+    /// Milliseconds a slot's new owner reads its misses from the previous
+    /// owner (`--cluster-handoff-ms`; 0: no hand-off).
+    pub handoff_ms: u64,
 }
 
 /// Counters for INFO and metrics.
@@ -69,6 +84,12 @@ pub struct ClusterStats {
     pub copies_sent: AtomicU64,
     /// Copies of hot keys received from owners.
     pub copies_received: AtomicU64,
+    /// Keys of handed-off slots read from their previous owner and kept.
+    pub handoff_fetched: AtomicU64,
+    /// Keys of handed-off slots the previous owner did not have either.
+    pub handoff_missed: AtomicU64,
+    /// Keys written here whose old copy was deleted on the previous owner.
+    pub handoff_deleted: AtomicU64,
 }
 
 /// The node list of an epoch and when each member was last heard from.
@@ -76,6 +97,8 @@ struct Members {
     epoch: u64,
     nodes: Vec<Node>,
     last_seen: HashMap<String, Instant>,
+    /// Endpoints announced by peers (and this node's own), by id.
+    announced: HashMap<String, Endpoint>,
 }
 
 /// A node's view of the cluster, shared by its shards.
@@ -90,6 +113,19 @@ pub struct Cluster {
     pub hot_threshold: u64,
     /// Extra nodes a hot key is copied to.
     pub hot_replicas: usize,
+    /// Replicas listed in the topology, READONLY clients read from them.
+    pub replica_reads: bool,
+    /// Topology replies and MOVED name nodes by hostname (when announced).
+    pub hostname_first: bool,
+    /// What this node announces to its peers.
+    pub announce: Option<Endpoint>,
+    /// How long a slot's new owner reads misses from the previous owner.
+    pub handoff_window_ms: u64,
+    /// Hand-offs that began before this time (Unix ms) are over (FLUSHALL).
+    handoff_floor: AtomicU64,
+    /// Writes to handed-off keys so far: a fetch that saw one start while
+    /// it was under way does not keep what it fetched.
+    pub handoff_writes: AtomicU64,
     /// Counters.
     pub stats: ClusterStats,
     /// Hot keys: the shards' counts and what is copied where.
@@ -131,12 +167,40 @@ impl Cluster {
             return Err(format!("--node-id {me} is not in --cluster-nodes"));
         }
         let started = Instant::now();
+        let announce = (settings.announce_ip.is_some()
+            || settings.announce_port.is_some()
+            || settings.announce_hostname.is_some())
+        .then(|| {
+            let mine = nodes.iter().find(|n| n.id == me).expect("checked above");
+            let default = Endpoint::of(mine);
+            Endpoint {
+                ip: settings.announce_ip.clone().unwrap_or(default.ip),
+                port: settings.announce_port.unwrap_or(default.port),
+                hostname: settings.announce_hostname.clone().unwrap_or_default(),
+            }
+        });
         let members = Members {
             epoch: settings.epoch,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
+            announced: announce.iter().map(|e| (me.clone(), e.clone())).collect(),
         };
-        let view = Arc::new(build_view(&members, &me, started, Duration::MAX));
+        // Before this node (re)joined, the others held its slots: the map
+        // without it is where its hand-off reads from.
+        let mut view = build_view(&members, &me, started, Duration::MAX, None, 0);
+        let mut without_me = view.clone();
+        if let Some(i) = without_me.me {
+            without_me.alive[i] = false;
+        }
+        let without_me = View::with_endpoints(
+            without_me.epoch,
+            without_me.nodes,
+            without_me.alive,
+            without_me.me,
+            without_me.endpoints,
+        );
+        view.carry_handoff(&without_me, kvtier_store::now_ms(), settings.handoff_ms);
+        let view = Arc::new(view);
         Ok(Some(Cluster {
             identity: Identity::new(&me, password),
             me,
@@ -144,6 +208,12 @@ impl Cluster {
             node_timeout: Duration::from_millis(settings.node_timeout_ms.max(1)),
             hot_threshold: settings.hot_threshold,
             hot_replicas: settings.hot_replicas,
+            replica_reads: settings.replica_reads,
+            hostname_first: settings.hostname_first,
+            announce,
+            handoff_window_ms: settings.handoff_ms,
+            handoff_floor: AtomicU64::new(0),
+            handoff_writes: AtomicU64::new(0),
             stats: ClusterStats::default(),
             hot: Mutex::default(),
             replicated_count: AtomicUsize::new(0),
@@ -178,11 +248,23 @@ impl Cluster {
         Ok(())
     }
 
-    /// A peer's ping: it is alive, and its list wins if its epoch is
-    /// higher. Returns this node's epoch and list after the exchange.
-    pub fn gossip(&self, from: &str, epoch: u64, list: &str) -> (u64, String) {
+    /// A peer's ping (or the answer to ours): it is alive, it announces
+    /// `endpoint` (`None`: its list address), and its list wins if its
+    /// epoch is higher. Returns this node's epoch and list after the
+    /// exchange.
+    pub fn gossip(
+        &self,
+        from: &str,
+        epoch: u64,
+        list: &str,
+        endpoint: Option<Endpoint>,
+    ) -> (u64, String) {
         let mut m = self.lock();
         m.last_seen.insert(from.to_string(), Instant::now());
+        match endpoint {
+            Some(e) => m.announced.insert(from.to_string(), e),
+            None => m.announced.remove(from),
+        };
         if epoch > m.epoch {
             if let Ok(nodes) = parse_nodes(list) {
                 self.adopt(&mut m, epoch, nodes);
@@ -192,6 +274,45 @@ impl Cluster {
         drop(m);
         self.refresh();
         out
+    }
+
+    /// What this node's pings and ping answers add after the list:
+    /// `ip port hostname` when it announces an endpoint, else nothing.
+    pub fn announce_args(&self) -> Vec<Bytes> {
+        match &self.announce {
+            Some(e) => vec![
+                Bytes::from(e.ip.clone()),
+                Bytes::from(e.port.to_string()),
+                Bytes::from(e.hostname.clone()),
+            ],
+            None => Vec::new(),
+        }
+    }
+
+    /// The node `slot`'s misses are read from now (`now_ms`), if this node
+    /// gained the slot from a live node within the hand-off window.
+    pub fn handoff_source(&self, view: &View, slot: u16, now_ms: u64) -> Option<usize> {
+        let (prev, since) = view.handoff_from(slot)?;
+        (since >= self.handoff_floor.load(Relaxed)
+            && now_ms < since.saturating_add(self.handoff_window_ms))
+        .then_some(prev)
+    }
+
+    /// Ends every hand-off under way (FLUSHALL: nothing is to be read back).
+    pub fn end_handoff(&self) {
+        self.handoff_floor
+            .store(kvtier_store::now_ms().saturating_add(1), Relaxed);
+    }
+
+    /// Slots handed off to this node now.
+    pub fn handoff_slots(&self, view: &View) -> usize {
+        if !view.has_handoff() {
+            return 0;
+        }
+        let now = kvtier_store::now_ms();
+        (0..kvtier_store::slot::SLOTS as u16)
+            .filter(|&s| self.handoff_source(view, s, now).is_some())
+            .count()
     }
 
     /// A peer answered a ping.
@@ -222,10 +343,18 @@ impl Cluster {
         if current.epoch == m.epoch
             && current.nodes == m.nodes
             && current.alive == alive_flags(&m, &self.me, now, self.grace())
+            && current.endpoints == endpoints(&m)
         {
             return;
         }
-        let view = build_view(&m, &self.me, now, self.grace());
+        let view = build_view(
+            &m,
+            &self.me,
+            now,
+            self.grace(),
+            Some(&current),
+            self.handoff_window_ms,
+        );
         {
             let lost: Vec<&str> = view
                 .nodes
@@ -260,9 +389,19 @@ impl Cluster {
         }
         m.last_seen
             .retain(|id, _| nodes.iter().any(|n| &n.id == id));
+        m.announced
+            .retain(|id, _| nodes.iter().any(|n| &n.id == id));
         m.epoch = epoch;
         m.nodes = nodes;
-        let view = build_view(m, &self.me, now, self.grace());
+        let before = self.view();
+        let view = build_view(
+            m,
+            &self.me,
+            now,
+            self.grace(),
+            Some(&before),
+            self.handoff_window_ms,
+        );
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
         self.version.fetch_add(1, Relaxed);
     }
@@ -289,10 +428,50 @@ fn alive_flags(m: &Members, me: &str, now: Instant, timeout: Duration) -> Vec<bo
         .collect()
 }
 
-fn build_view(m: &Members, me: &str, now: Instant, timeout: Duration) -> View {
+/// Each member's endpoint: announced, else its list address.
+fn endpoints(m: &Members) -> Vec<Endpoint> {
+    m.nodes
+        .iter()
+        .map(|n| {
+            m.announced
+                .get(&n.id)
+                .cloned()
+                .unwrap_or_else(|| Endpoint::of(n))
+        })
+        .collect()
+}
+
+/// The view of `m` now; slots gained since `before` are handed off for
+/// `handoff_ms`.
+fn build_view(
+    m: &Members,
+    me: &str,
+    now: Instant,
+    timeout: Duration,
+    before: Option<&View>,
+    handoff_ms: u64,
+) -> View {
     let alive = alive_flags(m, me, now, timeout);
     let me = m.nodes.iter().position(|n| n.id == me);
-    View::new(m.epoch, m.nodes.clone(), alive, me)
+    let mut view = View::with_endpoints(m.epoch, m.nodes.clone(), alive, me, endpoints(m));
+    if let Some(before) = before {
+        view.carry_handoff(before, kvtier_store::now_ms(), handoff_ms);
+    }
+    view
+}
+
+/// The endpoint a ping or its answer announces after the list (`ip port
+/// hostname`), if it is there and well formed.
+pub fn parse_announce(ip: &[u8], port: &[u8], hostname: &[u8]) -> Option<Endpoint> {
+    let port = std::str::from_utf8(port).ok()?.parse::<u16>().ok()?;
+    let ip = std::str::from_utf8(ip).ok()?;
+    let hostname = std::str::from_utf8(hostname).ok()?;
+    let fits = |s: &str| s.len() <= 255 && s.bytes().all(|b| b.is_ascii_graphic());
+    (port != 0 && !ip.is_empty() && fits(ip) && fits(hostname)).then(|| Endpoint {
+        ip: ip.to_string(),
+        port,
+        hostname: hostname.to_string(),
+    })
 }
 
 fn is_local(host: &str) -> bool {

@@ -1,12 +1,18 @@
-//! Slot placement: rendezvous (highest random weight) hashing of the 16384
-//! hash slots over the cluster's nodes.
+//! Slot placement: consistent hashing of the 16384 hash slots over the
+//! cluster's nodes in contiguous ranges, with bounded loads.
 //!
 //! Every node computes the same map from the same node list, with no
-//! coordination: slot `s` belongs to the live node with the highest
-//! `weight(s, id)`. Adding a node moves exactly the slots where the newcomer
-//! scores highest (about 1/N of them); removing one moves only its own slots,
-//! each to the node that scored second for it. The same order (highest
-//! first) names a slot's replicas: the next nodes after the owner.
+//! coordination. Each live node puts [`TOKENS`] tokens on the ring of slots
+//! (fixed hashes of its id); the arc of slots ending at a token goes to the
+//! token's node; a node over [`LOAD_CAP`] times its fair share hands some
+//! of its arcs on to the next nodes clockwise with room. So the map is at
+//! most `TOKENS × N` ranges (CLUSTER SLOTS stays small), no node holds more
+//! than 1.4× the mean, and a join or a loss moves little more than 1/N of
+//! the slots (docs/cluster.md has the measured table).
+//!
+//! Hot-key replicas follow rendezvous (highest random weight) order over
+//! groups of [`REPLICA_GROUP`] slots, skipping the owner, so a range's
+//! replicas change only at group boundaries.
 
 use std::fmt;
 
@@ -53,6 +59,42 @@ impl Node {
 impl fmt::Display for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}:{}", self.id, self.host, self.port)
+    }
+}
+
+/// Where clients reach a node: what topology replies and MOVED name. By
+/// default the node's list address; `--cluster-announce-ip`, `-port` and
+/// `-hostname` change it (a node behind NAT or a published container port),
+/// and peers learn it from the node's pings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Address (`--cluster-announce-ip`, else the list's host).
+    pub ip: String,
+    /// Port (`--cluster-announce-port`, else the list's port).
+    pub port: u16,
+    /// `--cluster-announce-hostname`; empty when unset.
+    pub hostname: String,
+}
+
+impl Endpoint {
+    /// The endpoint of `node` when it announces nothing.
+    pub fn of(node: &Node) -> Endpoint {
+        Endpoint {
+            ip: node.host.clone(),
+            port: node.port,
+            hostname: String::new(),
+        }
+    }
+
+    /// What clients are told to connect to: the hostname when
+    /// `hostname_first` (`--cluster-preferred-endpoint-type hostname`) and
+    /// one is set, else the ip.
+    pub fn preferred(&self, hostname_first: bool) -> &str {
+        if hostname_first && !self.hostname.is_empty() {
+            &self.hostname
+        } else {
+            &self.ip
+        }
     }
 }
 
@@ -109,19 +151,123 @@ pub fn format_nodes(nodes: &[Node]) -> String {
         .join(",")
 }
 
-/// The rendezvous weight of `slot` on the node named `id`: a fixed function
-/// (FNV-1a of the id, mixed with the slot by SplitMix64's finaliser), the
-/// same on every node, platform and version.
-pub fn weight(slot: u16, id: &str) -> u64 {
+/// Tokens each live node puts on the ring of slots.
+pub const TOKENS: u32 = 20;
+
+/// The most a node holds, as a multiple of the mean (numerator,
+/// denominator): 7/5. A tighter cap balances better but moves more on a
+/// join (docs/decisions.md).
+pub const LOAD_CAP: (usize, usize) = (7, 5);
+
+/// Slots per group of the replica order (64 groups).
+pub const REPLICA_GROUP: u16 = 256;
+
+/// A fixed 64-bit hash of `(id, x)`: FNV-1a of the id, mixed with `x` by
+/// SplitMix64's finaliser; the same on every node, platform and version.
+fn mix(id: &str, x: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in id.bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    let mut z = h ^ (slot as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut z = h ^ x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// The slot at which the node named `id` puts its token `j`.
+pub fn token(id: &str, j: u32) -> u16 {
+    // Inputs from 2^32 up: apart from the replica order's.
+    (mix(id, (1 << 32) + j as u64) % SLOTS as u64) as u16
+}
+
+/// The rendezvous weight of replica group `group` on the node named `id`.
+pub fn weight(group: u16, id: &str) -> u64 {
+    mix(id, group as u64)
+}
+
+/// The owner of every slot when the nodes `live` (indices, ascending) are
+/// the live ones among `nodes`.
+///
+/// 1. Every live node's [`TOKENS`] tokens, sorted, cut the ring into arcs:
+///    the arc `(previous token, token]` goes to the token's node.
+/// 2. A node holding more than the cap ([`LOAD_CAP`] × the mean) sheds arcs,
+///    in an order fixed by a hash of each token, until it is under the cap.
+/// 3. Each shed arc, in ring order, goes to the first node clockwise (by the
+///    following tokens) with room for it.
+///
+/// Only overloaded nodes shed, and their order of shedding is fixed, so a
+/// join or a loss changes little beyond the slots it must move.
+fn place(nodes: &[Node], live: &[usize]) -> Vec<u16> {
+    let mut owner = vec![0u16; SLOTS];
+    let Some(&first) = live.first() else {
+        return owner;
+    };
+    let mut tokens: Vec<(u16, usize)> = live
+        .iter()
+        .flat_map(|&i| (0..TOKENS).map(move |j| (token(&nodes[i].id, j), i)))
+        .collect();
+    tokens.sort_unstable();
+    let n = tokens.len();
+    // Arcs as (token index, length, node); a token on the previous one's
+    // slot has none, and a ring of one position is one whole arc.
+    let mut arcs: Vec<(usize, usize, usize)> = Vec::with_capacity(n);
+    for (k, &(pos, node)) in tokens.iter().enumerate() {
+        let prev = tokens[(k + n - 1) % n].0;
+        match (pos as usize + SLOTS - prev as usize) % SLOTS {
+            0 if k == 0 && tokens.iter().all(|t| t.0 == pos) => arcs.push((k, SLOTS, node)),
+            0 => {}
+            len => arcs.push((k, len, node)),
+        }
+    }
+    let cap = (SLOTS * LOAD_CAP.0).div_ceil(LOAD_CAP.1 * live.len());
+    let mut load = vec![0usize; nodes.len()];
+    for &(_, len, node) in &arcs {
+        load[node] += len;
+    }
+    let mut shed = vec![false; arcs.len()];
+    for &i in live {
+        if load[i] <= cap {
+            continue;
+        }
+        let mut mine: Vec<(u64, usize)> = arcs
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.2 == i)
+            .map(|(x, a)| (mix(&nodes[i].id, (1 << 33) + tokens[a.0].0 as u64), x))
+            .collect();
+        mine.sort_unstable();
+        for (_, x) in mine {
+            if load[i] <= cap {
+                break;
+            }
+            shed[x] = true;
+            load[i] -= arcs[x].1;
+        }
+    }
+    for x in (0..arcs.len()).filter(|&x| shed[x]) {
+        let (k, len, _) = arcs[x];
+        let node = (1..n)
+            .map(|d| tokens[(k + d) % n].1)
+            .find(|&i| load[i] + len <= cap)
+            .unwrap_or_else(|| {
+                // No node has room for the whole arc: the least loaded.
+                live.iter()
+                    .copied()
+                    .min_by_key(|&i| load[i])
+                    .unwrap_or(first)
+            });
+        load[node] += len;
+        arcs[x].2 = node;
+    }
+    for (k, len, node) in arcs {
+        let pos = tokens[k].0 as usize;
+        for step in 0..len {
+            owner[(pos + SLOTS - step) % SLOTS] = node as u16;
+        }
+    }
+    owner
 }
 
 /// One consistent picture of the cluster: the node list of an epoch, which
@@ -136,30 +282,107 @@ pub struct View {
     pub alive: Vec<bool>,
     /// This node's index, if it is a member.
     pub me: Option<usize>,
+    /// Where clients reach each member (announced, or its list address).
+    pub endpoints: Vec<Endpoint>,
     /// Owner (index into `nodes`) of every slot.
     owner: Vec<u16>,
+    /// Slots this node gained from a node that is still live, for the
+    /// warm hand-off: `(previous owner, since)` by slot (`NO_HANDOFF`:
+    /// none); empty when there are none.
+    handoff: Vec<(u16, u64)>,
     /// [`View::ranges`] computed once (clients ask for CLUSTER SLOTS often).
     ranges_cache: std::sync::OnceLock<(usize, Ranges)>,
 }
+
+/// No hand-off for a slot.
+const NO_HANDOFF: u16 = u16::MAX;
 
 /// Slot ranges with their holders, owner first.
 pub type Ranges = Vec<(u16, u16, Vec<usize>)>;
 
 impl View {
-    /// Computes the slot map of `nodes` with the given liveness.
+    /// Computes the slot map of `nodes` with the given liveness; clients
+    /// reach every node at its list address.
     pub fn new(epoch: u64, nodes: Vec<Node>, alive: Vec<bool>, me: Option<usize>) -> View {
+        let endpoints = nodes.iter().map(Endpoint::of).collect();
+        View::with_endpoints(epoch, nodes, alive, me, endpoints)
+    }
+
+    /// [`View::new`] with the endpoints clients are told (one per node).
+    pub fn with_endpoints(
+        epoch: u64,
+        nodes: Vec<Node>,
+        alive: Vec<bool>,
+        me: Option<usize>,
+        endpoints: Vec<Endpoint>,
+    ) -> View {
         let mut view = View {
             epoch,
+            endpoints,
             nodes,
             alive,
             me,
             owner: Vec::new(),
+            handoff: Vec::new(),
             ranges_cache: std::sync::OnceLock::new(),
         };
-        view.owner = (0..SLOTS as u16)
-            .map(|slot| view.order(slot).first().copied().unwrap_or(0) as u16)
-            .collect();
+        let live: Vec<usize> = (0..view.nodes.len()).filter(|&i| view.alive[i]).collect();
+        view.owner = place(&view.nodes, &live);
         view
+    }
+
+    /// Records the warm hand-off after `before`: each slot this node owns
+    /// that `before` gave to another node still live here is handed off
+    /// from that node since `now_ms`; a hand-off `before` had that is still
+    /// within `window_ms` and still applies carries on from its start.
+    pub fn carry_handoff(&mut self, before: &View, now_ms: u64, window_ms: u64) {
+        let Some(me) = self.me else {
+            return;
+        };
+        if window_ms == 0 {
+            return;
+        }
+        // Index here of each node of `before`, if it is live here.
+        let live_here: Vec<Option<usize>> = before
+            .nodes
+            .iter()
+            .map(|n| self.index_of(&n.id).filter(|&i| self.alive[i] && i != me))
+            .collect();
+        let mut handoff = vec![(NO_HANDOFF, 0); SLOTS];
+        let mut any = false;
+        for slot in 0..SLOTS as u16 {
+            if self.owner(slot) != me {
+                continue;
+            }
+            let gained = live_here[before.owner(slot)].map(|prev| (prev, now_ms));
+            let carried = before.handoff_from(slot).and_then(|(prev, since)| {
+                (now_ms < since.saturating_add(window_ms))
+                    .then_some(live_here[prev].map(|p| (p, since)))
+                    .flatten()
+            });
+            // A slot this node owned before has no `gained` (it is not live
+            // "elsewhere") and keeps the hand-off it had, if any.
+            if let Some((prev, since)) = gained.or(carried) {
+                handoff[slot as usize] = (prev as u16, since);
+                any = true;
+            }
+        }
+        self.handoff = if any { handoff } else { Vec::new() };
+    }
+
+    /// The node `slot` is handed off from and since when (Unix ms), if it
+    /// is one this node gained from a live node (the caller checks the
+    /// window).
+    pub fn handoff_from(&self, slot: u16) -> Option<(usize, u64)> {
+        match self.handoff.get(slot as usize) {
+            Some(&(prev, since)) if prev != NO_HANDOFF => Some((prev as usize, since)),
+            _ => None,
+        }
+    }
+
+    /// Whether any slot is handed off (within its window or not).
+    pub fn has_handoff(&self) -> bool {
+        !self.handoff.is_empty()
     }
 
     /// The node owning `slot`.
@@ -172,24 +395,29 @@ impl View {
         self.me == Some(self.owner(slot))
     }
 
-    /// Live nodes in `slot`'s rendezvous order: owner first, then its
-    /// replicas.
-    pub fn order(&self, slot: u16) -> Vec<usize> {
+    /// Live nodes other than the owner in `slot`'s replica order
+    /// (rendezvous weight of the slot's group, highest first).
+    fn replica_order(&self, slot: u16) -> Vec<usize> {
+        let owner = self.owner(slot);
+        let group = slot / REPLICA_GROUP;
         let mut live: Vec<(u64, usize)> = (0..self.nodes.len())
-            .filter(|&i| self.alive[i])
-            .map(|i| (weight(slot, &self.nodes[i].id), i))
+            .filter(|&i| self.alive[i] && i != owner)
+            .map(|i| (weight(group, &self.nodes[i].id), i))
             .collect();
         live.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         live.into_iter().map(|(_, i)| i).collect()
     }
 
-    /// The `count` nodes after the owner in `slot`'s order.
+    /// The `count` nodes a hot key of `slot` is copied to.
     pub fn replicas(&self, slot: u16, count: usize) -> Vec<usize> {
-        self.order(slot).into_iter().skip(1).take(count).collect()
+        let mut order = self.replica_order(slot);
+        order.truncate(count);
+        order
     }
 
-    /// Runs of consecutive slots with the same owner and replicas:
-    /// `(first, last, [owner, replicas...])`, as CLUSTER SLOTS lists them.
+    /// Runs of consecutive slots with the same owner and (`replicas` > 0)
+    /// the same replicas: `(first, last, [owner, replicas...])`, as CLUSTER
+    /// SLOTS lists them.
     pub fn ranges(&self, replicas: usize) -> Ranges {
         let (cached_for, cached) = self
             .ranges_cache
@@ -202,12 +430,21 @@ impl View {
 
     fn compute_ranges(&self, replicas: usize) -> Ranges {
         let mut out: Ranges = Vec::new();
+        // Replicas depend on the owner and the group only.
+        let mut last_key = None;
+        let mut holders = Vec::new();
         for slot in 0..SLOTS as u16 {
-            let mut holders = self.order(slot);
-            holders.truncate(1 + replicas);
+            let key = (self.owner(slot), slot / REPLICA_GROUP);
+            if last_key != Some(key) {
+                last_key = Some(key);
+                holders = vec![key.0];
+                if replicas > 0 {
+                    holders.extend(self.replicas(slot, replicas));
+                }
+            }
             match out.last_mut() {
                 Some((_, last, h)) if *h == holders && *last + 1 == slot => *last = slot,
-                _ => out.push((slot, slot, holders)),
+                _ => out.push((slot, slot, holders.clone())),
             }
         }
         out
@@ -268,62 +505,116 @@ mod tests {
         }
     }
 
+    fn ids(n: usize) -> Vec<String> {
+        (1..=n).map(|i| format!("n{i}")).collect()
+    }
+
+    fn view_of(ids: &[String]) -> View {
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        view(&refs)
+    }
+
+    /// Slots whose owner (by id) differs between two views.
+    fn moved(a: &View, b: &View) -> usize {
+        (0..SLOTS as u16)
+            .filter(|&s| a.nodes[a.owner(s)].id != b.nodes[b.owner(s)].id)
+            .count()
+    }
+
     #[test]
-    fn every_node_computes_the_same_balanced_map() {
+    fn every_node_computes_the_same_bounded_map() {
         let a = view(&["n1", "n2", "n3"]);
-        // Another order of the same list gives the same map.
+        // Another order of the same list, seen from another node, gives the
+        // same map.
         let b = View::new(1, nodes(&["n3", "n1", "n2"]), vec![true; 3], Some(2));
-        assert!((0..SLOTS as u16).all(|s| a.nodes[a.owner(s)].id == b.nodes[b.owner(s)].id));
-        for count in a.slot_counts() {
-            // 16384 / 3 = 5461; rendezvous hashing is within a few percent.
-            assert!((4900..6000).contains(&count), "{count}");
+        assert_eq!(moved(&a, &b), 0);
+        for n in [1, 2, 3, 10, 100] {
+            let v = view_of(&ids(n));
+            let counts = v.slot_counts();
+            assert_eq!(counts.iter().sum::<usize>(), SLOTS);
+            let cap = (SLOTS * LOAD_CAP.0).div_ceil(LOAD_CAP.1 * n);
+            assert!(counts.iter().all(|&c| c <= cap), "{n} nodes: {counts:?}");
+            assert!(counts.iter().all(|&c| c > 0), "{n} nodes: {counts:?}");
         }
     }
 
     #[test]
-    fn adding_a_node_moves_only_the_slots_it_gains() {
-        let three = view(&["n1", "n2", "n3"]);
-        let four = view(&["n1", "n2", "n3", "n4"]);
-        let mut moved = 0;
+    fn slots_come_in_few_contiguous_ranges() {
+        for (n, most) in [(3, 64), (10, 200), (100, 2000)] {
+            let ranges = view_of(&ids(n)).ranges(0).len();
+            assert!(ranges <= most, "{n} nodes: {ranges} ranges");
+            assert!(ranges <= TOKENS as usize * n + 1);
+        }
+    }
+
+    #[test]
+    fn a_join_moves_about_one_nth_of_the_slots_mostly_to_the_newcomer() {
+        for n in [3, 10, 100] {
+            let before = view_of(&ids(n));
+            let after = view_of(&ids(n + 1));
+            let newcomer = format!("n{}", n + 1);
+            let to_newcomer = (0..SLOTS as u16)
+                .filter(|&s| after.nodes[after.owner(s)].id == newcomer)
+                .count();
+            let moved = moved(&before, &after);
+            // About its fair share moves to the newcomer (its tokens' arcs
+            // vary); bounded loads shift a little more between the others.
+            let fair = SLOTS / (n + 1);
+            assert!(moved <= fair * 2, "{n}+1 nodes: {moved} moved, fair {fair}");
+            assert!(to_newcomer * 2 >= fair, "{n}+1: newcomer {to_newcomer}");
+            assert!(
+                moved - to_newcomer <= fair / 2,
+                "{n}+1: {moved} moved, {to_newcomer} to it"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_node_loses_its_slots_and_little_else_moves() {
+        for n in [3, 10, 100] {
+            let all = view_of(&ids(n));
+            let mut alive = vec![true; n];
+            alive[1] = false;
+            let without = View::new(1, all.nodes.clone(), alive, Some(0));
+            assert!((0..SLOTS as u16).all(|s| without.owner(s) != 1));
+            let moved = moved(&all, &without);
+            let own = all.slot_counts()[1];
+            assert!(moved >= own);
+            assert!(
+                moved <= own * 3 / 2,
+                "{n} nodes: {moved} moved, owned {own}"
+            );
+        }
+    }
+
+    #[test]
+    fn replicas_skip_the_owner_and_change_only_at_group_edges() {
+        let v = view(&["n1", "n2", "n3", "n4"]);
         for s in 0..SLOTS as u16 {
-            let before = &three.nodes[three.owner(s)].id;
-            let after = &four.nodes[four.owner(s)].id;
-            if before != after {
-                assert_eq!(after, "n4", "slot {s} moved between old nodes");
-                moved += 1;
+            let r = v.replicas(s, 2);
+            assert_eq!(r.len(), 2);
+            assert!(!r.contains(&v.owner(s)));
+            if s % REPLICA_GROUP != 0 && v.owner(s) == v.owner(s - 1) {
+                assert_eq!(r, v.replicas(s - 1, 2));
             }
         }
-        assert!((3500..4700).contains(&moved), "{moved} slots moved");
-    }
-
-    #[test]
-    fn a_failed_node_passes_its_slots_to_the_next_in_order() {
-        let all = view(&["n1", "n2", "n3"]);
-        let mut alive = vec![true; 3];
-        alive[1] = false;
-        let without = View::new(1, all.nodes.clone(), alive, Some(0));
-        for s in 0..SLOTS as u16 {
-            let order = all.order(s);
-            let expect = if order[0] == 1 { order[1] } else { order[0] };
-            assert_eq!(without.owner(s), expect);
-            assert_ne!(without.owner(s), 1);
-        }
-        assert_eq!(all.replicas(7, 2).len(), 2);
-        assert!(!all.replicas(7, 2).contains(&all.owner(7)));
+        assert!(v.ranges(2).len() <= v.ranges(0).len() + (SLOTS / REPLICA_GROUP as usize));
     }
 
     #[test]
     fn ranges_cover_every_slot_once() {
         let v = view(&["n1", "n2", "n3"]);
-        let ranges = v.ranges(1);
-        let mut next = 0u32;
-        for (first, last, holders) in &ranges {
-            assert_eq!(*first as u32, next);
-            assert!(last >= first);
-            assert_eq!(holders[0], v.owner(*first));
-            assert_eq!(holders.len(), 2);
-            next = *last as u32 + 1;
+        for replicas in [0, 1] {
+            let ranges = v.ranges(replicas);
+            let mut next = 0u32;
+            for (first, last, holders) in &ranges {
+                assert_eq!(*first as u32, next);
+                assert!(last >= first);
+                assert!((*first..=*last).all(|s| v.owner(s) == holders[0]));
+                assert_eq!(holders.len(), 1 + replicas);
+                next = *last as u32 + 1;
+            }
+            assert_eq!(next, SLOTS as u32);
         }
-        assert_eq!(next, SLOTS as u32);
     }
 }

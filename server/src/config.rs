@@ -169,6 +169,41 @@ pub struct Config {
     /// Extra nodes a hot key is copied to.
     #[arg(long, default_value_t = 2)]
     pub hot_key_replicas: usize,
+
+    /// List each slot's hot-key replicas in CLUSTER SLOTS / SHARDS and let
+    /// READONLY connections read from them (yes), or show every node as the
+    /// primary of its own slots only (no). Cluster clients give a node one
+    /// role, so with `yes` they see some nodes as replicas only.
+    #[arg(long, default_value = "no", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
+    pub cluster_replica_reads: bool,
+
+    /// The address clients are told to reach this node at (topology replies
+    /// and MOVED), when it is not the one in --cluster-nodes (NAT, a
+    /// published container port).
+    #[arg(long, value_name = "IP")]
+    pub cluster_announce_ip: Option<String>,
+
+    /// The port clients are told to reach this node at.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cluster_announce_port: Option<u16>,
+
+    /// A hostname for this node, shown in topology replies beside its
+    /// address (or instead of it with --cluster-preferred-endpoint-type
+    /// hostname).
+    #[arg(long, value_name = "NAME")]
+    pub cluster_announce_hostname: Option<String>,
+
+    /// Milliseconds during which a slot's new owner (after a join, a rejoin
+    /// or CLUSTER SETNODES) reads a miss from the slot's previous owner and
+    /// keeps it, so the blocks follow the slot without a hit-rate cliff (0:
+    /// no hand-off).
+    #[arg(long, default_value_t = 120_000)]
+    pub cluster_handoff_ms: u64,
+
+    /// What topology replies and MOVED name a node by: `ip` or `hostname`
+    /// (nodes without an announced hostname are named by address).
+    #[arg(long, default_value = "ip", value_parser = ["ip", "hostname"])]
+    pub cluster_preferred_endpoint_type: String,
 }
 
 /// `all` (0) or a read count.
@@ -398,6 +433,32 @@ impl LiveConfig {
                 ),
                 ("hot-key-threshold", config.hot_key_threshold.to_string()),
                 ("hot-key-replicas", config.hot_key_replicas.to_string()),
+                (
+                    "cluster-replica-reads",
+                    if config.cluster_replica_reads {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                    .into(),
+                ),
+                ("cluster-handoff-ms", config.cluster_handoff_ms.to_string()),
+                (
+                    "cluster-announce-ip",
+                    config.cluster_announce_ip.clone().unwrap_or_default(),
+                ),
+                (
+                    "cluster-announce-port",
+                    config.cluster_announce_port.unwrap_or(0).to_string(),
+                ),
+                (
+                    "cluster-announce-hostname",
+                    config.cluster_announce_hostname.clone().unwrap_or_default(),
+                ),
+                (
+                    "cluster-preferred-endpoint-type",
+                    config.cluster_preferred_endpoint_type.clone(),
+                ),
                 (
                     "hugepages",
                     if config.hugepages { "yes" } else { "no" }.into(),

@@ -522,5 +522,11 @@ fn cluster_settings(config: &Config) -> kvtier_cluster::Settings {
         node_timeout_ms: config.cluster_node_timeout,
         hot_threshold: config.hot_key_threshold,
         hot_replicas: config.hot_key_replicas,
+        replica_reads: config.cluster_replica_reads,
+        announce_ip: config.cluster_announce_ip.clone(),
+        announce_port: config.cluster_announce_port,
+        announce_hostname: config.cluster_announce_hostname.clone(),
+        hostname_first: config.cluster_preferred_endpoint_type == "hostname",
+        handoff_ms: config.cluster_handoff_ms,
     }
 }

@@ -133,3 +133,32 @@ def test_topology_agrees_with_where_keys_live(cluster: list[Server]) -> None:
             plain.close()
     finally:
         rc.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_every_node_is_a_primary_and_commands_on_primaries_cover_every_key(
+    cluster: list[Server], protocol: int
+) -> None:
+    rc = _client(cluster, protocol, False)
+    try:
+        primaries = rc.get_primaries()
+        assert sorted(n.port for n in primaries) == sorted(s.port for s in cluster)
+        assert rc.get_replicas() == []
+        rc.flushall(target_nodes=RedisCluster.PRIMARIES)
+        keys = [f"cover{protocol}:{i}" for i in range(64)]
+        for k in keys:
+            rc.set(k, "x")
+        # Spread over every node, and each node-wide command sees them all.
+        assert {rc.get_node_from_key(k).port for k in keys} == {s.port for s in cluster}
+        assert rc.dbsize(target_nodes=RedisCluster.PRIMARIES) == 64
+        listed = rc.keys("cover*", target_nodes=RedisCluster.PRIMARIES)
+        assert sorted(k.decode() for k in listed) == sorted(keys)
+        scanned = set(rc.scan_iter(match="cover*", count=10, target_nodes=RedisCluster.PRIMARIES))
+        assert {k.decode() for k in scanned} == set(keys)
+        assert rc.flushall(target_nodes=RedisCluster.PRIMARIES)
+        for s in cluster:
+            plain = redis.Redis(host=s.host, port=s.port, socket_timeout=10)
+            assert plain.dbsize() == 0
+            plain.close()
+    finally:
+        rc.close()

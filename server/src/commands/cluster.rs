@@ -131,11 +131,11 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|ping",
-                arity: 5,
+                arity: -5,
                 flags: STALE | FAST,
                 since: "0.1.0",
                 summary: "Internal: a peer's liveness ping carrying its epoch and node list.",
-                syntax: "node-id epoch:integer nodes",
+                syntax: "node-id epoch:integer nodes [ip port:integer hostname]",
                 handler: Handler::Sync(ping),
                 ..SUB
             },
@@ -243,39 +243,60 @@ macro_rules! with_cluster {
     };
 }
 
-/// `[host, port, id]` as CLUSTER SLOTS lists a node.
-fn node_entry(view: &View, i: usize) -> Reply {
-    let n = &view.nodes[i];
+/// How many replicas the topology lists per slot: the hot-key replicas
+/// when replica reads are on, else none (every node is a primary of its own
+/// slots and of nothing else).
+fn listed_replicas(cluster: &Cluster) -> usize {
+    if cluster.replica_reads {
+        cluster.hot_replicas
+    } else {
+        0
+    }
+}
+
+/// `[endpoint, port, id, {hostname | ip}]` as CLUSTER SLOTS lists a node
+/// (Redis 7: the map has the name the endpoint is not).
+fn node_entry(view: &View, i: usize, hostname_first: bool) -> Reply {
+    let e = &view.endpoints[i];
+    let mut extra = Vec::new();
+    if hostname_first && !e.hostname.is_empty() {
+        extra.push((Reply::bulk("ip"), Reply::bulk(&e.ip)));
+    } else if !e.hostname.is_empty() {
+        extra.push((Reply::bulk("hostname"), Reply::bulk(&e.hostname)));
+    }
     Reply::Array(vec![
-        Reply::bulk(&n.host),
-        Reply::Int(n.port as i64),
-        Reply::bulk(&n.id),
-        Reply::Map(Vec::new()),
+        Reply::bulk(e.preferred(hostname_first)),
+        Reply::Int(e.port as i64),
+        Reply::bulk(&view.nodes[i].id),
+        Reply::Map(extra),
     ])
 }
 
-fn slots(client: &mut Client, _: &[Bytes]) -> Reply {
-    let (cluster, view) = with_cluster!(client);
+/// The CLUSTER SLOTS reply of `view`, listing `replicas` per range.
+pub fn slots_reply(view: &View, replicas: usize, hostname_first: bool) -> Reply {
     Reply::Array(
-        view.ranges(cluster.hot_replicas)
+        view.ranges(replicas)
             .into_iter()
-            .filter(|(_, _, holders)| !holders.is_empty())
             .map(|(first, last, holders)| {
                 let mut entry = vec![Reply::Int(first as i64), Reply::Int(last as i64)];
-                entry.extend(holders.iter().map(|&i| node_entry(&view, i)));
+                entry.extend(holders.iter().map(|&i| node_entry(view, i, hostname_first)));
                 Reply::Array(entry)
             })
             .collect(),
     )
 }
 
-/// Slot ranges per owner, and the nodes that replicate some of them.
+fn slots(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    slots_reply(&view, listed_replicas(&cluster), cluster.hostname_first)
+}
+
 /// One owner's slot ranges and the nodes replicating some of them.
 type Holdings = (Vec<(u16, u16)>, Vec<usize>);
 
-fn by_owner(cluster: &Cluster, view: &View) -> Vec<Holdings> {
+fn by_owner(view: &View, replicas: usize) -> Vec<Holdings> {
     let mut out: Vec<Holdings> = vec![(Vec::new(), Vec::new()); view.nodes.len()];
-    for (first, last, holders) in view.ranges(cluster.hot_replicas) {
+    for (first, last, holders) in view.ranges(replicas) {
         let Some(&owner) = holders.first() else {
             continue;
         };
@@ -293,25 +314,34 @@ fn by_owner(cluster: &Cluster, view: &View) -> Vec<Holdings> {
     out
 }
 
-fn shards(client: &mut Client, _: &[Bytes]) -> Reply {
-    let (cluster, view) = with_cluster!(client);
+/// The CLUSTER SHARDS reply of `view`.
+pub fn shards_reply(view: &View, replicas: usize, hostname_first: bool) -> Reply {
     let node = |i: usize, role: &'static str| {
-        let n = &view.nodes[i];
-        Reply::Map(vec![
-            (Reply::bulk("id"), Reply::bulk(&n.id)),
-            (Reply::bulk("port"), Reply::Int(n.port as i64)),
-            (Reply::bulk("ip"), Reply::bulk(&n.host)),
-            (Reply::bulk("endpoint"), Reply::bulk(&n.host)),
+        let e = &view.endpoints[i];
+        let mut fields = vec![
+            (Reply::bulk("id"), Reply::bulk(&view.nodes[i].id)),
+            (Reply::bulk("port"), Reply::Int(e.port as i64)),
+            (Reply::bulk("ip"), Reply::bulk(&e.ip)),
+            (
+                Reply::bulk("endpoint"),
+                Reply::bulk(e.preferred(hostname_first)),
+            ),
+        ];
+        if !e.hostname.is_empty() {
+            fields.push((Reply::bulk("hostname"), Reply::bulk(&e.hostname)));
+        }
+        fields.extend([
             (Reply::bulk("role"), Reply::bulk(role)),
             (Reply::bulk("replication-offset"), Reply::Int(0)),
             (
                 Reply::bulk("health"),
                 Reply::bulk(if view.alive[i] { "online" } else { "failed" }),
             ),
-        ])
+        ]);
+        Reply::Map(fields)
     };
     Reply::Array(
-        by_owner(&cluster, &view)
+        by_owner(view, replicas)
             .into_iter()
             .enumerate()
             .filter(|(_, (ranges, _))| !ranges.is_empty())
@@ -331,13 +361,17 @@ fn shards(client: &mut Client, _: &[Bytes]) -> Reply {
     )
 }
 
-fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
+fn shards(client: &mut Client, _: &[Bytes]) -> Reply {
     let (cluster, view) = with_cluster!(client);
-    let seen = cluster.last_seen();
-    let now_ms = kvtier_store::now_ms();
+    shards_reply(&view, listed_replicas(&cluster), cluster.hostname_first)
+}
+
+/// The CLUSTER NODES text of `view`; `pong_ms` gives the time a node was
+/// last heard from (Unix milliseconds, Redis's `pong-recv`).
+pub fn nodes_text(view: &View, pong_ms: impl Fn(&str) -> u64) -> String {
     let mut out = String::new();
-    for (i, (ranges, _)) in by_owner(&cluster, &view).into_iter().enumerate() {
-        let n = &view.nodes[i];
+    for (i, (ranges, _)) in by_owner(view, 0).into_iter().enumerate() {
+        let (n, e) = (&view.nodes[i], &view.endpoints[i]);
         let mut flags = Vec::new();
         if view.me == Some(i) {
             flags.push("myself");
@@ -346,16 +380,22 @@ fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
         if !view.alive[i] {
             flags.push("fail");
         }
-        let pong = seen
-            .get(&n.id)
-            .map_or(0, |d| now_ms.saturating_sub(d.as_millis() as u64));
+        let hostname = if e.hostname.is_empty() {
+            String::new()
+        } else {
+            format!(",{}", e.hostname)
+        };
         let mut line = format!(
-            "{} {}:{}@0 {} - 0 {} {} {}",
+            "{} {}:{}@0{hostname} {} - 0 {} {} {}",
             n.id,
-            n.host,
-            n.port,
+            e.ip,
+            e.port,
             flags.join(","),
-            if view.me == Some(i) { 0 } else { pong },
+            if view.me == Some(i) {
+                0
+            } else {
+                pong_ms(&n.id)
+            },
             view.epoch,
             if view.alive[i] {
                 "connected"
@@ -373,7 +413,18 @@ fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
         out.push_str(&line);
         out.push('\n');
     }
-    Reply::Verbatim(Bytes::from(out))
+    out
+}
+
+fn nodes(client: &mut Client, _: &[Bytes]) -> Reply {
+    let (cluster, view) = with_cluster!(client);
+    let seen = cluster.last_seen();
+    let now_ms = kvtier_store::now_ms();
+    let text = nodes_text(&view, |id| {
+        seen.get(id)
+            .map_or(0, |d| now_ms.saturating_sub(d.as_millis() as u64))
+    });
+    Reply::Verbatim(Bytes::from(text))
 }
 
 fn myid(client: &mut Client, _: &[Bytes]) -> Reply {
@@ -398,7 +449,7 @@ fn info(client: &mut Client, _: &[Bytes]) -> Reply {
          cluster_size:{owners}\r\n\
          cluster_current_epoch:{}\r\n\
          cluster_my_epoch:{}\r\n\
-         cluster_placement:rendezvous\r\n\
+         cluster_placement:ranges\r\n\
          cluster_mode:{}\r\n\
          cluster_node_timeout:{}\r\n\
          cluster_uptime_in_seconds:{}\r\n",
@@ -519,12 +570,23 @@ fn ping(client: &mut Client, args: &[Bytes]) -> Reply {
     let Some(epoch) = parse_int(&args[3]).filter(|&e| e >= 0) else {
         return Reply::error("ERR Invalid epoch");
     };
+    let endpoint = match &args[5..] {
+        [] => None,
+        [ip, port, hostname] => match kvtier_cluster::parse_announce(ip, port, hostname) {
+            Some(e) => Some(e),
+            None => return Reply::error("ERR Invalid announced endpoint"),
+        },
+        _ => return Reply::error("ERR wrong number of arguments for 'cluster|ping' command"),
+    };
     let (epoch, list) = cluster.gossip(
         &String::from_utf8_lossy(&args[2]),
         epoch as u64,
         &String::from_utf8_lossy(&args[4]),
+        endpoint,
     );
-    Reply::Array(vec![Reply::Int(epoch as i64), Reply::bulk(list)])
+    let mut answer = vec![Reply::Int(epoch as i64), Reply::bulk(list)];
+    answer.extend(cluster.announce_args().into_iter().map(Reply::Bulk));
+    Reply::Array(answer)
 }
 
 fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
@@ -600,7 +662,7 @@ fn help(_: &mut Client, _: &[Bytes]) -> Reply {
         "CLUSTER",
         &[
             "SLOTS",
-            "    Return information about slots range mappings (rendezvous placement).",
+            "    Return information about slots range mappings.",
             "SHARDS",
             "    Return information about slot ranges and the nodes holding them.",
             "NODES",
@@ -638,4 +700,117 @@ fn readwrite(client: &mut Client, _: &[Bytes]) -> Reply {
 fn asking(client: &mut Client, _: &[Bytes]) -> Reply {
     let _ = with_cluster!(client);
     Reply::ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_cluster::topology::{parse_nodes, Endpoint};
+    use kvtier_protocol::ReplyBuf;
+
+    fn view(n: usize, alive: impl Fn(usize) -> bool) -> View {
+        let list: Vec<String> = (1..=n)
+            .map(|i| format!("n{i}@10.0.{}.{}:6379", i / 250, i % 250))
+            .collect();
+        let nodes = parse_nodes(&list.join(",")).unwrap();
+        let alive = (0..n).map(alive).collect();
+        View::new(1, nodes, alive, Some(0))
+    }
+
+    fn bytes(reply: &Reply) -> usize {
+        let mut buf = ReplyBuf::new();
+        buf.push(reply, false);
+        buf.pending()
+    }
+
+    fn owners(v: &View) -> Vec<&str> {
+        (0..SLOTS as u16)
+            .map(|s| v.nodes[v.owner(s)].id.as_str())
+            .collect()
+    }
+
+    /// The placement table of docs/cluster.md (`cargo test -p kvtier-server
+    /// placement_table -- --nocapture` prints it), with the issue's goals
+    /// asserted.
+    #[test]
+    fn placement_table() {
+        println!("| nodes | ranges | CLUSTER SLOTS | CLUSTER SHARDS | CLUSTER NODES | moved on join (1/(N+1)) | moved on loss (lost node's share) | max / mean | min / mean |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for n in [3, 10, 100] {
+            let v = view(n, |_| true);
+            let ranges = v.ranges(0).len();
+            let slots = bytes(&slots_reply(&v, 0, false));
+            let shards = bytes(&shards_reply(&v, 0, false));
+            let nodes = nodes_text(&v, |_| 0).len();
+            let joined = view(n + 1, |_| true);
+            let join = owners(&v)
+                .iter()
+                .zip(owners(&joined))
+                .filter(|(a, b)| **a != *b)
+                .count();
+            let lost = view(n, |i| i != 1);
+            let loss = owners(&v)
+                .iter()
+                .zip(owners(&lost))
+                .filter(|(a, b)| **a != *b)
+                .count();
+            let counts = v.slot_counts();
+            let mean = SLOTS as f64 / n as f64;
+            let max = *counts.iter().max().unwrap() as f64 / mean;
+            let min = *counts.iter().min().unwrap() as f64 / mean;
+            println!(
+                "| {n} | {ranges} | {slots} B | {shards} B | {nodes} B | {:.3} ({:.3}) | {:.3} ({:.3}) | {max:.2} | {min:.2} |",
+                join as f64 / SLOTS as f64,
+                1.0 / (n + 1) as f64,
+                loss as f64 / SLOTS as f64,
+                counts[1] as f64 / SLOTS as f64,
+            );
+            let most = if n == 3 { 64 } else { 2000 };
+            assert!(ranges <= most, "{n} nodes: {ranges} ranges");
+            assert!(max <= 1.41, "{n} nodes: max/mean {max}");
+            assert!(join as f64 <= 2.0 * SLOTS as f64 / (n + 1) as f64);
+            assert!(loss <= counts[1] * 3 / 2);
+        }
+    }
+
+    #[test]
+    fn topology_replies_name_announced_endpoints() {
+        let mut v = view(3, |_| true);
+        v.endpoints[1] = Endpoint {
+            ip: "203.0.113.7".into(),
+            port: 17001,
+            hostname: "kv-2.example".into(),
+        };
+        let text = nodes_text(&v, |_| 0);
+        assert!(
+            text.contains("n2 203.0.113.7:17001@0,kv-2.example master"),
+            "{text}"
+        );
+        assert!(text.contains("n1 10.0.0.1:6379@0 myself,master"), "{text}");
+        for (hostname_first, first, extra) in [
+            (false, "203.0.113.7", ("hostname", "kv-2.example")),
+            (true, "kv-2.example", ("ip", "203.0.113.7")),
+        ] {
+            let entry = node_entry(&v, 1, hostname_first);
+            assert_eq!(
+                entry,
+                Reply::Array(vec![
+                    Reply::bulk(first),
+                    Reply::Int(17001),
+                    Reply::bulk("n2"),
+                    Reply::Map(vec![(Reply::bulk(extra.0), Reply::bulk(extra.1))]),
+                ])
+            );
+        }
+        // A node announcing nothing has an empty map, as in Redis.
+        assert_eq!(
+            node_entry(&v, 0, true),
+            Reply::Array(vec![
+                Reply::bulk("10.0.0.1"),
+                Reply::Int(6379),
+                Reply::bulk("n1"),
+                Reply::Map(Vec::new()),
+            ])
+        );
+    }
 }

@@ -124,6 +124,8 @@ pub fn take_replicated(
 pub async fn flush_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
     let reply = execute(client, spec, args).await;
     if let Some(cluster) = client.shard.shared.cluster.clone() {
+        // Nothing is to be read back from previous owners either.
+        cluster.end_handoff();
         let taken = cluster.take_all_replicated().into_iter().collect();
         uncopy(&client.shard, &cluster, taken).await;
         on_all_copies(&client.shard, |c| {

@@ -14,6 +14,7 @@
 //!   run here: a disagreement between views costs at most one hop.
 
 mod copies;
+mod handoff;
 mod multi_node;
 
 use std::rc::Rc;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 pub use copies::{flush_through, on_all_copies, replicate_hot, uncopy, write_through};
+pub use handoff::{handoff_read, handoff_write};
 use kvtier_cluster::peer::{call_once, Lane};
 use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
@@ -55,6 +57,12 @@ pub enum Through {
     WriteThrough,
     /// FLUSHALL / FLUSHDB: run, then drop every copy made and held.
     FlushThrough,
+    /// A read of keys in slots handed off to this node: misses are read
+    /// from the previous owner first.
+    HandoffRead,
+    /// A write of keys in slots handed off to this node: run, then delete
+    /// them on the previous owner, then reply.
+    HandoffWrite,
 }
 
 /// Where a command runs: here (by its own handler or a cluster path), or
@@ -108,13 +116,31 @@ pub fn route(
     }
     // Runs here: count reads for hot-key detection; writes to keys with
     // copies elsewhere (and flushes) drop the copies before replying.
-    if spec.has(flags::READONLY) && cluster.hot_threshold > 0 {
-        let mut hot = client.shard.hot.borrow_mut();
-        for (i, _) in args.key_slots() {
-            hot.record(&args[i]);
+    let handoff = view.has_handoff() && !handoff::handoff_keys(cluster, &view, &args).is_empty();
+    if spec.has(flags::READONLY) {
+        if cluster.hot_threshold > 0 {
+            let mut hot = client.shard.hot.borrow_mut();
+            for (i, _) in args.key_slots() {
+                hot.record(&args[i]);
+            }
+        }
+        if handoff && !in_multi {
+            return Routed::Through(Through::HandoffRead, args);
         }
     } else if spec.has(flags::FLUSH) {
         return Routed::Through(Through::FlushThrough, args);
+    } else if spec.has(flags::WRITE) && handoff {
+        if !in_multi {
+            return Routed::Through(Through::HandoffWrite, args);
+        }
+        // Queued in MULTI: the previous owner's copies go now, ahead of EXEC.
+        let keys = handoff::handoff_keys(cluster, &view, &args);
+        cluster.handoff_writes.fetch_add(1, Relaxed);
+        let (shard, cluster, lane) = (Rc::clone(&client.shard), Arc::clone(cluster), lane(client));
+        tokio::task::spawn_local(async move {
+            let view = shard.view();
+            handoff::delete_on_previous(&shard, &cluster, &view, lane, keys).await;
+        });
     } else if spec.has(flags::WRITE)
         && cluster.has_replicated()
         && args
@@ -195,14 +221,15 @@ pub fn decide(
     if one_node {
         // A READONLY client reading from a replica of the slot: read
         // through from the owner rather than redirecting.
-        let replica_read = client.readonly
+        let replica_read = cluster.replica_reads
+            && client.readonly
             && spec.has(flags::READONLY)
             && view
                 .me
                 .is_some_and(|me| view.replicas(slot, cluster.hot_replicas).contains(&me));
         if cluster.redirect && one_slot && !replica_read {
             cluster.stats.moved.fetch_add(1, Relaxed);
-            return Decision::Reply(moved(view, slot));
+            return Decision::Reply(moved(cluster, view, slot));
         }
         return Decision::Forward(owner);
     }
@@ -214,11 +241,13 @@ pub fn decide(
     ))
 }
 
-/// `MOVED slot host:port`.
-pub fn moved(view: &View, slot: u16) -> Reply {
+/// `MOVED slot endpoint:port`, naming the owner as topology replies do.
+pub fn moved(cluster: &Cluster, view: &View, slot: u16) -> Reply {
+    let e = &view.endpoints[view.owner(slot)];
     Reply::error(format!(
-        "MOVED {slot} {}",
-        view.nodes[view.owner(slot)].addr()
+        "MOVED {slot} {}:{}",
+        e.preferred(cluster.hostname_first),
+        e.port
     ))
 }
 

@@ -134,6 +134,12 @@ impl Awaited {
             Awaited::Through(Through::FlushThrough) => {
                 Box::pin(coordination::flush_through(client, spec, args))
             }
+            Awaited::Through(Through::HandoffRead) => {
+                Box::pin(coordination::handoff_read(client, spec, args))
+            }
+            Awaited::Through(Through::HandoffWrite) => {
+                Box::pin(coordination::handoff_write(client, spec, args))
+            }
         }
     }
 }

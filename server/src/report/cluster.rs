@@ -31,7 +31,7 @@ pub const NODE_UP: Metric = Metric::gauge(
 );
 
 /// The cluster's counters: INFO field, metric, where the count is.
-pub static COUNTERS: [CounterRow<ClusterStats>; 7] = [
+pub static COUNTERS: [CounterRow<ClusterStats>; 10] = [
     (
         "cluster_forwarded",
         Metric::counter(
@@ -88,10 +88,40 @@ pub static COUNTERS: [CounterRow<ClusterStats>; 7] = [
         ),
         |s| &s.copies_received,
     ),
+    (
+        "cluster_handoff_fetched",
+        Metric::counter(
+            "kvtier_cluster_handoff_fetched_total",
+            "Keys of slots handed off to this node read from their previous owner and kept.",
+        ),
+        |s| &s.handoff_fetched,
+    ),
+    (
+        "cluster_handoff_missed",
+        Metric::counter(
+            "kvtier_cluster_handoff_missed_total",
+            "Keys of handed-off slots that their previous owner did not have either.",
+        ),
+        |s| &s.handoff_missed,
+    ),
+    (
+        "cluster_handoff_deleted",
+        Metric::counter(
+            "kvtier_cluster_handoff_deleted_total",
+            "Keys written here whose old value was deleted on the slot's previous owner.",
+        ),
+        |s| &s.handoff_deleted,
+    ),
 ];
 
+/// Slots handed off to this node now.
+pub const HANDOFF_SLOTS: Metric = Metric::gauge(
+    "kvtier_cluster_handoff_slots",
+    "Slots this node gained whose misses it still reads from their previous owner.",
+);
+
 /// This section's metrics, besides [`COUNTERS`].
-pub const METRICS: &[&Metric] = &[&EPOCH, &REPLICATED, &HOT, &NODE_UP];
+pub const METRICS: &[&Metric] = &[&EPOCH, &REPLICATED, &HOT, &NODE_UP, &HANDOFF_SLOTS];
 
 /// `# Cluster`
 pub fn info(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {
@@ -123,6 +153,7 @@ pub fn info(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {
         "cluster_replicated_keys",
         cluster.replicated_count.load(Relaxed),
     );
+    o.field("cluster_handoff_slots", cluster.handoff_slots(&view));
 }
 
 /// The cluster's figures (once per node: from shard 0).
@@ -135,6 +166,11 @@ pub fn export(e: &mut Exporter, shared: &Shared) {
     }
     let view = cluster.view();
     e.gauge(&EPOCH, Vec::new(), view.epoch as f64);
+    e.gauge(
+        &HANDOFF_SLOTS,
+        Vec::new(),
+        cluster.handoff_slots(&view) as f64,
+    );
     e.gauge(
         &REPLICATED,
         Vec::new(),
