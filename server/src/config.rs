@@ -81,6 +81,17 @@ pub struct Config {
     #[arg(long, default_value = "")]
     pub requirepass: String,
 
+    /// With no password set, refuse clients that do not connect from a
+    /// loopback address (yes), with Redis's explanatory error; `no` accepts
+    /// everyone (a trusted network, a container behind published ports).
+    #[arg(long, default_value = "yes", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
+    pub protected_mode: bool,
+
+    /// Who may run DEBUG (it can stall a shard): `no` nobody, `local`
+    /// clients on a loopback address, `yes` everyone. Redis's option.
+    #[arg(long, default_value = "no", value_parser = ["no", "local", "yes"])]
+    pub enable_debug_command: String,
+
     /// Largest bulk argument accepted, e.g. 512mb.
     #[arg(long, default_value = "512mb", value_parser = parse_memory)]
     pub proto_max_bulk_len: u64,
@@ -348,6 +359,25 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// `--enable-debug-command`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebugCommand {
+    /// Refused to everyone.
+    No,
+    /// Clients on a loopback address only.
+    Local,
+    /// Everyone.
+    Yes,
+}
+
+/// The error a client gets when protected mode turns it away (Redis's text).
+pub const PROTECTED_MODE_ERROR: &str = "-DENIED Redis is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Redis you may adopt one of the following solutions: 1) Just disable protected mode sending the command 'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the same host the server is running, however MAKE SURE Redis is not publicly accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively you can just disable the protected mode by editing the Redis configuration file, and setting the protected mode option to 'no', and then restarting the server. 3) If you started the server manually just for testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the default user. NOTE: You only need to do one of the above things in order for the server to start accepting connections from the outside.\r\n";
+
+/// Whether `ip` is a loopback address (IPv4-mapped IPv6 included).
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 /// Settings that CONFIG SET can change while the server runs.
 pub struct LiveConfig {
     /// Total memory budget (0: none).
@@ -369,6 +399,10 @@ pub struct LiveConfig {
     pub idle_poll_us: AtomicU64,
     /// AUTH password; empty: none.
     pub requirepass: Arc<RwLock<String>>,
+    /// Refuse non-loopback clients while no password is set.
+    pub protected_mode: AtomicBool,
+    /// Who may run DEBUG.
+    pub debug_command: DebugCommand,
     /// Log level name.
     pub loglevel: RwLock<String>,
     /// `save` (kept for clients that read it; kvtier has no RDB).
@@ -400,6 +434,12 @@ impl LiveConfig {
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
             idle_poll_us: AtomicU64::new(config.idle_poll_us),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
+            protected_mode: AtomicBool::new(config.protected_mode),
+            debug_command: match config.enable_debug_command.as_str() {
+                "yes" => DebugCommand::Yes,
+                "local" => DebugCommand::Local,
+                _ => DebugCommand::No,
+            },
             loglevel: RwLock::new(config.loglevel.clone()),
             save: RwLock::new(String::new()),
             hugepages: config.hugepages,
@@ -432,6 +472,7 @@ impl LiveConfig {
                     config.cluster_node_timeout.to_string(),
                 ),
                 ("hot-key-threshold", config.hot_key_threshold.to_string()),
+                ("enable-debug-command", config.enable_debug_command.clone()),
                 ("hot-key-replicas", config.hot_key_replicas.to_string()),
                 (
                     "cluster-replica-reads",
@@ -505,6 +546,21 @@ impl LiveConfig {
     }
 
     /// Whether clients must AUTH.
+    /// Whether protected mode turns away a client connecting from `peer`:
+    /// it is on, no password is set, and the address is not loopback.
+    pub fn refuses(&self, peer: std::net::IpAddr) -> bool {
+        self.protected_mode.load(Relaxed) && !self.auth_required() && !is_loopback(peer)
+    }
+
+    /// Whether a client connecting from `peer` may run DEBUG.
+    pub fn debug_allowed(&self, peer: std::net::IpAddr) -> bool {
+        match self.debug_command {
+            DebugCommand::Yes => true,
+            DebugCommand::Local => is_loopback(peer),
+            DebugCommand::No => false,
+        }
+    }
+
     pub fn auth_required(&self) -> bool {
         !self
             .requirepass
@@ -719,6 +775,23 @@ const PARAMS: &[Param] = &[
         get: |c| read_text(&c.requirepass),
         parse: text,
         apply: |c, v| set_text(&c.requirepass, v),
+    },
+    Param {
+        name: "protected-mode",
+        get: |c| {
+            if c.protected_mode.load(Relaxed) {
+                "yes"
+            } else {
+                "no"
+            }
+            .into()
+        },
+        parse: |s| parse_yes_no(s).map(|b| Value::Number(b as u64)),
+        apply: |c, v| {
+            if let Value::Number(n) = v {
+                c.protected_mode.store(n != 0, Relaxed);
+            }
+        },
     },
     Param {
         name: "loglevel",

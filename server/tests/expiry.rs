@@ -17,7 +17,7 @@ fn dbsize(c: &mut RawConn) -> i64 {
 
 #[test]
 fn lazy_expiry_on_access() {
-    let server = Server::start(&[]);
+    let server = Server::start(&["--enable-debug-command", "local"]);
     let mut c = server.raw();
     // Only lazy expiry from here on.
     assert_eq!(c.run("DEBUG SET-ACTIVE-EXPIRE 0"), ok());

@@ -876,6 +876,14 @@ fn memory_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
 
 fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
+        let peer = client.info.borrow().addr.ip();
+        if !client.shard.shared.config.debug_allowed(peer) {
+            return Reply::error(
+                "ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", \
+                 you can run it from a local connection, otherwise you need to set this option in the \
+                 configuration file, and then restart the server.",
+            );
+        }
         let sub = args[1].to_ascii_lowercase();
         match &sub[..] {
             b"sleep" if args.len() == 3 => {

@@ -51,8 +51,33 @@ const POLL_QUIET: Duration = Duration::from_millis(2);
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
 /// Serves one accepted connection until it closes.
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
+    if shard.shared.config.refuses(peer.ip()) {
+        // Protected mode: explain, then close (as Redis does at accept).
+        // What the client already sent is read and dropped for a moment
+        // after our FIN, so the close does not reset the connection before
+        // the client has read the explanation.
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            stream
+                .write_all(crate::config::PROTECTED_MODE_ERROR.as_bytes())
+                .await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            let mut drained = 0;
+            while drained < 64 * 1024 {
+                match stream.read(&mut sink).await? {
+                    0 => break,
+                    n => drained += n,
+                }
+            }
+            std::io::Result::Ok(())
+        })
+        .await;
+        shard.stats.borrow_mut().rejected_connections += 1;
+        shard.shared.connected.fetch_sub(1, Relaxed);
+        return;
+    }
     let local = stream.local_addr().unwrap_or(peer);
     let shared = Arc::clone(&shard.shared);
     let id = shared.next_client_id.fetch_add(1, Relaxed);

@@ -1,0 +1,81 @@
+//! A shared tier's defaults: DEBUG refused unless enabled (it can stall a
+//! shard for every client on it), and protected mode turning away clients
+//! from other hosts while no password is set.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use common::*;
+
+const DEBUG_REFUSED: &str = "ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", you can run it from a local connection, otherwise you need to set this option in the configuration file, and then restart the server.";
+
+#[test]
+fn debug_is_refused_unless_enabled() {
+    let server = Server::start(&[]);
+    let mut c = server.raw();
+    assert_eq!(c.run("DEBUG SLEEP 1"), err(DEBUG_REFUSED));
+    assert_eq!(c.run("DEBUG SET-ACTIVE-EXPIRE 0"), err(DEBUG_REFUSED));
+    assert_eq!(
+        c.run("CONFIG GET enable-debug-command"),
+        array(vec![bulk("enable-debug-command"), bulk("no")])
+    );
+    // It is fixed at start, as in Redis.
+    assert!(c.run("CONFIG SET enable-debug-command yes").is_error());
+    for mode in ["local", "yes"] {
+        let server = Server::start(&["--enable-debug-command", mode]);
+        let mut c = server.raw();
+        assert_eq!(c.run("DEBUG SLEEP 0"), ok(), "{mode}");
+    }
+}
+
+/// A non-loopback address of this machine, if it has one.
+fn outside_address() -> Option<IpAddr> {
+    let probe = UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("10.255.255.255:9").ok()?;
+    let ip = probe.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn protected_mode_turns_away_other_hosts_without_a_password() {
+    let server = Server::start(&["--bind", "0.0.0.0"]);
+    let mut local = server.raw();
+    assert_eq!(local.run("PING"), status("PONG"));
+    assert_eq!(
+        local.run("CONFIG GET protected-mode"),
+        array(vec![bulk("protected-mode"), bulk("yes")])
+    );
+    let Some(ip) = outside_address() else {
+        eprintln!(
+            "no non-loopback address here: the cross-host part is in tests/python/test_netns.py"
+        );
+        return;
+    };
+    let denied = |port: u16| -> String {
+        let mut s = TcpStream::connect((ip, port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"PING\r\nQUIT\r\n").unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let got = denied(server.port);
+    assert!(
+        got.starts_with("-DENIED Redis is running in protected mode"),
+        "{got}"
+    );
+    assert!(got.ends_with("\r\n"));
+    // A password, or protected mode off, lets them in.
+    assert_eq!(local.run("CONFIG SET requirepass secret"), ok());
+    assert!(
+        denied(server.port).starts_with("-NOAUTH"),
+        "with a password"
+    );
+    assert_eq!(local.run("AUTH secret"), ok());
+    assert_eq!(local.cmd(&[b"CONFIG", b"SET", b"requirepass", b""]), ok());
+    assert_eq!(local.run("CONFIG SET protected-mode no"), ok());
+    assert_eq!(denied(server.port), "+PONG\r\n+OK\r\n");
+}
