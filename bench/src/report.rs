@@ -24,6 +24,8 @@ pub struct Recorder {
     /// Units of work (kv operations, trace requests, hand-offs) completed
     /// in each second since the start; the last entry covers a part second.
     pub timeline: Vec<u64>,
+    /// Counters kept per second as well ([`Recorder::tally`]).
+    pub series: BTreeMap<&'static str, Vec<u64>>,
     /// When the last worker merged its recorder into this one: the end of
     /// the measured run (the caller may notice it only later).
     pub finished: Option<Instant>,
@@ -37,6 +39,7 @@ impl Recorder {
             latency: BTreeMap::new(),
             counts: BTreeMap::new(),
             timeline: Vec::new(),
+            series: BTreeMap::new(),
             finished: None,
             start,
         }
@@ -66,6 +69,18 @@ impl Recorder {
         *self.counts.entry(name).or_insert(0) += n;
     }
 
+    /// Adds `n` to counter `name` and to its count for this second (the
+    /// hit rate over time of a run whose cluster changes midway).
+    pub fn tally(&mut self, name: &'static str, n: u64) {
+        self.add(name, n);
+        let second = self.start.elapsed().as_secs() as usize;
+        let series = self.series.entry(name).or_default();
+        if series.len() <= second {
+            series.resize(second + 1, 0);
+        }
+        series[second] += n;
+    }
+
     /// Folds `other` into this one (a worker does it the moment it is done).
     pub fn merge(&mut self, other: Recorder) {
         let now = Instant::now();
@@ -82,6 +97,15 @@ impl Recorder {
         }
         for (i, v) in other.timeline.into_iter().enumerate() {
             self.timeline[i] += v;
+        }
+        for (name, theirs) in other.series {
+            let mine = self.series.entry(name).or_default();
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), 0);
+            }
+            for (i, v) in theirs.into_iter().enumerate() {
+                mine[i] += v;
+            }
         }
     }
 

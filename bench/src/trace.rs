@@ -340,6 +340,8 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "prefill_seconds_saved": saved,
         "latency": latency,
         "throughput_per_second": rec.timeline,
+        "blocks_per_second": rec.series.get("blocks"),
+        "hit_blocks_per_second": rec.series.get("hit_blocks"),
         "client_cpu": cpu,
     });
     if let Some(path) = &a.out.json {
@@ -491,8 +493,8 @@ async fn serve(
         client.recycle(Reply::Array(values));
     }
     rec.add("requests", 1);
-    rec.add("blocks", n as u64);
-    rec.add("hit_blocks", hits as u64);
+    rec.tally("blocks", n as u64);
+    rec.tally("hit_blocks", hits as u64);
     rec.add("tokens", req.input_length);
     rec.add(
         "hit_tokens",

@@ -104,7 +104,10 @@ async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
             stream.write_all(&ping).await?;
             read_reply(stream, buf).await
         };
-        let answer = tokio::time::timeout(interval.max(Duration::from_millis(200)), exchange).await;
+        // Half the node timeout: a slow link (a WAN's round trips, the
+        // handshake of a new connection) is not a dead peer.
+        let patience = (cluster.node_timeout / 2).max(Duration::from_millis(200));
+        let answer = tokio::time::timeout(patience, exchange).await;
         match answer {
             Ok(Ok(Reply::Array(items))) => {
                 cluster.heard_from(&node.id);

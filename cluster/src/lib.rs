@@ -188,17 +188,7 @@ impl Cluster {
         // Before this node (re)joined, the others held its slots: the map
         // without it is where its hand-off reads from.
         let mut view = build_view(&members, &me, started, Duration::MAX, None, 0);
-        let mut without_me = view.clone();
-        if let Some(i) = without_me.me {
-            without_me.alive[i] = false;
-        }
-        let without_me = View::with_endpoints(
-            without_me.epoch,
-            without_me.nodes,
-            without_me.alive,
-            without_me.me,
-            without_me.endpoints,
-        );
+        let without_me = view.without_me();
         view.carry_handoff(&without_me, kvtier_store::now_ms(), settings.handoff_ms);
         let view = Arc::new(view);
         Ok(Some(Cluster {
@@ -441,8 +431,8 @@ fn endpoints(m: &Members) -> Vec<Endpoint> {
         .collect()
 }
 
-/// The view of `m` now; slots gained since `before` are handed off for
-/// `handoff_ms`.
+/// The view of `m` now; slots gained since `before` (and, when a failed
+/// node came back, this node's own slots) are handed off for `handoff_ms`.
 fn build_view(
     m: &Members,
     me: &str,
@@ -455,7 +445,18 @@ fn build_view(
     let me = m.nodes.iter().position(|n| n.id == me);
     let mut view = View::with_endpoints(m.epoch, m.nodes.clone(), alive, me, endpoints(m));
     if let Some(before) = before {
-        view.carry_handoff(before, kvtier_store::now_ms(), handoff_ms);
+        let now_ms = kvtier_store::now_ms();
+        if view.revives(before) {
+            // A node counted failed answers again (a partition healed, a
+            // pause ended): while apart, each side held the other's slots,
+            // so this node's misses are read from where its slots go
+            // without it among the nodes live now (nodes come back one at a
+            // time: each revival starts this afresh).
+            let without_me = view.without_me();
+            view.carry_handoff(&without_me, now_ms, handoff_ms);
+        } else {
+            view.carry_handoff(before, now_ms, handoff_ms);
+        }
     }
     view
 }

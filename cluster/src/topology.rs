@@ -331,10 +331,35 @@ impl View {
         view
     }
 
+    /// This view with this node counted out: where its slots went while it
+    /// was away (its own start, the others' partition or pause).
+    pub fn without_me(&self) -> View {
+        let mut alive = self.alive.clone();
+        if let Some(me) = self.me {
+            alive[me] = false;
+        }
+        View::with_endpoints(
+            self.epoch,
+            self.nodes.clone(),
+            alive,
+            self.me,
+            self.endpoints.clone(),
+        )
+    }
+
+    /// Whether a node that `before` counted failed is live here.
+    pub fn revives(&self, before: &View) -> bool {
+        self.nodes
+            .iter()
+            .zip(&self.alive)
+            .any(|(n, &alive)| alive && before.index_of(&n.id).is_some_and(|i| !before.alive[i]))
+    }
+
     /// Records the warm hand-off after `before`: each slot this node owns
     /// that `before` gave to another node still live here is handed off
     /// from that node since `now_ms`; a hand-off `before` had that is still
     /// within `window_ms` and still applies carries on from its start.
+    /// Slots that already have a hand-off here keep it.
     pub fn carry_handoff(&mut self, before: &View, now_ms: u64, window_ms: u64) {
         let Some(me) = self.me else {
             return;
@@ -348,10 +373,13 @@ impl View {
             .iter()
             .map(|n| self.index_of(&n.id).filter(|&i| self.alive[i] && i != me))
             .collect();
-        let mut handoff = vec![(NO_HANDOFF, 0); SLOTS];
-        let mut any = false;
+        let mut handoff = std::mem::take(&mut self.handoff);
+        let mut any = !handoff.is_empty();
+        if handoff.is_empty() {
+            handoff = vec![(NO_HANDOFF, 0); SLOTS];
+        }
         for slot in 0..SLOTS as u16 {
-            if self.owner(slot) != me {
+            if self.owner(slot) != me || handoff[slot as usize].0 != NO_HANDOFF {
                 continue;
             }
             let gained = live_here[before.owner(slot)].map(|prev| (prev, now_ms));
@@ -616,5 +644,60 @@ mod tests {
             }
             assert_eq!(next, SLOTS as u32);
         }
+    }
+
+    #[test]
+    fn a_newcomer_hands_off_its_slots_from_their_previous_owners() {
+        let three = view(&["n1", "n2", "n3"]);
+        let four_nodes = nodes(&["n1", "n2", "n3", "n4"]);
+        let mut newcomer = View::new(1, four_nodes.clone(), vec![true; 4], Some(3));
+        let without = newcomer.without_me();
+        newcomer.carry_handoff(&without, 1_000, 60_000);
+        for s in 0..SLOTS as u16 {
+            let from = newcomer.handoff_from(s);
+            if newcomer.owns(s) {
+                let (prev, since) = from.expect("a gained slot is handed off");
+                assert_eq!(newcomer.nodes[prev].id, three.nodes[three.owner(s)].id);
+                assert_eq!(since, 1_000);
+            } else {
+                assert_eq!(from, None);
+            }
+        }
+        // An old node only loses slots, except what bounded loads shift
+        // between the old nodes: each of those comes from a live node.
+        let mut old = View::new(1, four_nodes, vec![true; 4], Some(0));
+        let before = View::new(0, nodes(&["n1", "n2", "n3"]), vec![true; 3], Some(0));
+        old.carry_handoff(&before, 2_000, 60_000);
+        for s in 0..SLOTS as u16 {
+            match old.handoff_from(s) {
+                Some((prev, _)) => {
+                    assert!(old.owns(s) && !before.owns(s));
+                    assert_eq!(old.nodes[prev].id, before.nodes[before.owner(s)].id);
+                }
+                None => assert!(!old.owns(s) || before.owns(s)),
+            }
+        }
+        // A failed previous owner hands off nothing; a zero window none.
+        let mut alive = vec![true; 4];
+        alive[1] = false;
+        let mut lonely = View::new(1, nodes(&["n1", "n2", "n3", "n4"]), alive, Some(3));
+        lonely.carry_handoff(&without, 1_000, 60_000);
+        assert!((0..SLOTS as u16)
+            .filter_map(|s| lonely.handoff_from(s))
+            .all(|(prev, _)| lonely.nodes[prev].id != "n2"));
+        let mut off = View::new(1, nodes(&["n1", "n2", "n3", "n4"]), vec![true; 4], Some(3));
+        off.carry_handoff(&without, 1_000, 0);
+        assert!(!off.has_handoff());
+    }
+
+    #[test]
+    fn a_revived_node_is_noticed() {
+        let all = view(&["n1", "n2", "n3"]);
+        let mut alive = vec![true; 3];
+        alive[2] = false;
+        let split = View::new(1, all.nodes.clone(), alive, Some(0));
+        assert!(all.revives(&split));
+        assert!(!split.revives(&all));
+        assert!(!all.revives(&all));
     }
 }
