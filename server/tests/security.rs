@@ -79,3 +79,33 @@ fn protected_mode_turns_away_other_hosts_without_a_password() {
     assert_eq!(local.run("CONFIG SET protected-mode no"), ok());
     assert_eq!(denied(server.port), "+PONG\r\n+OK\r\n");
 }
+
+#[test]
+fn a_write_that_cannot_fit_is_refused_before_anything_is_evicted() {
+    // Two shards of 8 MiB each.
+    let server = Server::start(&["--threads", "2", "--maxmemory", "16mb"]);
+    let mut c = server.raw();
+    let value = "v".repeat(1024);
+    for i in 0..200 {
+        assert_eq!(c.run(&format!("SET key:{i} {value}")), ok());
+    }
+    const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+    // Forty bytes that would build a 400 MB or 512 MB string.
+    assert_eq!(c.run("SETRANGE big 400000000 x"), err(OOM));
+    assert_eq!(c.run("SETBIT big 4294967295 1"), err(OOM));
+    // A value larger than a shard's share, sent whole.
+    let huge = vec![b'x'; 9 << 20];
+    assert_eq!(c.cmd(&[b"SET", b"big", &huge]), err(OOM));
+    assert_eq!(c.cmd(&[b"APPEND", b"key:0", &huge]), err(OOM));
+    // MSETBLOCK says so per block: -1, not stored.
+    assert_eq!(
+        c.cmd(&[b"MSETBLOCK", b"1", b"block:huge", &huge]),
+        array(vec![int(-1)])
+    );
+    // Nothing was evicted for them, and nothing half-written is left.
+    assert_eq!(c.run("DBSIZE"), int(200));
+    let info = c.run("INFO stats").text();
+    assert!(info.contains("\r\nevicted_keys:0\r\n"), "{info}");
+    assert_eq!(c.run("EXISTS big"), int(0));
+    assert_eq!(c.run("STRLEN key:0"), int(1024));
+}

@@ -18,6 +18,11 @@ impl Store {
         protect: &[u8],
         index_growth: usize,
     ) -> Result<slab::SlotRef, OutOfMemory> {
+        // A value larger than the whole budget cannot fit however much is
+        // evicted: refuse it before evicting anything.
+        if !self.could_ever_fit(value.len() + index_growth) {
+            return Err(OutOfMemory);
+        }
         let mut evictions = 0;
         loop {
             let growth = self.arena.growth_for(value.len()) + index_growth;
@@ -121,6 +126,13 @@ impl Store {
             misses = 0;
         }
         Ok(())
+    }
+
+    /// Whether `len` bytes could be stored at all: not more than this
+    /// shard's whole budget. A write that could not fit in an empty shard is
+    /// refused before anything is evicted for it.
+    pub fn could_ever_fit(&self, len: usize) -> bool {
+        self.budget == 0 || len <= self.budget
     }
 
     /// Whether `extra` more bytes would fit without evicting.

@@ -229,7 +229,12 @@ fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     if was == on && byte < old.len() {
         return Reply::Int(was as i64);
     }
-    let mut value = BytesMut::zeroed(old.len().max(byte + 1));
+    let len = old.len().max(byte + 1);
+    if !store.could_ever_fit(len) {
+        // Refused before the value is built or anything evicted for it.
+        return oom_error();
+    }
+    let mut value = BytesMut::zeroed(len);
     value[..old.len()].copy_from_slice(&old);
     if on {
         value[byte] |= mask;

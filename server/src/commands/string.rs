@@ -671,11 +671,16 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 /// `ERR string exceeds maximum allowed size (proto-max-bulk-len)` when a
 /// string would grow past the limit.
+/// A string a command is about to build of `len` bytes: within
+/// proto-max-bulk-len, and not larger than the shard's whole memory budget
+/// (refused with OOM before it is allocated or anything is evicted).
 fn check_length(store: &Store, len: u64) -> Result<(), Reply> {
     if len > store.max_value_len() as u64 {
         Err(Reply::error(
             "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ))
+    } else if !store.could_ever_fit(len as usize) {
+        Err(oom_error())
     } else {
         Ok(())
     }
