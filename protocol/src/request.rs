@@ -29,6 +29,9 @@ pub const MAX_MULTIBULK: usize = i32::MAX as usize;
 pub const MAX_INLINE: usize = 64 * 1024;
 /// Unauthenticated clients may not send more elements than this...
 const UNAUTH_MAX_MULTIBULK: usize = 10;
+/// Bookkeeping counted per argument held (a `Bytes` and its allocation's
+/// header), so a million one-byte arguments count as what they take.
+const ARG_OVERHEAD: usize = 48;
 /// ...nor bulk arguments longer than this (Redis's limits, against DoS).
 const UNAUTH_MAX_BULK: usize = 16 * 1024;
 
@@ -76,6 +79,9 @@ enum State {
 pub struct RequestParser {
     state: State,
     max_bulk: usize,
+    /// Memory held by the arguments of the command being received (its
+    /// bytes plus a per-argument overhead), big bulk in progress excluded.
+    pending: usize,
     /// When set, the stricter limits for clients that have not authenticated.
     unauthenticated: bool,
 }
@@ -86,6 +92,7 @@ impl RequestParser {
         RequestParser {
             state: State::Idle,
             max_bulk,
+            pending: 0,
             unauthenticated: false,
         }
     }
@@ -108,6 +115,17 @@ impl RequestParser {
             State::BigBulk { buf, .. } if buf.len() < buf.capacity() => Some(buf),
             _ => None,
         }
+    }
+
+    /// Memory the command still being received holds: its arguments so
+    /// far (bytes and bookkeeping) and the part of a big argument read yet.
+    /// What `client-query-buffer-limit` and `maxmemory-clients` bound.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending
+            + match &self.state {
+                State::BigBulk { buf, .. } => buf.len(),
+                _ => 0,
+            }
     }
 
     /// Whether a command is partly parsed (so EOF now would cut it).
@@ -165,6 +183,7 @@ impl RequestParser {
                     };
                 }
                 State::Args { remaining: 0, args } => {
+                    self.pending = 0;
                     return Ok(Some(Request {
                         args,
                         inline: false,
@@ -231,6 +250,7 @@ impl RequestParser {
                     // Copied: a slice would pin the whole read buffer while
                     // the rest of the command arrives.
                     args.push(Bytes::copy_from_slice(&buf[..len]));
+                    self.pending += len + ARG_OVERHEAD;
                     // Like Redis, the two bytes after the payload are skipped
                     // without checking that they are CRLF.
                     buf.advance(len + 2);
@@ -259,6 +279,7 @@ impl RequestParser {
                     }
                     big.truncate(len);
                     args.push(big.freeze());
+                    self.pending += len + ARG_OVERHEAD;
                     self.state = State::Args { remaining, args };
                 }
             }
@@ -627,5 +648,23 @@ mod tests {
             strs(&[&["set", "a b", "c d"], &["get", "A\n"]])
         );
         assert_eq!(parse_all(b"\r\n  \r\nPING\n").unwrap(), strs(&[&["PING"]]));
+    }
+
+    #[test]
+    fn pending_bytes_count_the_command_still_arriving() {
+        let mut p = RequestParser::new(512 << 20);
+        let mut buf = BytesMut::from(&b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n"[..]);
+        assert_eq!(p.parse(&mut buf).unwrap(), None);
+        assert_eq!(p.pending_bytes(), 3 + 1 + 2 * ARG_OVERHEAD);
+        // Half of a big argument counts as what has arrived of it.
+        let big = vec![b'x'; BIG_BULK * 2];
+        buf.extend_from_slice(format!("${}\r\n", big.len()).as_bytes());
+        buf.extend_from_slice(&big[..BIG_BULK]);
+        assert_eq!(p.parse(&mut buf).unwrap(), None);
+        assert_eq!(p.pending_bytes(), 4 + 2 * ARG_OVERHEAD + BIG_BULK);
+        buf.extend_from_slice(&big[BIG_BULK..]);
+        buf.extend_from_slice(b"\r\n$1\r\nz\r\n");
+        assert!(p.parse(&mut buf).unwrap().is_some());
+        assert_eq!(p.pending_bytes(), 0);
     }
 }

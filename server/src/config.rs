@@ -96,6 +96,18 @@ pub struct Config {
     #[arg(long, default_value = "512mb", value_parser = parse_memory)]
     pub proto_max_bulk_len: u64,
 
+    /// Most memory one client's request may hold while it arrives (its
+    /// arguments so far and the read buffer); a client over it is closed.
+    /// Redis's name and default.
+    #[arg(long, default_value = "1gb", value_parser = parse_memory)]
+    pub client_query_buffer_limit: u64,
+
+    /// Most memory the requests still arriving on all connections may hold
+    /// together (0: no limit); the client whose request takes the total
+    /// over it is closed (INFO `evicted_clients`).
+    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    pub maxmemory_clients: u64,
+
     /// Close clients idle for this many seconds (0: never).
     #[arg(long, default_value_t = 0)]
     pub timeout: u64,
@@ -387,6 +399,10 @@ pub struct LiveConfig {
     pub maxmemory_samples: AtomicU64,
     /// Largest bulk argument.
     pub proto_max_bulk_len: AtomicU64,
+    /// Most bytes one request may hold while it arrives.
+    pub client_query_buffer_limit: AtomicU64,
+    /// Most bytes all arriving requests may hold together (0: no limit).
+    pub maxmemory_clients: AtomicU64,
     /// Idle client timeout, seconds.
     pub timeout: AtomicU64,
     /// Most clients.
@@ -428,6 +444,8 @@ impl LiveConfig {
             policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
             maxmemory_samples: AtomicU64::new(config.maxmemory_samples),
             proto_max_bulk_len: AtomicU64::new(config.proto_max_bulk_len),
+            client_query_buffer_limit: AtomicU64::new(config.client_query_buffer_limit),
+            maxmemory_clients: AtomicU64::new(config.maxmemory_clients),
             timeout: AtomicU64::new(config.timeout),
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
@@ -704,6 +722,21 @@ const PARAMS: &[Param] = &[
         apply: |c, v| set_num(&c.proto_max_bulk_len, v),
     },
     Param {
+        name: "client-query-buffer-limit",
+        get: |c| c.client_query_buffer_limit.load(Relaxed).to_string(),
+        parse: |s| match memory(s)? {
+            Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
+            _ => Err("argument must be a memory value of at least 1mb".into()),
+        },
+        apply: |c, v| set_num(&c.client_query_buffer_limit, v),
+    },
+    Param {
+        name: "maxmemory-clients",
+        get: |c| c.maxmemory_clients.load(Relaxed).to_string(),
+        parse: memory,
+        apply: |c, v| set_num(&c.maxmemory_clients, v),
+    },
+    Param {
         name: "timeout",
         get: |c| c.timeout.load(Relaxed).to_string(),
         parse: number,
@@ -864,7 +897,7 @@ mod tests {
         let c = Config::load_from(vec!["kvtier-server".into()]).unwrap();
         let live = LiveConfig::new(&c, 2, 6379);
         let got = live.get(b"maxmemory*");
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.len(), 4, "maxmemory, -clients, -policy, -samples");
         live.set("maxmemory", "10mb").unwrap();
         assert_eq!(live.maxmemory.load(Relaxed), 10 << 20);
         assert!(live.check("maxmemory-policy", "bogus").is_err());

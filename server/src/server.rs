@@ -54,6 +54,9 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Open client connections.
     pub connected: AtomicUsize,
+    /// Bytes held by the requests still arriving on every connection
+    /// (`maxmemory-clients` bounds it).
+    pub client_query_bytes: AtomicU64,
     /// Highest used_memory seen.
     pub memory_peak: AtomicU64,
     /// Whether the cron expires keys (DEBUG SET-ACTIVE-EXPIRE).
@@ -198,6 +201,7 @@ impl Server {
                 .unwrap_or_default(),
             next_client_id: AtomicU64::new(1),
             connected: AtomicUsize::new(0),
+            client_query_bytes: AtomicU64::new(0),
             memory_peak: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
             spill,

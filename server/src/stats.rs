@@ -37,6 +37,12 @@ pub struct ShardStats {
     pub connections_received: u64,
     /// Connections refused (maxclients).
     pub rejected_connections: u64,
+    /// Clients closed because their request outgrew
+    /// client-query-buffer-limit.
+    pub query_buffer_closed: u64,
+    /// Clients closed because all arriving requests outgrew
+    /// maxmemory-clients.
+    pub evicted_clients: u64,
     /// Bytes read from clients.
     pub net_input_bytes: u64,
     /// Bytes written to clients.
@@ -74,6 +80,8 @@ impl ShardStats {
             total_commands: 0,
             connections_received: 0,
             rejected_connections: 0,
+            query_buffer_closed: 0,
+            evicted_clients: 0,
             net_input_bytes: 0,
             net_output_bytes: 0,
             errors: HashMap::new(),
@@ -129,6 +137,8 @@ impl ShardStats {
         self.total_commands = 0;
         self.connections_received = 0;
         self.rejected_connections = 0;
+        self.query_buffer_closed = 0;
+        self.evicted_clients = 0;
         self.net_input_bytes = 0;
         self.net_output_bytes = 0;
         self.errors.clear();

@@ -109,3 +109,78 @@ fn a_write_that_cannot_fit_is_refused_before_anything_is_evicted() {
     assert_eq!(c.run("EXISTS big"), int(0));
     assert_eq!(c.run("STRLEN key:0"), int(1024));
 }
+
+/// Sends an endless `SET` (`*2147483647`, arguments of `arg` bytes) until
+/// the server closes the connection or `most` bytes went out; the bytes
+/// sent, and whether it was closed.
+fn endless_request(port: u16, arg: usize, most: usize) -> (usize, bool) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut frame = b"*2147483647\r\n$3\r\nSET\r\n".to_vec();
+    let chunk: Vec<u8> = {
+        let mut one = format!("${arg}\r\n").into_bytes();
+        one.extend(std::iter::repeat_n(b'x', arg));
+        one.extend_from_slice(b"\r\n");
+        one.repeat((64 * 1024 / one.len()).max(1))
+    };
+    let mut sent = 0;
+    loop {
+        if s.write_all(&frame).is_err() {
+            return (sent, true);
+        }
+        sent += frame.len();
+        if sent >= most {
+            return (sent, false);
+        }
+        frame.clone_from(&chunk);
+    }
+}
+
+#[test]
+fn a_request_that_never_ends_is_cut_off_at_the_query_buffer_limit() {
+    let server = Server::start(&["--client-query-buffer-limit", "8mb"]);
+    let mut c = server.raw();
+    for arg in [16 * 1024, 1] {
+        let (sent, closed) = endless_request(server.port, arg, 256 << 20);
+        assert!(
+            closed,
+            "{arg}-byte arguments: not closed after {sent} bytes"
+        );
+        // Closed once it held the limit: well before 256 MiB went out (the
+        // socket buffers hold a few MiB more).
+        assert!(
+            sent < 64 << 20,
+            "{arg}-byte arguments: closed after {sent} bytes"
+        );
+    }
+    let info = c.run("INFO stats").text();
+    assert!(
+        info.contains("client_query_buffer_limit_disconnections:2\r\n"),
+        "{info}"
+    );
+    // Other clients are served meanwhile and after.
+    assert_eq!(c.run("PING"), status("PONG"));
+    assert_eq!(
+        c.run("CONFIG GET client-query-buffer-limit"),
+        array(vec![bulk("client-query-buffer-limit"), bulk("8388608")])
+    );
+    assert!(c
+        .run("CONFIG SET client-query-buffer-limit 1000")
+        .is_error());
+}
+
+#[test]
+fn maxmemory_clients_closes_the_client_taking_the_total_over() {
+    let server = Server::start(&[]);
+    let mut c = server.raw();
+    assert_eq!(c.run("CONFIG SET maxmemory-clients 16mb"), ok());
+    // A client holding a big request still arriving...
+    let (_, closed) = endless_request(server.port, 16 * 1024, 256 << 20);
+    assert!(closed);
+    let info = c.run("INFO stats").text();
+    assert!(info.contains("evicted_clients:1\r\n"), "{info}");
+    assert!(info.contains("client_query_buffer_limit_disconnections:0\r\n"));
+    // ...and once it is gone, the total is back to nothing held.
+    assert_eq!(c.run("SET after ok"), ok());
+    assert_eq!(c.run("GET after"), bulk("ok"));
+}

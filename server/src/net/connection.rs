@@ -25,7 +25,7 @@ use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::now_ms;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::clients::ClientInfo;
 use crate::commands::transaction::Watching;
@@ -107,10 +107,14 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
         untimed: Vec::with_capacity(TIMING_GROUP),
         last_lookup: None,
         now_ms: now_ms(),
+        query_bytes: 0,
     };
     if let Err(e) = conn.run().await {
         debug!("client {id} ({peer}): {e}");
     }
+    shared
+        .client_query_bytes
+        .fetch_sub(conn.query_bytes as u64, Relaxed);
     shard.clients.borrow_mut().remove(id);
     shared.connected.fetch_sub(1, Relaxed);
 }
@@ -130,6 +134,8 @@ struct Connection {
     last_lookup: Option<(Bytes, usize, &'static CommandSpec)>,
     /// Unix milliseconds for the commands of the current batch.
     now_ms: u64,
+    /// This connection's share of `Shared::client_query_bytes`.
+    query_bytes: usize,
 }
 
 /// A command body that awaits other shards or nodes.
@@ -251,10 +257,8 @@ impl Connection {
             if cut_short {
                 continue;
             }
-            {
-                let mut info = self.client.info.borrow_mut();
-                info.qbuf = self.rbuf.len();
-                info.omem = 0;
+            if !self.within_query_limits() {
+                return Ok(());
             }
             if let Some(n) = self.idle_poll().await? {
                 self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
@@ -298,6 +302,44 @@ impl Connection {
             }
             self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
         }
+    }
+
+    /// Before reading more: what the request still arriving holds (read
+    /// buffer and arguments so far) against `client-query-buffer-limit`
+    /// and, with every connection's, against `maxmemory-clients`. `false`:
+    /// over a limit, the connection is to be closed (as Redis closes it,
+    /// with no reply: the request never ends).
+    fn within_query_limits(&mut self) -> bool {
+        let held = self.rbuf.len() + self.parser.pending_bytes();
+        {
+            let mut info = self.client.info.borrow_mut();
+            info.qbuf = held;
+            info.omem = 0;
+        }
+        let shared = &self.client.shard.shared;
+        let total = if held >= self.query_bytes {
+            let grew = (held - self.query_bytes) as u64;
+            shared.client_query_bytes.fetch_add(grew, Relaxed) + grew
+        } else {
+            let shrank = (self.query_bytes - held) as u64;
+            shared.client_query_bytes.fetch_sub(shrank, Relaxed) - shrank
+        };
+        let grew = held > self.query_bytes;
+        self.query_bytes = held;
+        let config = &shared.config;
+        let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
+        if held as u64 > config.client_query_buffer_limit.load(Relaxed) {
+            warn!("closing client {id} ({addr}): its request reached client-query-buffer-limit ({held} bytes)");
+            self.client.shard.stats.borrow_mut().query_buffer_closed += 1;
+            return false;
+        }
+        let all = config.maxmemory_clients.load(Relaxed);
+        if all > 0 && total > all && grew {
+            warn!("evicting client {id} ({addr}): requests being received hold {total} bytes, over maxmemory-clients");
+            self.client.shard.stats.borrow_mut().evicted_clients += 1;
+            return false;
+        }
+        true
     }
 
     /// Notes that this connection is reading a request: when the last

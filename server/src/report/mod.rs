@@ -74,6 +74,10 @@ pub struct ShardReport {
     pub connections_received: u64,
     /// Connections refused.
     pub rejected_connections: u64,
+    /// Clients closed by client-query-buffer-limit.
+    pub query_buffer_closed: u64,
+    /// Clients closed by maxmemory-clients.
+    pub evicted_clients: u64,
     /// Bytes in.
     pub net_input: u64,
     /// Bytes out.
@@ -120,6 +124,8 @@ impl ShardReport {
             commands: stats.total_commands,
             connections_received: stats.connections_received,
             rejected_connections: stats.rejected_connections,
+            query_buffer_closed: stats.query_buffer_closed,
+            evicted_clients: stats.evicted_clients,
             net_input: stats.net_input_bytes,
             net_output: stats.net_output_bytes,
             ops_per_sec: stats.ops_per_sec(),

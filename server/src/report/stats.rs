@@ -80,6 +80,11 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
         "rejected_connections",
         sum(reports, |r| r.rejected_connections),
     );
+    o.field("evicted_clients", sum(reports, |r| r.evicted_clients));
+    o.field(
+        "client_query_buffer_limit_disconnections",
+        sum(reports, |r| r.query_buffer_closed),
+    );
     o.field("expired_keys", sum(reports, |r| r.store.expired_keys));
     o.field("evicted_keys", sum(reports, |r| r.store.evicted_keys));
     for (i, reason) in EvictReason::ALL.iter().enumerate() {
