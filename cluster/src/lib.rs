@@ -99,6 +99,9 @@ struct Members {
     last_seen: HashMap<String, Instant>,
     /// Endpoints announced by peers (and this node's own), by id.
     announced: HashMap<String, Endpoint>,
+    /// When liveness was last recomputed: a gap longer than the node
+    /// timeout means this process was paused (SIGSTOP, a frozen VM).
+    last_refresh: Instant,
 }
 
 /// A node's view of the cluster, shared by its shards.
@@ -123,9 +126,13 @@ pub struct Cluster {
     pub handoff_window_ms: u64,
     /// Hand-offs that began before this time (Unix ms) are over (FLUSHALL).
     handoff_floor: AtomicU64,
-    /// Writes to handed-off keys so far: a fetch that saw one start while
-    /// it was under way does not keep what it fetched.
-    pub handoff_writes: AtomicU64,
+    /// Writes to handed-off keys so far, by slot: a pull that sees the
+    /// count of a key's slot change while it is under way does not keep
+    /// what it read for that key (the write may be deleting it).
+    handoff_writes: Box<[std::sync::atomic::AtomicU32]>,
+    /// When this node last lost slots (Unix ms): keys of slots it does not
+    /// own are dropped once the hand-off window after that has passed.
+    last_loss_ms: AtomicU64,
     /// Counters.
     pub stats: ClusterStats,
     /// Hot keys: the shards' counts and what is copied where.
@@ -179,15 +186,31 @@ impl Cluster {
                 hostname: settings.announce_hostname.clone().unwrap_or_default(),
             }
         });
+        if let Some(e) = &announce {
+            // What peers will accept from this node's pings.
+            if parse_announce(
+                e.ip.as_bytes(),
+                e.port.to_string().as_bytes(),
+                e.hostname.as_bytes(),
+            )
+            .is_none()
+            {
+                return Err(
+                    "--cluster-announce-ip / -hostname: at most 255 printable ASCII characters, no spaces"
+                        .into(),
+                );
+            }
+        }
         let members = Members {
             epoch: settings.epoch,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
             announced: announce.iter().map(|e| (me.clone(), e.clone())).collect(),
+            last_refresh: started,
         };
         // Before this node (re)joined, the others held its slots: the map
         // without it is where its hand-off reads from.
-        let mut view = build_view(&members, &me, started, Duration::MAX, None, 0);
+        let mut view = build_view(&members, &me, started, Duration::MAX, None, 0, false);
         let without_me = view.without_me();
         view.carry_handoff(&without_me, kvtier_store::now_ms(), settings.handoff_ms);
         let view = Arc::new(view);
@@ -203,7 +226,10 @@ impl Cluster {
             announce,
             handoff_window_ms: settings.handoff_ms,
             handoff_floor: AtomicU64::new(0),
-            handoff_writes: AtomicU64::new(0),
+            handoff_writes: (0..kvtier_store::slot::SLOTS)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
+            last_loss_ms: AtomicU64::new(0),
             stats: ClusterStats::default(),
             hot: Mutex::default(),
             replicated_count: AtomicUsize::new(0),
@@ -241,7 +267,7 @@ impl Cluster {
     /// A peer's ping (or the answer to ours): it is alive, it announces
     /// `endpoint` (`None`: its list address), and its list wins if its
     /// epoch is higher. Returns this node's epoch and list after the
-    /// exchange.
+    /// exchange. A sender that is not a member is not recorded.
     pub fn gossip(
         &self,
         from: &str,
@@ -250,11 +276,13 @@ impl Cluster {
         endpoint: Option<Endpoint>,
     ) -> (u64, String) {
         let mut m = self.lock();
-        m.last_seen.insert(from.to_string(), Instant::now());
-        match endpoint {
-            Some(e) => m.announced.insert(from.to_string(), e),
-            None => m.announced.remove(from),
-        };
+        if m.nodes.iter().any(|n| n.id == from) {
+            m.last_seen.insert(from.to_string(), Instant::now());
+            match endpoint {
+                Some(e) => m.announced.insert(from.to_string(), e),
+                None => m.announced.remove(from),
+            };
+        }
         if epoch > m.epoch {
             if let Ok(nodes) = parse_nodes(list) {
                 self.adopt(&mut m, epoch, nodes);
@@ -286,6 +314,26 @@ impl Cluster {
         (since >= self.handoff_floor.load(Relaxed)
             && now_ms < since.saturating_add(self.handoff_window_ms))
         .then_some(prev)
+    }
+
+    /// Notes a write to a key of `slot` in a hand-off (before it runs).
+    pub fn handoff_write_started(&self, slot: u16) {
+        self.handoff_writes[slot as usize].fetch_add(1, Relaxed);
+    }
+
+    /// The write count of `slot`, to compare before keeping a pulled value.
+    pub fn handoff_write_count(&self, slot: u16) -> u32 {
+        self.handoff_writes[slot as usize].load(Relaxed)
+    }
+
+    /// When the keys of slots this node no longer owns may be dropped:
+    /// once every new owner's hand-off window since the last loss has
+    /// passed (with a margin for clocks and late pulls). `None`: never lost
+    /// any.
+    pub fn purge_after_ms(&self) -> Option<u64> {
+        let lost = self.last_loss_ms.load(Relaxed);
+        let margin = (self.handoff_window_ms / 2).min(10_000);
+        (lost > 0).then(|| lost + self.handoff_window_ms + margin)
     }
 
     /// Ends every hand-off under way (FLUSHALL: nothing is to be read back).
@@ -327,10 +375,15 @@ impl Cluster {
 
     /// Recomputes liveness; publishes a new view if anything changed.
     pub fn refresh(&self) {
-        let m = self.lock();
+        let mut m = self.lock();
         let current = self.view();
         let now = Instant::now();
-        if current.epoch == m.epoch
+        // Paused longer than the node timeout: the others have counted this
+        // node failed and held its slots meanwhile.
+        let paused = now.saturating_duration_since(m.last_refresh) > self.node_timeout;
+        m.last_refresh = now;
+        if !paused
+            && current.epoch == m.epoch
             && current.nodes == m.nodes
             && current.alive == alive_flags(&m, &self.me, now, self.grace())
             && current.endpoints == endpoints(&m)
@@ -344,6 +397,7 @@ impl Cluster {
             self.grace(),
             Some(&current),
             self.handoff_window_ms,
+            paused,
         );
         {
             let lost: Vec<&str> = view
@@ -359,8 +413,16 @@ impl Cluster {
                 view.nodes.len(),
                 lost
             );
+            self.note_loss(&current, &view);
             *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
             self.version.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Records when this node lost slots between two views.
+    fn note_loss(&self, before: &View, after: &View) {
+        if after.loses(before) {
+            self.last_loss_ms.store(kvtier_store::now_ms(), Relaxed);
         }
     }
 
@@ -391,7 +453,9 @@ impl Cluster {
             self.grace(),
             Some(&before),
             self.handoff_window_ms,
+            false,
         );
+        self.note_loss(&before, &view);
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
         self.version.fetch_add(1, Relaxed);
     }
@@ -431,8 +495,9 @@ fn endpoints(m: &Members) -> Vec<Endpoint> {
         .collect()
 }
 
-/// The view of `m` now; slots gained since `before` (and, when a failed
-/// node came back, this node's own slots) are handed off for `handoff_ms`.
+/// The view of `m` now; slots gained since `before` (and, when this node
+/// was cut off or `paused` and hears the others again, its own slots) are
+/// handed off for `handoff_ms`.
 fn build_view(
     m: &Members,
     me: &str,
@@ -440,22 +505,34 @@ fn build_view(
     timeout: Duration,
     before: Option<&View>,
     handoff_ms: u64,
+    paused: bool,
 ) -> View {
     let alive = alive_flags(m, me, now, timeout);
     let me = m.nodes.iter().position(|n| n.id == me);
     let mut view = View::with_endpoints(m.epoch, m.nodes.clone(), alive, me, endpoints(m));
     if let Some(before) = before {
         let now_ms = kvtier_store::now_ms();
-        if view.revives(before) {
-            // A node counted failed answers again (a partition healed, a
-            // pause ended): while apart, each side held the other's slots,
-            // so this node's misses are read from where its slots go
-            // without it among the nodes live now (nodes come back one at a
-            // time: each revival starts this afresh).
+        let rejoining =
+            before.rejoined_at > 0 && now_ms < before.rejoined_at.saturating_add(handoff_ms);
+        if paused || (view.revives(before) && (before.was_cut_off() || rejoining)) {
+            // This node was cut off (a partition, a pause) and hears the
+            // others again: meanwhile they held its slots, so its misses are
+            // read from where its slots go without it among the nodes live
+            // now (nodes come back one at a time: each revival starts this
+            // afresh). A node of the side that stayed whole hands off only
+            // the slots it gains, as on any change.
             let without_me = view.without_me();
             view.carry_handoff(&without_me, now_ms, handoff_ms);
+            view.rejoined_at = if rejoining {
+                before.rejoined_at
+            } else {
+                now_ms
+            };
         } else {
             view.carry_handoff(before, now_ms, handoff_ms);
+            if rejoining {
+                view.rejoined_at = before.rejoined_at;
+            }
         }
     }
     view

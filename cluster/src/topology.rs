@@ -290,6 +290,10 @@ pub struct View {
     /// warm hand-off: `(previous owner, since)` by slot (`NO_HANDOFF`:
     /// none); empty when there are none.
     handoff: Vec<(u16, u64)>,
+    /// When this node began rejoining after being cut off (Unix ms; 0:
+    /// it is not): every node that comes back meanwhile re-aims its
+    /// hand-off at where its slots went without it.
+    pub rejoined_at: u64,
     /// [`View::ranges`] computed once (clients ask for CLUSTER SLOTS often).
     ranges_cache: std::sync::OnceLock<(usize, Ranges)>,
 }
@@ -324,6 +328,7 @@ impl View {
             me,
             owner: Vec::new(),
             handoff: Vec::new(),
+            rejoined_at: 0,
             ranges_cache: std::sync::OnceLock::new(),
         };
         let live: Vec<usize> = (0..view.nodes.len()).filter(|&i| view.alive[i]).collect();
@@ -345,6 +350,26 @@ impl View {
             self.me,
             self.endpoints.clone(),
         )
+    }
+
+    /// Whether this node was cut off in this view: it heard at most half
+    /// of the members (itself included), so it was the side of a partition
+    /// or pause that did not stay whole.
+    pub fn was_cut_off(&self) -> bool {
+        let live = self.alive.iter().filter(|a| **a).count();
+        self.nodes.len() > 1 && live * 2 <= self.nodes.len()
+    }
+
+    /// Whether this node owned a slot in `before` that it does not own
+    /// here.
+    pub fn loses(&self, before: &View) -> bool {
+        let (Some(now), Some(then)) = (self.me, before.me) else {
+            return false;
+        };
+        if self.nodes[now].id != before.nodes[then].id {
+            return false;
+        }
+        (0..SLOTS as u16).any(|s| before.owner(s) == then && self.owner(s) != now)
     }
 
     /// Whether a node that `before` counted failed is live here.
@@ -699,5 +724,22 @@ mod tests {
         assert!(all.revives(&split));
         assert!(!split.revives(&all));
         assert!(!all.revives(&all));
+    }
+
+    #[test]
+    fn a_node_hearing_at_most_half_was_cut_off_and_losing_slots_is_seen() {
+        let all = view(&["n1", "n2", "n3"]);
+        let mut alone = vec![false; 3];
+        alone[0] = true;
+        let cut = View::new(1, all.nodes.clone(), alone, Some(0));
+        assert!(cut.was_cut_off());
+        let mut two = vec![true; 3];
+        two[2] = false;
+        let majority = View::new(1, all.nodes.clone(), two, Some(0));
+        assert!(!majority.was_cut_off() && !all.was_cut_off());
+        // Alone it owned everything; whole again it loses the others' slots.
+        assert!(all.loses(&cut));
+        assert!(!cut.loses(&all));
+        assert!(!all.loses(&all));
     }
 }

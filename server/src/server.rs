@@ -477,9 +477,44 @@ async fn cron(shard: Rc<Shard>) {
             crate::report::export(&mut exporter, &mut node_exporter, &shared, &report);
             if let Some(cluster) = &shared.cluster {
                 hot_window(&shard, cluster);
+                purge_lost_slots(&shard, cluster);
             }
         }
     }
+}
+
+/// Most keys of lost slots dropped per shard and second.
+const PURGE_PER_ROUND: usize = 10_000;
+
+/// Drops the keys of slots this node no longer owns once the new owners'
+/// hand-off window has passed: nobody reads them any more, and an old value
+/// left here must not be pulled back by a later hand-off.
+fn purge_lost_slots(shard: &Shard, cluster: &Cluster) {
+    let Some(after) = cluster.purge_after_ms() else {
+        return;
+    };
+    let now = kvtier_store::now_ms();
+    if now < after || shard.purged_loss.get() >= after {
+        return;
+    }
+    let view = shard.view();
+    let mut store = shard.store.lock();
+    let mut left = PURGE_PER_ROUND;
+    for slot in store.slots() {
+        if view.owns(slot as u16) {
+            continue;
+        }
+        let keys = store.keys_in_slot(slot, left, now);
+        left -= keys.len();
+        for key in keys {
+            store.remove(slot as u16, &key);
+        }
+        if left == 0 {
+            // The rest next second.
+            return;
+        }
+    }
+    shard.purged_loss.set(after);
 }
 
 /// Ends a hot-key window: this shard's counts go to the node; shard 0

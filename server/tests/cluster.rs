@@ -986,3 +986,53 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
     );
     assert_eq!(c.raw(3).run(&format!("GET {}", read[1].1)), nil());
 }
+
+#[test]
+fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
+    let mut c = Cluster::start(3, &["--cluster-handoff-ms", "1000"]);
+    let keys: Vec<String> = (0..300).map(|i| format!("purge:{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.raw(0).run(&format!("SET {k} v")), ok());
+    }
+    let mut ports = c.ports.clone();
+    ports.extend(free_ports(1));
+    c.ports = ports.clone();
+    c.nodes.push(None);
+    let four = node_list(&ports);
+    c.start_node(3, &four);
+    assert_eq!(c.raw(0).run(&format!("CLUSTER SETNODES {four} 1")), ok());
+    let owners = slot_owners(&mut c.raw(3), &ports);
+    let moved: Vec<u16> = keys
+        .iter()
+        .map(|k| kvtier_server::shard::slot::key_slot(k.as_bytes()))
+        .filter(|&s| owners[s as usize] == 3)
+        .collect();
+    assert!(!moved.is_empty());
+    let held = |node: usize| -> i64 {
+        moved
+            .iter()
+            .map(|s| {
+                c.raw(node)
+                    .run(&format!("CLUSTER COUNTKEYSINSLOT {s}"))
+                    .int()
+            })
+            .sum()
+    };
+    assert!(
+        (0..3).map(held).sum::<i64>() > 0,
+        "the old owners hold them at first"
+    );
+    // Window 1 s plus half of it: then the old owners drop them (once a
+    // second), so no later hand-off can pull an old value back.
+    assert!(eventually(Duration::from_secs(10), || (0..3)
+        .map(held)
+        .sum::<i64>()
+        == 0));
+    // What they still own is untouched.
+    let kept = keys
+        .iter()
+        .filter(|k| owners[kvtier_server::shard::slot::key_slot(k.as_bytes()) as usize] != 3)
+        .count() as i64;
+    let dbsize: i64 = (0..3).map(|i| c.raw(i).run("DBSIZE").int()).sum();
+    assert_eq!(dbsize, kept);
+}

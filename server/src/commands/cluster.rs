@@ -140,6 +140,15 @@ pub const COMMANDS: &[CommandSpec] = &[
                 ..SUB
             },
             CommandSpec {
+                name: "cluster|handoff",
+                arity: -4,
+                since: "0.1.0",
+                summary: "Internal: a slot's new owner reads (GET: value and PTTL of each key) or deletes (DEL) keys here during a hand-off; never handed off again.",
+                syntax: "GET|DEL key [key ...]",
+                handler: Handler::Async(handoff),
+                ..SUB
+            },
+            CommandSpec {
                 name: "cluster|peer",
                 arity: 3,
                 since: "0.1.0",
@@ -587,6 +596,50 @@ fn ping(client: &mut Client, args: &[Bytes]) -> Reply {
     let mut answer = vec![Reply::Int(epoch as i64), Reply::bulk(list)];
     answer.extend(cluster.announce_args().into_iter().map(Reply::Bulk));
     Reply::Array(answer)
+}
+
+/// `CLUSTER HANDOFF GET|DEL key...`, from a slot's new owner: runs here
+/// as it is (it names no keys, so it is never forwarded nor handed off
+/// again: a hand-off cannot loop between two nodes whose views differ).
+/// GET answers `[value or nil, pttl]` per key.
+fn handoff(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        if let Err(e) = peer_only(client) {
+            return e;
+        }
+        let keys = args[3..].to_vec();
+        let run = |name: &'static str, list: Vec<Bytes>| {
+            let spec = super::table().get(name.as_bytes()).expect("in the table");
+            (spec, Args::of(spec, list))
+        };
+        match args[2].to_ascii_lowercase().as_slice() {
+            b"del" => {
+                let mut list = vec![Bytes::from_static(b"DEL")];
+                list.extend(keys);
+                let (spec, args) = run("del", list);
+                super::execute(client, spec, args).await
+            }
+            b"get" => {
+                let mut list = vec![Bytes::from_static(b"MGET")];
+                list.extend(keys.iter().cloned());
+                let (spec, mget) = run("mget", list);
+                let values = super::execute(client, spec, mget)
+                    .await
+                    .resolve()
+                    .await
+                    .into_array()
+                    .unwrap_or_default();
+                let mut out = Vec::with_capacity(keys.len());
+                for (key, value) in keys.into_iter().zip(values) {
+                    let (spec, pttl) = run("pttl", vec![Bytes::from_static(b"PTTL"), key]);
+                    let ttl = super::execute(client, spec, pttl).await;
+                    out.push(Reply::Array(vec![value, ttl]));
+                }
+                Reply::Array(out)
+            }
+            _ => super::syntax_error(),
+        }
+    })
 }
 
 fn peer(client: &mut Client, _: &[Bytes]) -> Reply {

@@ -6,24 +6,35 @@
 //! old value back. Blocks are immutable, so that is all the coherence the
 //! hand-off needs. Which slots, from whom and until when is the view's
 //! ([`kvtier_cluster::topology::View::carry_handoff`]).
+//!
+//! The traffic to the previous owner is `CLUSTER HANDOFF GET|DEL`, which
+//! names no keys: it runs there as it is, never forwarded or handed off
+//! again, so two nodes whose views differ cannot pull from each other in a
+//! loop.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kvtier_cluster::peer::Lane;
 use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
+use kvtier_store::Encoding;
 
 use super::copies::write_through;
 use super::lane;
-use crate::commands::{execute, table, Args, Client, CommandSpec};
+use crate::commands::{execute, Args, Client, CommandSpec};
 use crate::shard::Shard;
+
+/// A key of a handed-off slot: the key, its slot, the node (index into the
+/// view) it is handed off from.
+type Handed = (Bytes, u16, usize);
 
 /// The keys of `args` in slots handed off to this node now, with the node
 /// each is handed off from.
-pub fn handoff_keys(cluster: &Cluster, view: &View, args: &Args) -> Vec<(Bytes, u16, usize)> {
+pub fn handoff_keys(cluster: &Cluster, view: &View, args: &Args) -> Vec<Handed> {
     if !view.has_handoff() {
         return Vec::new();
     }
@@ -61,28 +72,34 @@ pub async fn handoff_write(client: &mut Client, spec: &'static CommandSpec, args
     let view = client.shard.view();
     let keys = handoff_keys(&cluster, &view, &args);
     pull(client, &cluster, &view, keys.clone()).await;
-    // A fetch under way must not keep what it read.
-    cluster.handoff_writes.fetch_add(1, Relaxed);
+    // From here on, a pull under way for these keys keeps nothing.
+    for (_, slot, _) in &keys {
+        cluster.handoff_write_started(*slot);
+    }
     let reply = write_through(client, spec, args).await;
     delete_on_previous(&client.shard, &cluster, &view, lane(client), keys).await;
     reply
 }
 
-/// Deletes `keys` on the nodes they are handed off from, and waits (at most
-/// the node timeout: a previous owner that does not answer is failing, and
-/// its slots are no longer read from once it is marked failed).
+/// Deletes `keys` on the nodes (of `view`) they are handed off from, and
+/// waits (at most the node timeout: a previous owner that does not answer
+/// is failing, and is no longer read from once it is marked failed).
 pub async fn delete_on_previous(
     shard: &Rc<Shard>,
     cluster: &Arc<Cluster>,
     view: &View,
-    lane: kvtier_cluster::peer::Lane,
-    keys: Vec<(Bytes, u16, usize)>,
+    lane: Lane,
+    keys: Vec<Handed>,
 ) {
     let mut pending = Vec::new();
     for node in distinct(keys.iter().map(|k| k.2)) {
-        let mut del = vec![Bytes::from_static(b"DEL")];
+        let mut del = vec![
+            Bytes::from_static(b"CLUSTER"),
+            Bytes::from_static(b"HANDOFF"),
+            Bytes::from_static(b"DEL"),
+        ];
         del.extend(keys.iter().filter(|k| k.2 == node).map(|k| k.0.clone()));
-        let n = del.len() as u64 - 1;
+        let n = del.len() as u64 - 3;
         pending.push((
             n,
             shard
@@ -98,105 +115,100 @@ pub async fn delete_on_previous(
 }
 
 /// Reads the keys missing here from their previous owners and stores what
-/// they have (with its expiry), unless a write to a handed-off key started
-/// meanwhile.
-async fn pull(
-    client: &mut Client,
-    cluster: &Arc<Cluster>,
-    view: &View,
-    keys: Vec<(Bytes, u16, usize)>,
-) {
-    let writes = cluster.handoff_writes.load(Relaxed);
+/// they have (with its expiry). A key whose slot saw a write start since
+/// the pull began is not kept: checked on the shard that owns the key, in
+/// the same step as the store, so a DEL cannot slip in between.
+async fn pull(client: &mut Client, cluster: &Arc<Cluster>, view: &View, keys: Vec<Handed>) {
+    if keys.is_empty() {
+        return;
+    }
+    let writes: Vec<u32> = keys
+        .iter()
+        .map(|k| cluster.handoff_write_count(k.1))
+        .collect();
+    let keys: Vec<(Handed, u32)> = keys.into_iter().zip(writes).collect();
     let missing = missing_here(&client.shard, keys).await;
     if missing.is_empty() {
         return;
     }
     let lane = lane(client);
-    // Per previous owner: MGET of its keys, then each key's PTTL, pipelined
-    // on the client's lane (in order).
     let mut asked = Vec::new();
-    for node in distinct(missing.iter().map(|k| k.2)) {
-        let mine: Vec<Bytes> = missing
-            .iter()
-            .filter(|k| k.2 == node)
-            .map(|k| k.0.clone())
-            .collect();
-        let mut mget = vec![Bytes::from_static(b"MGET")];
-        mget.extend(mine.iter().cloned());
-        let target = &view.nodes[node];
-        let values = client
+    for node in distinct(missing.iter().map(|k| k.0 .2)) {
+        let mine: Vec<(Handed, u32)> = missing.iter().filter(|k| k.0 .2 == node).cloned().collect();
+        let mut get = vec![
+            Bytes::from_static(b"CLUSTER"),
+            Bytes::from_static(b"HANDOFF"),
+            Bytes::from_static(b"GET"),
+        ];
+        get.extend(mine.iter().map(|k| k.0 .0.clone()));
+        let rx = client
             .shard
             .peers
-            .send(&cluster.identity, target, lane, mget);
-        let ttls: Vec<_> = mine
-            .iter()
-            .map(|k| {
-                let pttl = vec![Bytes::from_static(b"PTTL"), k.clone()];
-                client
-                    .shard
-                    .peers
-                    .send(&cluster.identity, target, lane, pttl)
-            })
-            .collect();
-        asked.push((mine, values, ttls));
+            .send(&cluster.identity, &view.nodes[node], lane, get);
+        asked.push((mine, rx));
     }
+    let now = kvtier_store::now_ms();
     let mut found = Vec::new();
-    for (mine, values, ttls) in asked {
-        let answer = async {
-            let values = values.await.ok()?.into_array()?;
-            let mut ttls_out = Vec::with_capacity(ttls.len());
-            for rx in ttls {
-                ttls_out.push(rx.await.ok()?.as_int()?);
-            }
-            Some((values, ttls_out))
-        };
-        let Ok(Some((values, ttls))) = tokio::time::timeout(cluster.node_timeout, answer).await
+    for (mine, rx) in asked {
+        let Ok(Ok(Reply::Array(items))) = tokio::time::timeout(cluster.node_timeout, rx).await
         else {
             continue;
         };
-        for ((key, value), ttl) in mine.into_iter().zip(values).zip(ttls) {
-            match value {
-                // -2: expired between the two reads.
-                Reply::Bulk(v) if ttl != -2 => found.push((key, v, ttl)),
+        for ((handed, writes), item) in mine.into_iter().zip(items) {
+            match item.into_array().as_deref() {
+                // PTTL -1: no expiry; > 0: this many ms; 0 or -2: expired
+                // between the two reads there.
+                Some([Reply::Bulk(v), Reply::Int(ttl)]) if *ttl == -1 || *ttl > 0 => {
+                    let expire_at = if *ttl > 0 { now + *ttl as u64 } else { 0 };
+                    found.push((handed, writes, v.clone(), expire_at));
+                }
                 _ => {
                     cluster.stats.handoff_missed.fetch_add(1, Relaxed);
                 }
             }
         }
     }
-    if cluster.handoff_writes.load(Relaxed) != writes {
-        return;
-    }
-    let set = table().get(b"set").expect("SET is in the table");
-    for (key, value, ttl) in found {
-        let mut list = vec![
-            Bytes::from_static(b"SET"),
-            key,
-            value,
-            Bytes::from_static(b"NX"),
-        ];
-        if ttl > 0 {
-            list.push(Bytes::from_static(b"PX"));
-            list.push(Bytes::from(ttl.to_string()));
-        }
-        if execute(client, set, Args::of(set, list)).await == Reply::ok() {
-            cluster.stats.handoff_fetched.fetch_add(1, Relaxed);
-        }
+    let shard = &client.shard;
+    for owner in distinct(found.iter().map(|f| shard.owner_of(f.0 .1))) {
+        let theirs: Vec<_> = found
+            .iter()
+            .filter(|f| shard.owner_of(f.0 .1) == owner)
+            .cloned()
+            .collect();
+        let cluster_for_shard = Arc::clone(cluster);
+        let kept = shard
+            .call(owner, move |s| {
+                let now = kvtier_store::now_ms();
+                let mut store = s.store.lock();
+                let mut kept = 0;
+                for ((key, slot, _), writes, value, expire_at) in theirs {
+                    let unchanged = cluster_for_shard.handoff_write_count(slot) == writes;
+                    if unchanged
+                        && store.peek(slot, &key, now).is_none()
+                        && store
+                            .insert_with(slot, &key, value, expire_at, Encoding::Auto, now)
+                            .is_ok()
+                    {
+                        kept += 1;
+                    }
+                }
+                kept
+            })
+            .await
+            .unwrap_or(0);
+        cluster.stats.handoff_fetched.fetch_add(kept, Relaxed);
     }
 }
 
-/// The keys of `keys` that this node does not hold (looked up on the shards
-/// owning them, one call per shard).
-async fn missing_here(
-    shard: &Rc<Shard>,
-    keys: Vec<(Bytes, u16, usize)>,
-) -> Vec<(Bytes, u16, usize)> {
+/// The entries of `keys` that this node does not hold (looked up on the
+/// shards owning them, one call per shard).
+async fn missing_here(shard: &Rc<Shard>, keys: Vec<(Handed, u32)>) -> Vec<(Handed, u32)> {
     let now = kvtier_store::now_ms();
     let mut missing = Vec::new();
-    for owner in distinct(keys.iter().map(|k| shard.owner_of(k.1))) {
-        let theirs: Vec<(Bytes, u16, usize)> = keys
+    for owner in distinct(keys.iter().map(|k| shard.owner_of(k.0 .1))) {
+        let theirs: Vec<(Handed, u32)> = keys
             .iter()
-            .filter(|k| shard.owner_of(k.1) == owner)
+            .filter(|k| shard.owner_of(k.0 .1) == owner)
             .cloned()
             .collect();
         let absent = shard
@@ -204,7 +216,7 @@ async fn missing_here(
                 let mut store = s.store.lock();
                 theirs
                     .into_iter()
-                    .filter(|(key, slot, _)| store.peek(*slot, key, now).is_none())
+                    .filter(|((key, slot, _), _)| store.peek(*slot, key, now).is_none())
                     .collect::<Vec<_>>()
             })
             .await

@@ -116,7 +116,21 @@ pub fn route(
     }
     // Runs here: count reads for hot-key detection; writes to keys with
     // copies elsewhere (and flushes) drop the copies before replying.
-    let handoff = view.has_handoff() && !handoff::handoff_keys(cluster, &view, &args).is_empty();
+    let handed = handoff::handoff_keys(cluster, &view, &args);
+    let handoff = !handed.is_empty();
+    if handoff && in_multi && spec.has(flags::WRITE) {
+        // Queued in MULTI: the previous owner's old values go now, ahead of
+        // EXEC (dropping them early only costs a pull, never a wrong value;
+        // reads in MULTI do not pull).
+        for (_, slot, _) in &handed {
+            cluster.handoff_write_started(*slot);
+        }
+        let (shard, cluster, lane) = (Rc::clone(&client.shard), Arc::clone(cluster), lane(client));
+        let view = Rc::clone(&view);
+        tokio::task::spawn_local(async move {
+            handoff::delete_on_previous(&shard, &cluster, &view, lane, handed).await;
+        });
+    }
     if spec.has(flags::READONLY) {
         if cluster.hot_threshold > 0 {
             let mut hot = client.shard.hot.borrow_mut();
@@ -129,18 +143,8 @@ pub fn route(
         }
     } else if spec.has(flags::FLUSH) {
         return Routed::Through(Through::FlushThrough, args);
-    } else if spec.has(flags::WRITE) && handoff {
-        if !in_multi {
-            return Routed::Through(Through::HandoffWrite, args);
-        }
-        // Queued in MULTI: the previous owner's copies go now, ahead of EXEC.
-        let keys = handoff::handoff_keys(cluster, &view, &args);
-        cluster.handoff_writes.fetch_add(1, Relaxed);
-        let (shard, cluster, lane) = (Rc::clone(&client.shard), Arc::clone(cluster), lane(client));
-        tokio::task::spawn_local(async move {
-            let view = shard.view();
-            handoff::delete_on_previous(&shard, &cluster, &view, lane, keys).await;
-        });
+    } else if spec.has(flags::WRITE) && handoff && !in_multi {
+        return Routed::Through(Through::HandoffWrite, args);
     } else if spec.has(flags::WRITE)
         && cluster.has_replicated()
         && args

@@ -81,10 +81,21 @@ impl Spreading<'_> {
         for (part, remote) in parts.iter().zip(pending.iter_mut()) {
             let reply = match remote.take() {
                 Some(r) => r,
-                None if spec.has(flags::WRITE) && cluster.has_replicated() => {
-                    write_through(client, spec, Args::of(spec, part.args.clone())).await
+                None => {
+                    // This node's part: as any command run here (hand-off
+                    // pulls and deletes, dropped copies).
+                    let args = Args::of(spec, part.args.clone());
+                    let handed = !super::handoff::handoff_keys(cluster, view, &args).is_empty();
+                    if handed && spec.has(flags::READONLY) {
+                        super::handoff_read(client, spec, args).await
+                    } else if handed && spec.has(flags::WRITE) {
+                        super::handoff_write(client, spec, args).await
+                    } else if spec.has(flags::WRITE) && cluster.has_replicated() {
+                        write_through(client, spec, args).await
+                    } else {
+                        execute(client, spec, args).await
+                    }
                 }
-                None => execute(client, spec, Args::of(spec, part.args.clone())).await,
             };
             out.push(reply);
         }

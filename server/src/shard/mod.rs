@@ -115,6 +115,9 @@ pub struct Shard {
     /// the thread busy anyway; polling for one of them would only delay
     /// the others).
     pub last_reader: Cell<(u64, Option<std::time::Instant>)>,
+    /// The cluster loss whose lost slots this shard has emptied (see
+    /// `Cluster::purge_after_ms`).
+    pub purged_loss: Cell<u64>,
 }
 
 impl Shard {
@@ -137,6 +140,7 @@ impl Shard {
             copies: RefCell::new(Copies::default()),
             polling: Cell::new(false),
             last_reader: Cell::new((0, None)),
+            purged_loss: Cell::new(0),
         }
     }
 
