@@ -409,6 +409,16 @@ impl ReplyBuf {
     /// Writes everything pending with vectored writes.
     pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
         while !self.is_empty() {
+            self.write_once(w).await?;
+        }
+        Ok(())
+    }
+
+    /// One write of what is pending (as much as the socket takes); the
+    /// bytes written. The caller loops, and may watch each write for
+    /// progress (a client that stopped reading).
+    pub async fn write_once<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<usize> {
+        {
             let written = if self.chunks.is_empty() {
                 // The common reply, small values only: one buffer, no
                 // iovec list.
@@ -428,8 +438,8 @@ impl ReplyBuf {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             self.consume(written);
+            Ok(written)
         }
-        Ok(())
     }
 
     fn consume(&mut self, mut n: usize) {

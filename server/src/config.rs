@@ -108,6 +108,13 @@ pub struct Config {
     #[arg(long, default_value = "0", value_parser = parse_memory)]
     pub maxmemory_clients: u64,
 
+    /// Redis's `client-output-buffer-limit`: `normal HARD SOFT SECONDS`
+    /// (and `replica` / `pubsub` classes, accepted for compatibility). A
+    /// client whose pending replies (values they reference included) exceed
+    /// HARD, or SOFT for SECONDS, is closed; 0 turns a limit off.
+    #[arg(long, default_value = DEFAULT_OUTPUT_LIMITS, value_parser = parse_output_limits_flag)]
+    pub client_output_buffer_limit: String,
+
     /// Close clients idle for this many seconds (0: never).
     #[arg(long, default_value_t = 0)]
     pub timeout: u64,
@@ -371,6 +378,58 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Redis's default `client-output-buffer-limit`.
+pub const DEFAULT_OUTPUT_LIMITS: &str =
+    "normal 0 0 0 replica 268435456 67108864 60 pubsub 33554432 8388608 60";
+
+/// A `client-output-buffer-limit` value: `(hard, soft, seconds)` of the
+/// normal class (what kvtier's clients are), and the value as CONFIG GET
+/// shows it (every class, bytes in numbers).
+pub fn parse_output_limits(s: &str) -> Result<((u64, u64, u64), String), String> {
+    let words: Vec<&str> = s.split_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.".into());
+    }
+    let mut classes: Vec<(&str, u64, u64, u64)> = vec![
+        ("normal", 0, 0, 0),
+        ("replica", 268_435_456, 67_108_864, 60),
+        ("pubsub", 33_554_432, 8_388_608, 60),
+    ];
+    for group in words.chunks(4) {
+        let class = match group[0].to_ascii_lowercase().as_str() {
+            "normal" => "normal",
+            "replica" | "slave" => "replica",
+            "pubsub" => "pubsub",
+            _ => {
+                return Err("Invalid client class specified in buffer limit configuration.".into())
+            }
+        };
+        let (Ok(hard), Ok(soft), Ok(secs)) = (
+            parse_memory(group[1]),
+            parse_memory(group[2]),
+            group[3].parse::<u64>(),
+        ) else {
+            return Err(
+                "Error in hard, soft or soft_seconds setting in buffer limit configuration.".into(),
+            );
+        };
+        if let Some(c) = classes.iter_mut().find(|c| c.0 == class) {
+            *c = (class, hard, soft, secs);
+        }
+    }
+    let shown = classes
+        .iter()
+        .map(|(c, h, s, t)| format!("{c} {h} {s} {t}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (_, h, s, t) = classes[0];
+    Ok(((h, s, t), shown))
+}
+
+fn parse_output_limits_flag(s: &str) -> Result<String, String> {
+    parse_output_limits(s).map(|(_, shown)| shown)
+}
+
 /// `--enable-debug-command`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DebugCommand {
@@ -403,6 +462,15 @@ pub struct LiveConfig {
     pub client_query_buffer_limit: AtomicU64,
     /// Most bytes all arriving requests may hold together (0: no limit).
     pub maxmemory_clients: AtomicU64,
+    /// The normal class's output limits: hard bytes, soft bytes, soft
+    /// seconds (0: off).
+    pub output_hard: AtomicU64,
+    /// See `output_hard`.
+    pub output_soft: AtomicU64,
+    /// See `output_hard`.
+    pub output_soft_secs: AtomicU64,
+    /// `client-output-buffer-limit` as CONFIG GET shows it.
+    pub output_limits: RwLock<String>,
     /// Idle client timeout, seconds.
     pub timeout: AtomicU64,
     /// Most clients.
@@ -439,6 +507,8 @@ pub struct LiveConfig {
 impl LiveConfig {
     /// Live settings initialised from the start-up configuration.
     pub fn new(config: &Config, shards: usize, port: u16) -> LiveConfig {
+        let output = parse_output_limits(&config.client_output_buffer_limit)
+            .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
         LiveConfig {
             maxmemory: AtomicU64::new(config.maxmemory),
             policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
@@ -446,6 +516,10 @@ impl LiveConfig {
             proto_max_bulk_len: AtomicU64::new(config.proto_max_bulk_len),
             client_query_buffer_limit: AtomicU64::new(config.client_query_buffer_limit),
             maxmemory_clients: AtomicU64::new(config.maxmemory_clients),
+            output_hard: AtomicU64::new(output.0 .0),
+            output_soft: AtomicU64::new(output.0 .1),
+            output_soft_secs: AtomicU64::new(output.0 .2),
+            output_limits: RwLock::new(output.1),
             timeout: AtomicU64::new(config.timeout),
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
@@ -735,6 +809,21 @@ const PARAMS: &[Param] = &[
         get: |c| c.maxmemory_clients.load(Relaxed).to_string(),
         parse: memory,
         apply: |c, v| set_num(&c.maxmemory_clients, v),
+    },
+    Param {
+        name: "client-output-buffer-limit",
+        get: |c| read_text(&c.output_limits),
+        parse: |s| parse_output_limits(s).map(|(_, shown)| Value::Text(shown)),
+        apply: |c, v| {
+            if let Value::Text(shown) = v {
+                if let Ok(((hard, soft, secs), _)) = parse_output_limits(&shown) {
+                    c.output_hard.store(hard, Relaxed);
+                    c.output_soft.store(soft, Relaxed);
+                    c.output_soft_secs.store(secs, Relaxed);
+                }
+                set_text(&c.output_limits, Value::Text(shown));
+            }
+        },
     },
     Param {
         name: "timeout",

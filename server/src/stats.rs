@@ -43,6 +43,8 @@ pub struct ShardStats {
     /// Clients closed because all arriving requests outgrew
     /// maxmemory-clients.
     pub evicted_clients: u64,
+    /// Clients closed by client-output-buffer-limit.
+    pub output_buffer_closed: u64,
     /// Bytes read from clients.
     pub net_input_bytes: u64,
     /// Bytes written to clients.
@@ -82,6 +84,7 @@ impl ShardStats {
             rejected_connections: 0,
             query_buffer_closed: 0,
             evicted_clients: 0,
+            output_buffer_closed: 0,
             net_input_bytes: 0,
             net_output_bytes: 0,
             errors: HashMap::new(),
@@ -139,6 +142,7 @@ impl ShardStats {
         self.rejected_connections = 0;
         self.query_buffer_closed = 0;
         self.evicted_clients = 0;
+        self.output_buffer_closed = 0;
         self.net_input_bytes = 0;
         self.net_output_bytes = 0;
         self.errors.clear();

@@ -466,7 +466,11 @@ fn config_get_set_resetstat() {
         bulks(&["maxmemory", "67108864"])
     );
     let mm = c.run("CONFIG GET maxmemory*").items();
-    assert_eq!(mm.len(), 8, "maxmemory, -clients, -policy, -samples: {mm:?}");
+    assert_eq!(
+        mm.len(),
+        8,
+        "maxmemory, -clients, -policy, -samples: {mm:?}"
+    );
     assert_eq!(c.run("CONFIG GET nosuch"), array(vec![]));
     assert_eq!(c.run("CONFIG GET"), arity("config|get"));
 

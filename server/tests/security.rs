@@ -184,3 +184,95 @@ fn maxmemory_clients_closes_the_client_taking_the_total_over() {
     assert_eq!(c.run("SET after ok"), ok());
     assert_eq!(c.run("GET after"), bulk("ok"));
 }
+
+/// A client that asks for `gets` copies of `key` and never reads.
+fn stalled_reader(port: u16, key: &str, gets: usize) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // A small receive buffer: the replies back up at once.
+    let requests = format!("GET {key}\r\n").repeat(gets);
+    s.write_all(requests.as_bytes()).unwrap();
+    s
+}
+
+fn connected_clients(c: &mut RawConn) -> i64 {
+    let info = c.run("INFO clients").text();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_client_that_stopped_reading_is_closed_by_timeout() {
+    let server = Server::start(&["--timeout", "1"]);
+    let mut c = server.raw();
+    let big = vec![b'v'; 8 << 20];
+    assert_eq!(c.cmd(&[b"SET", b"big", &big]), ok());
+    let _stalled = stalled_reader(server.port, "big", 16);
+    assert!(eventually(Duration::from_secs(2), || connected_clients(
+        &mut c
+    ) == 2));
+    // No byte taken for 1 s: closed, its replies (and the values they
+    // pin) let go, while this client, which reads, stays.
+    assert!(eventually(Duration::from_secs(10), || connected_clients(
+        &mut c
+    ) == 1));
+    assert_eq!(c.run("PING"), status("PONG"));
+}
+
+#[test]
+fn client_output_buffer_limit_closes_a_client_over_it() {
+    let server = Server::start(&[]);
+    let mut c = server.raw();
+    assert_eq!(
+        c.run("CONFIG GET client-output-buffer-limit"),
+        array(vec![
+            bulk("client-output-buffer-limit"),
+            bulk("normal 0 0 0 replica 268435456 67108864 60 pubsub 33554432 8388608 60")
+        ])
+    );
+    let big = vec![b'v'; 8 << 20];
+    assert_eq!(c.cmd(&[b"SET", b"big", &big]), ok());
+    // Hard: one 8 MiB reply over a 4 MiB limit closes the client.
+    assert_eq!(
+        c.cmd(&[
+            b"CONFIG",
+            b"SET",
+            b"client-output-buffer-limit",
+            b"normal 4mb 0 0"
+        ]),
+        ok()
+    );
+    let mut other = server.raw();
+    other.send(b"GET big\r\n");
+    other.assert_closed();
+    // Soft: over 2 MiB for 1 s (a reader that stalled) closes it too.
+    assert_eq!(
+        c.cmd(&[
+            b"CONFIG",
+            b"SET",
+            b"client-output-buffer-limit",
+            b"normal 0 2mb 1"
+        ]),
+        ok()
+    );
+    let _stalled = stalled_reader(server.port, "big", 16);
+    assert!(eventually(Duration::from_secs(10), || {
+        c.run("INFO stats")
+            .text()
+            .contains("client_output_buffer_limit_disconnections:2\r\n")
+    }));
+    assert!(eventually(Duration::from_secs(5), || connected_clients(
+        &mut c
+    ) == 1));
+    // This client's own replies are small: untouched.
+    assert_eq!(c.run("STRLEN big"), int(8 << 20));
+    assert!(c
+        .cmd(&[
+            b"CONFIG",
+            b"SET",
+            b"client-output-buffer-limit",
+            b"normal 1 2"
+        ])
+        .is_error());
+}

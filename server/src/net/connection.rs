@@ -245,7 +245,9 @@ impl Connection {
             }
             if !self.out.is_empty() {
                 let bytes = self.out.pending() as u64;
-                self.out.write_to(&mut self.stream).await?;
+                if !self.write_watched().await? {
+                    return Ok(());
+                }
                 self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
             }
             if self.client.close_after_reply {
@@ -340,6 +342,72 @@ impl Connection {
             return false;
         }
         true
+    }
+
+    /// Writes the pending replies, watched: `client-output-buffer-limit`
+    /// (pending bytes, values the replies reference included, over the hard
+    /// limit, or over the soft one for its seconds) and `--timeout` (no byte
+    /// taken by the client for that long: it stopped reading) close the
+    /// client, so a stalled reader cannot pin memory for good. `Ok(false)`:
+    /// closed for that.
+    async fn write_watched(&mut self) -> std::io::Result<bool> {
+        let config = &self.client.shard.shared.config;
+        let (hard, soft, soft_secs) = (
+            config.output_hard.load(Relaxed) as usize,
+            config.output_soft.load(Relaxed) as usize,
+            config.output_soft_secs.load(Relaxed),
+        );
+        let idle = config.timeout.load(Relaxed);
+        if hard == 0 && soft == 0 && idle == 0 {
+            self.out.write_to(&mut self.stream).await?;
+            return Ok(true);
+        }
+        let mut over_soft_since: Option<Instant> = None;
+        while !self.out.is_empty() {
+            let pending = self.out.pending();
+            let now = Instant::now();
+            let over = if hard > 0 && pending > hard {
+                Some("hard")
+            } else if soft > 0 && pending > soft {
+                let since = *over_soft_since.get_or_insert(now);
+                (now.duration_since(since) >= Duration::from_secs(soft_secs)).then_some("soft")
+            } else {
+                over_soft_since = None;
+                None
+            };
+            if let Some(which) = over {
+                self.output_limit_hit(which, pending);
+                return Ok(false);
+            }
+            // Wait for the socket at most until the client has been silent
+            // for --timeout, or until the soft limit's time is up.
+            let silent_until = (idle > 0).then(|| now + Duration::from_secs(idle));
+            let soft_until = over_soft_since.map(|since| since + Duration::from_secs(soft_secs));
+            let Some(until) = silent_until.into_iter().chain(soft_until).min() else {
+                self.out.write_once(&mut self.stream).await?;
+                continue;
+            };
+            match tokio::time::timeout_at(until.into(), self.out.write_once(&mut self.stream)).await
+            {
+                Ok(written) => {
+                    written?;
+                }
+                Err(_) if silent_until.is_some_and(|t| Instant::now() >= t) => {
+                    let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
+                    warn!("closing client {id} ({addr}): it read nothing for {idle} s (timeout) with {pending} bytes of replies pending");
+                    return Ok(false);
+                }
+                // The soft limit's time is up: checked at the top.
+                Err(_) => {}
+            }
+        }
+        Ok(true)
+    }
+
+    fn output_limit_hit(&self, which: &str, pending: usize) {
+        let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
+        warn!("closing client {id} ({addr}): {pending} bytes of replies pending, over the {which} client-output-buffer-limit");
+        self.client.shard.stats.borrow_mut().output_buffer_closed += 1;
     }
 
     /// Notes that this connection is reading a request: when the last

@@ -78,6 +78,8 @@ pub struct ShardReport {
     pub query_buffer_closed: u64,
     /// Clients closed by maxmemory-clients.
     pub evicted_clients: u64,
+    /// Clients closed by client-output-buffer-limit.
+    pub output_buffer_closed: u64,
     /// Bytes in.
     pub net_input: u64,
     /// Bytes out.
@@ -126,6 +128,7 @@ impl ShardReport {
             rejected_connections: stats.rejected_connections,
             query_buffer_closed: stats.query_buffer_closed,
             evicted_clients: stats.evicted_clients,
+            output_buffer_closed: stats.output_buffer_closed,
             net_input: stats.net_input_bytes,
             net_output: stats.net_output_bytes,
             ops_per_sec: stats.ops_per_sec(),

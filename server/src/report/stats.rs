@@ -85,6 +85,10 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
         "client_query_buffer_limit_disconnections",
         sum(reports, |r| r.query_buffer_closed),
     );
+    o.field(
+        "client_output_buffer_limit_disconnections",
+        sum(reports, |r| r.output_buffer_closed),
+    );
     o.field("expired_keys", sum(reports, |r| r.store.expired_keys));
     o.field("evicted_keys", sum(reports, |r| r.store.evicted_keys));
     for (i, reason) in EvictReason::ALL.iter().enumerate() {
