@@ -5,7 +5,8 @@
 # and a differential run against a real redis-server) and the redis-cli /
 # redis-benchmark checks, and the Python connectors (the kvtier package, its
 # LMCache plugin and SGLang backend, in a cached venv with torch, lmcache and
-# sglang that tests/connectors/venv.sh builds outside the clone). It prints a
+# sglang that tests/connectors/venv.sh builds outside the clone), and every
+# fuzz target for a few seconds (scripts/fuzz.sh, nightly + cargo-fuzz). It prints a
 # PASS/FAIL summary and exits non-zero if any step failed.
 set -euo pipefail
 
@@ -120,6 +121,7 @@ step "cargo build kvtier-server" 1200 cargo build -p kvtier-server
 step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider -ra
 step "connectors: kvtier package, LMCache, SGLang" 1200 tests/connectors/run.sh
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
+step "fuzz targets (short)" 1200 env FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
 if docker info >/dev/null 2>&1; then
     step "docker compose cluster" 1500 env PROFILE=debug scripts/docker-test.sh
 else
