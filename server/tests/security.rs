@@ -180,7 +180,23 @@ fn maxmemory_clients_closes_the_client_taking_the_total_over() {
     let info = c.run("INFO stats").text();
     assert!(info.contains("evicted_clients:1\r\n"), "{info}");
     assert!(info.contains("client_query_buffer_limit_disconnections:0\r\n"));
-    // ...and once it is gone, the total is back to nothing held.
+    // CLIENT NO-EVICT exempts a client, as in Redis.
+    let mut exempt = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    exempt.write_all(b"CLIENT NO-EVICT on\r\n").unwrap();
+    let mut ok_reply = [0u8; 5];
+    exempt.read_exact(&mut ok_reply).unwrap();
+    assert_eq!(&ok_reply, b"+OK\r\n");
+    let mut frame = b"*2147483647\r\n$3\r\nSET\r\n".to_vec();
+    frame.extend(
+        format!("$16384\r\n{}\r\n", "x".repeat(16384))
+            .repeat(1500)
+            .into_bytes(),
+    );
+    exempt.write_all(&frame).unwrap();
+    let info = c.run("INFO stats").text();
+    assert!(info.contains("evicted_clients:1\r\n"), "{info}");
+    drop(exempt);
+    // ...and once they are gone, the total is back to nothing held.
     assert_eq!(c.run("SET after ok"), ok());
     assert_eq!(c.run("GET after"), bulk("ok"));
 }

@@ -336,7 +336,8 @@ impl Connection {
             return false;
         }
         let all = config.maxmemory_clients.load(Relaxed);
-        if all > 0 && total > all && grew {
+        let exempt = self.client.info.borrow().no_evict;
+        if all > 0 && total > all && grew && !exempt {
             warn!("evicting client {id} ({addr}): requests being received hold {total} bytes, over maxmemory-clients");
             self.client.shard.stats.borrow_mut().evicted_clients += 1;
             return false;
@@ -365,6 +366,8 @@ impl Connection {
         let mut over_soft_since: Option<Instant> = None;
         while !self.out.is_empty() {
             let pending = self.out.pending();
+            // CLIENT LIST's omem while the client is slow to take them.
+            self.client.info.borrow_mut().omem = pending;
             let now = Instant::now();
             let over = if hard > 0 && pending > hard {
                 Some("hard")
