@@ -521,32 +521,36 @@ impl Store {
         None
     }
 
-    /// SCAN step: keys of the slots from `from` on (within this store),
-    /// whole slots at a time, until at least `count` keys were collected.
-    /// Returns the keys and the next slot to visit (`None`: store finished).
+    /// SCAN step: the kept keys of the slots from `from` on (within this
+    /// store), whole slots at a time, until at least `count` keys were
+    /// visited (kept or not: a selective pattern does not make one step
+    /// walk the whole store). Returns the keys, the next slot to visit
+    /// (`None`: store finished) and the keys visited.
     pub fn scan(
         &mut self,
         from: usize,
         count: usize,
         mut keep: impl FnMut(&[u8], &Entry) -> bool,
         now: u64,
-    ) -> (Vec<Bytes>, Option<usize>) {
+    ) -> (Vec<Bytes>, Option<usize>, usize) {
         let mut out = Vec::new();
+        let mut visited = 0;
         let mut slot = from.max(self.slots.start);
         while slot < self.slots.end {
             let map = &self.maps[slot - self.slots.start];
+            visited += map.len();
             out.extend(
                 map.iter()
                     .filter(|(k, e)| !e.expired(now) && keep(k, e))
                     .map(|(k, _)| k.clone()),
             );
             slot += 1;
-            if out.len() >= count {
+            if visited >= count {
                 break;
             }
         }
         let next = (slot < self.slots.end).then_some(slot);
-        (out, next)
+        (out, next, visited)
     }
 
     /// Number of live keys in `slot`.

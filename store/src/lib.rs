@@ -447,7 +447,8 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let mut cursor = Some(0);
         while let Some(from) = cursor {
-            let (keys, next) = s.scan(from, 10, |_, _| true, 1000);
+            let (keys, next, visited) = s.scan(from, 10, |_, _| true, 1000);
+            assert!(visited >= keys.len());
             for k in keys {
                 assert!(seen.insert(k));
             }

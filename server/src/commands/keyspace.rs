@@ -471,27 +471,41 @@ fn key_type(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
+/// Keys KEYS visits per step on a shard: between steps the shard serves
+/// its other clients, so a KEYS over a large keyspace cannot stall them.
+const KEYS_STEP: usize = 4096;
+
 fn keys(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let pattern = args[1].clone();
-        let all = client
-            .shard
-            .call_all(move |s| {
-                let mut out = Vec::new();
-                s.store
-                    .lock()
-                    .for_each_live(kvtier_store::now_ms(), |k, _| {
-                        if glob_match(&pattern, k, false) {
-                            out.push(Reply::Bulk(k.clone()));
-                        }
-                    });
-                out
-            })
-            .await;
-        match all {
-            Ok(parts) => Reply::Array(parts.into_iter().flatten().collect()),
-            Err(e) => gone(e),
+        let shards = client.shard.count();
+        let mut out = Vec::new();
+        for owner in 0..shards {
+            let mut slot = Some(shard_slots(owner, shards).start);
+            while let Some(from) = slot {
+                let pattern = pattern.clone();
+                let step = client
+                    .shard
+                    .call(owner, move |s| {
+                        s.store.lock().scan(
+                            from,
+                            KEYS_STEP,
+                            |k, _| glob_match(&pattern, k, false),
+                            kvtier_store::now_ms(),
+                        )
+                    })
+                    .await;
+                let (keys, next, _) = match step {
+                    Ok(step) => step,
+                    Err(e) => return gone(e),
+                };
+                out.extend(keys.into_iter().map(Reply::Bulk));
+                slot = next;
+                // A step on this very shard runs inline: let the others in.
+                tokio::task::yield_now().await;
+            }
         }
+        Reply::Array(out)
     })
 }
 
@@ -529,7 +543,10 @@ fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let mut found: Vec<Reply> = Vec::new();
         let mut slot = cursor as usize;
         let shards = client.shard.count();
-        while slot < SLOTS && found.len() < count {
+        // As Redis: COUNT is the work of one call; a selective MATCH may
+        // return fewer keys (even none) with a cursor to go on from.
+        let mut visited = 0;
+        while slot < SLOTS && found.len() < count && visited < count.saturating_mul(10) {
             let owner = slot_shard(slot as u16, shards);
             let want = count - found.len();
             let pattern = pattern.clone();
@@ -547,10 +564,11 @@ fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     )
                 })
                 .await;
-            let (keys, next) = match step {
+            let (keys, next, seen) = match step {
                 Ok(step) => step,
                 Err(e) => return gone(e),
             };
+            visited += seen;
             found.extend(keys.into_iter().map(Reply::Bulk));
             slot = next.unwrap_or(shard_slots(owner, shards).end);
         }
