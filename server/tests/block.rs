@@ -1835,3 +1835,29 @@ fn a_long_chain_in_one_call() {
     assert_eq!(flags.iter().filter(|f| f.int() == 1).count(), 299);
     assert_eq!(flags[150], int(0));
 }
+
+#[test]
+fn a_long_chain_is_stored_in_steps_and_in_order() {
+    let server = Server::start(&[]);
+    let mut c = server.raw();
+    // Longer than one step (256 blocks), on one shard ({tag}) and spread.
+    for (tag, n) in [("{one}", 1000usize), ("spread", 1500)] {
+        let keys: Vec<String> = (0..n).map(|i| format!("{tag}:b{i}")).collect();
+        let mut args: Vec<Vec<u8>> = vec![b"MSETBLOCK".to_vec(), n.to_string().into_bytes()];
+        for (i, k) in keys.iter().enumerate() {
+            args.push(k.clone().into_bytes());
+            args.push(format!("v{i}").into_bytes());
+        }
+        args.push(b"CHAIN".to_vec());
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        assert_eq!(c.cmd(&refs), array(vec![int(1); n]), "{tag}");
+        let mut lookup: Vec<Vec<u8>> = vec![b"PREFIXLEN".to_vec(), n.to_string().into_bytes()];
+        lookup.extend(keys.iter().map(|k| k.clone().into_bytes()));
+        let refs: Vec<&[u8]> = lookup.iter().map(Vec::as_slice).collect();
+        assert_eq!(c.cmd(&refs), int(n as i64), "{tag}");
+        assert_eq!(
+            c.run(&format!("GET {}", keys[n - 1])),
+            bulk(format!("v{}", n - 1))
+        );
+    }
+}

@@ -68,7 +68,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         handler: Handler::Async(msetblock),
         one_shard: Some(OneShard {
             run: msetblock_one,
-            applies: always,
+            applies: few_blocks,
         }),
         spread: Spread::Blocks,
         ..BASE
@@ -242,6 +242,20 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
+/// Most blocks one MSETBLOCK stores in one step on a shard: a longer call
+/// is stored in steps of this many, in order, and the shard serves its
+/// other clients in between (a 100k-block chain must not stall them).
+const BLOCKS_PER_STEP: usize = 256;
+
+/// Whether an MSETBLOCK is short enough to run in one step on its shard
+/// (the `one_shard` form); longer ones go through [`store_chain`] or the
+/// fan-out in steps.
+fn few_blocks(args: &[Bytes]) -> bool {
+    args.get(1)
+        .and_then(|n| parse_int(n))
+        .is_some_and(|n| (0..=BLOCKS_PER_STEP as i64).contains(&n))
+}
+
 /// One block of a chain being stored: key, its slot, value, parent key,
 /// and whether it is the request's final partial block
 /// ([`SetOptions::cold`]).
@@ -289,13 +303,11 @@ impl ChainRelay {
         let next = self.runs.front().map(|(owner, _)| *owner);
         match next {
             Some(next) if !failed => {
-                if next == shard.id {
-                    self.step(shard);
-                } else {
-                    // If the next shard is gone, dropping the relay drops
-                    // `done` and the caller sees the shutdown.
-                    let _ = shard.post(next, Box::new(move |s: &Shard| self.step(s)));
-                }
+                // Through the mailbox even when the next step is this
+                // shard's: what is queued meanwhile runs in between. If the
+                // next shard is gone, dropping the relay drops `done` and
+                // the caller sees the shutdown.
+                let _ = shard.post(next, Box::new(move |s: &Shard| self.step(s)));
             }
             _ => {
                 // A block that could not be stored ends the chain: the
@@ -330,7 +342,7 @@ async fn store_chain(
         let cold = opts.cold(i, key_indexes.len(), args[k + 1].len(), previous_len);
         let block = (args[k].clone(), slot, args[k + 1].clone(), parent, cold);
         match runs.back_mut() {
-            Some((o, run)) if *o == owner => run.push(block),
+            Some((o, run)) if *o == owner && run.len() < BLOCKS_PER_STEP => run.push(block),
             _ => runs.push_back((owner, vec![block])),
         }
     }

@@ -330,11 +330,25 @@ impl Shard {
     }
 }
 
+/// Longest stretch of mailbox jobs before the shard's connections get a
+/// turn (short jobs run back to back; a long command's steps do not).
+const MAILBOX_TURN: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// Runs shard jobs as they arrive, until every sender is gone.
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
+    // Mailbox work done since the shard's connections last had a turn.
+    let mut busy_since = std::time::Instant::now();
     while let Some(job) = rx.recv().await {
         job(&shard);
         shard.deliver_links();
+        if rx.is_empty() {
+            busy_since = std::time::Instant::now();
+        } else if busy_since.elapsed() >= MAILBOX_TURN {
+            // More queued (a long command's next step among them) after a
+            // stretch of work: the shard's connections get their turn.
+            tokio::task::yield_now().await;
+            busy_since = std::time::Instant::now();
+        }
     }
 }
 
