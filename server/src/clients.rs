@@ -163,7 +163,9 @@ impl ClientRegistry {
         self.clients
             .values()
             .map(|c| c.borrow())
-            .filter(|c| keep(c))
+            // A killed client is gone for CLIENT LIST at once, as in Redis
+            // (its task leaves the registry a moment later).
+            .filter(|c| !c.killed && keep(c))
             .map(|c| (c.id, c.line()))
             .collect()
     }
