@@ -752,6 +752,22 @@ fn set_text(target: &RwLock<String>, v: Value) {
     }
 }
 
+/// A yes/no setting as CONFIG GET shows it.
+fn yes_no(flag: &AtomicBool) -> String {
+    if flag.load(Relaxed) { "yes" } else { "no" }.into()
+}
+
+/// `yes` / `no` for CONFIG SET (as a number: 1 / 0).
+fn yes_no_value(s: &str) -> Result<Value, String> {
+    parse_yes_no(s).map(|b| Value::Number(b as u64))
+}
+
+fn set_bool(target: &AtomicBool, v: Value) {
+    if let Value::Number(n) = v {
+        target.store(n != 0, Relaxed);
+    }
+}
+
 fn read_text(target: &RwLock<String>) -> String {
     target.read().map(|s| s.clone()).unwrap_or_default()
 }
@@ -877,20 +893,9 @@ const PARAMS: &[Param] = &[
     },
     Param {
         name: "spill-on-shutdown",
-        get: |c| {
-            if c.spill_on_shutdown.load(Relaxed) {
-                "yes"
-            } else {
-                "no"
-            }
-            .into()
-        },
-        parse: |s| parse_yes_no(s).map(|b| Value::Number(b as u64)),
-        apply: |c, v| {
-            if let Value::Number(n) = v {
-                c.spill_on_shutdown.store(n != 0, Relaxed);
-            }
-        },
+        get: |c| yes_no(&c.spill_on_shutdown),
+        parse: yes_no_value,
+        apply: |c, v| set_bool(&c.spill_on_shutdown, v),
     },
     Param {
         name: "requirepass",
@@ -900,20 +905,9 @@ const PARAMS: &[Param] = &[
     },
     Param {
         name: "protected-mode",
-        get: |c| {
-            if c.protected_mode.load(Relaxed) {
-                "yes"
-            } else {
-                "no"
-            }
-            .into()
-        },
-        parse: |s| parse_yes_no(s).map(|b| Value::Number(b as u64)),
-        apply: |c, v| {
-            if let Value::Number(n) = v {
-                c.protected_mode.store(n != 0, Relaxed);
-            }
-        },
+        get: |c| yes_no(&c.protected_mode),
+        parse: yes_no_value,
+        apply: |c, v| set_bool(&c.protected_mode, v),
     },
     Param {
         name: "loglevel",

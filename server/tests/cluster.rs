@@ -75,6 +75,19 @@ impl Cluster {
         self.nodes[i] = Some(Server::start_with_args(&args));
     }
 
+    /// Starts one more node with the grown list and spreads it with
+    /// CLUSTER SETNODES (epoch 1); returns every node's port.
+    fn join_a_node(&mut self) -> Vec<u16> {
+        let mut ports = self.ports.clone();
+        ports.extend(free_ports(1));
+        self.ports = ports.clone();
+        self.nodes.push(None);
+        let list = node_list(&ports);
+        self.start_node(ports.len() - 1, &list);
+        assert_eq!(self.raw(0).run(&format!("CLUSTER SETNODES {list} 1")), ok());
+        ports
+    }
+
     fn raw(&self, i: usize) -> RawConn {
         RawConn::connect(self.ports[i])
     }
@@ -908,13 +921,7 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
         assert_eq!(c.raw(i % 3).run(&cmd), ok());
     }
     // A fourth node joins (started with the new list, then SETNODES).
-    let mut ports = c.ports.clone();
-    ports.extend(free_ports(1));
-    c.ports = ports.clone();
-    c.nodes.push(None);
-    let four = node_list(&ports);
-    c.start_node(3, &four);
-    assert_eq!(c.raw(0).run(&format!("CLUSTER SETNODES {four} 1")), ok());
+    let ports = c.join_a_node();
     assert!(eventually(Duration::from_secs(10), || {
         (0..4).all(|i| {
             c.raw(i)
@@ -994,13 +1001,7 @@ fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
     for k in &keys {
         assert_eq!(c.raw(0).run(&format!("SET {k} v")), ok());
     }
-    let mut ports = c.ports.clone();
-    ports.extend(free_ports(1));
-    c.ports = ports.clone();
-    c.nodes.push(None);
-    let four = node_list(&ports);
-    c.start_node(3, &four);
-    assert_eq!(c.raw(0).run(&format!("CLUSTER SETNODES {four} 1")), ok());
+    let ports = c.join_a_node();
     let owners = slot_owners(&mut c.raw(3), &ports);
     let moved: Vec<u16> = keys
         .iter()
