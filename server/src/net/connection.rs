@@ -319,15 +319,22 @@ impl Connection {
             info.omem = 0;
         }
         let shared = &self.client.shard.shared;
-        let total = if held >= self.query_bytes {
-            let grew = (held - self.query_bytes) as u64;
-            shared.client_query_bytes.fetch_add(grew, Relaxed) + grew
-        } else {
-            let shrank = (self.query_bytes - held) as u64;
-            shared.client_query_bytes.fetch_sub(shrank, Relaxed) - shrank
-        };
+        // The shared total is touched only when this connection's share
+        // changed (between whole requests it stays 0: no shared cache line
+        // written per batch).
         let grew = held > self.query_bytes;
+        let mut total = 0;
+        if grew {
+            let more = (held - self.query_bytes) as u64;
+            total = shared.client_query_bytes.fetch_add(more, Relaxed) + more;
+        } else if held < self.query_bytes {
+            let less = (self.query_bytes - held) as u64;
+            shared.client_query_bytes.fetch_sub(less, Relaxed);
+        }
         self.query_bytes = held;
+        if held == 0 {
+            return true;
+        }
         let config = &shared.config;
         let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
         if held as u64 > config.client_query_buffer_limit.load(Relaxed) {
