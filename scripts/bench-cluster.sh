@@ -37,22 +37,8 @@ TRACE_LIMIT=${TRACE_LIMIT:-2000}
 TRACE_BLOCK=${TRACE_BLOCK:-64KiB}
 MAXMEM_MB=${MAXMEM_MB:-3072}
 
-for tool in redis-cli python3; do
-  command -v "$tool" >/dev/null || { echo "missing $tool"; exit 1; }
-done
-cargo build --release -q -p kvtier-server -p kvtier-bench
-BIN=target/release/kvtier-server
-BENCH=target/release/kvtier-bench
-WORK=$(mktemp -d -t kvtier-bench-cluster.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+bench_setup bench-cluster
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
-wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done; echo "node on $1 did not start"; exit 1; }
 
 # start_cluster EXTRA...: three nodes; sets PORTS and TARGETS.
 start_cluster() {
@@ -66,11 +52,6 @@ start_cluster() {
   done
   for p in "${PORTS[@]}"; do wait_up "$p"; done
   TARGETS="127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}"
-}
-stop_all() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PIDS=()
 }
 
 if [[ " $PARTS " == *" skew "* ]]; then

@@ -33,22 +33,7 @@ CONCURRENCY=${CONCURRENCY:-8}
 WARMUP=${WARMUP:-yes}
 
 [[ -f $TRACE ]] || { echo "no trace at $TRACE (set TRACE)" >&2; exit 1; }
-for tool in redis-cli python3; do
-  command -v "$tool" >/dev/null || { echo "missing $tool"; exit 1; }
-done
-cargo build --release -q -p kvtier-server -p kvtier-bench
-BIN=target/release/kvtier-server
-BENCH=target/release/kvtier-bench
-WORK=$(mktemp -d -t kvtier-bench-handoff.XXXXXX)
-PIDS=()
-stop_all() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PIDS=()
-}
-cleanup() { stop_all; rm -rf "$WORK"; }
-trap cleanup EXIT
-wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done; echo "node on $1 did not start"; exit 1; }
+bench_setup bench-handoff
 
 # run MODE HANDOFF_MS [JOIN]: one replay, with a join midway unless JOIN is
 # "no"; prints the figures.

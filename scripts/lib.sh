@@ -16,3 +16,34 @@ for line in open(sys.argv[1]):
         ids.update(json.loads(line)['hash_ids'])
 print(len(ids))" "$1"
 }
+
+# bench_setup NAME: what a benchmark of real kvtier processes starts with.
+# Checks for redis-cli and python3, builds the release binaries, sets BIN,
+# BENCH, WORK (a temporary directory named after NAME) and PIDS (append the
+# servers you start), and on exit stops them and removes WORK.
+bench_setup() {
+  local tool
+  for tool in redis-cli python3; do
+    command -v "$tool" >/dev/null || { echo "missing $tool"; exit 1; }
+  done
+  cargo build --release -q -p kvtier-server -p kvtier-bench
+  BIN=target/release/kvtier-server
+  BENCH=target/release/kvtier-bench
+  WORK=$(mktemp -d -t "kvtier-$1.XXXXXX")
+  PIDS=()
+  trap 'stop_all; rm -rf "$WORK"' EXIT
+}
+
+# stop_all: stops every process in PIDS and waits for them.
+stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+}
+
+# wait_up PORT: waits (at most 10 s) until a server answers PING on PORT.
+wait_up() {
+  for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "node on $1 did not start"; exit 1
+}

@@ -14,10 +14,12 @@
 //! Cluster nodes.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -356,49 +358,52 @@ impl Connection {
     /// (pending bytes, values the replies reference included, over the hard
     /// limit, or over the soft one for its seconds) and `--timeout` (no byte
     /// taken by the client for that long: it stopped reading) close the
-    /// client, so a stalled reader cannot pin memory for good. `Ok(false)`:
-    /// closed for that.
+    /// client, so a stalled reader cannot pin memory for good. A write the
+    /// socket takes at once needs no clock and no timer; only a client slow
+    /// to take its replies is timed. `Ok(false)`: closed for that.
     async fn write_watched(&mut self) -> std::io::Result<bool> {
         let config = &self.client.shard.shared.config;
         let (hard, soft, soft_secs) = (
             config.output_hard.load(Relaxed) as usize,
             config.output_soft.load(Relaxed) as usize,
-            config.output_soft_secs.load(Relaxed),
+            Duration::from_secs(config.output_soft_secs.load(Relaxed)),
         );
         let idle = config.timeout.load(Relaxed);
-        if hard == 0 && soft == 0 && idle == 0 {
-            self.out.write_to(&mut self.stream).await?;
-            return Ok(true);
-        }
         let mut over_soft_since: Option<Instant> = None;
         while !self.out.is_empty() {
             let pending = self.out.pending();
-            // CLIENT LIST's omem while the client is slow to take them.
+            if hard > 0 && pending > hard {
+                output_limit_hit(&self.client, "hard", pending);
+                return Ok(false);
+            }
+            let write = self.out.write_once(&mut self.stream);
+            tokio::pin!(write);
+            let first = std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await;
+            if let Poll::Ready(written) = first {
+                written?;
+                continue;
+            }
+            // Slow to take them: CLIENT LIST shows it, the limits time it.
             self.client.info.borrow_mut().omem = pending;
             let now = Instant::now();
-            let over = if hard > 0 && pending > hard {
-                Some("hard")
-            } else if soft > 0 && pending > soft {
+            if soft > 0 && pending > soft {
                 let since = *over_soft_since.get_or_insert(now);
-                (now.duration_since(since) >= Duration::from_secs(soft_secs)).then_some("soft")
+                if now.duration_since(since) >= soft_secs {
+                    output_limit_hit(&self.client, "soft", pending);
+                    return Ok(false);
+                }
             } else {
                 over_soft_since = None;
-                None
-            };
-            if let Some(which) = over {
-                self.output_limit_hit(which, pending);
-                return Ok(false);
             }
             // Wait for the socket at most until the client has been silent
             // for --timeout, or until the soft limit's time is up.
             let silent_until = (idle > 0).then(|| now + Duration::from_secs(idle));
-            let soft_until = over_soft_since.map(|since| since + Duration::from_secs(soft_secs));
+            let soft_until = over_soft_since.map(|since| since + soft_secs);
             let Some(until) = silent_until.into_iter().chain(soft_until).min() else {
-                self.out.write_once(&mut self.stream).await?;
+                write.await?;
                 continue;
             };
-            match tokio::time::timeout_at(until.into(), self.out.write_once(&mut self.stream)).await
-            {
+            match tokio::time::timeout_at(until.into(), write).await {
                 Ok(written) => {
                     written?;
                 }
@@ -407,17 +412,11 @@ impl Connection {
                     warn!("closing client {id} ({addr}): it read nothing for {idle} s (timeout) with {pending} bytes of replies pending");
                     return Ok(false);
                 }
-                // The soft limit's time is up: checked at the top.
+                // The soft limit's time is up: checked on the next round.
                 Err(_) => {}
             }
         }
         Ok(true)
-    }
-
-    fn output_limit_hit(&self, which: &str, pending: usize) {
-        let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
-        warn!("closing client {id} ({addr}): {pending} bytes of replies pending, over the {which} client-output-buffer-limit");
-        self.client.shard.stats.borrow_mut().output_buffer_closed += 1;
     }
 
     /// Notes that this connection is reading a request: when the last
@@ -835,4 +834,11 @@ impl Connection {
             self.client.shard.stats.borrow_mut().error_reply(msg);
         }
     }
+}
+
+/// Logs and counts a client closed by client-output-buffer-limit.
+fn output_limit_hit(client: &Client, which: &str, pending: usize) {
+    let (id, addr) = (client.id(), client.info.borrow().addr);
+    warn!("closing client {id} ({addr}): {pending} bytes of replies pending, over the {which} client-output-buffer-limit");
+    client.shard.stats.borrow_mut().output_buffer_closed += 1;
 }

@@ -336,18 +336,23 @@ const MAILBOX_TURN: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Runs shard jobs as they arrive, until every sender is gone.
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
-    // Mailbox work done since the shard's connections last had a turn.
-    let mut busy_since = std::time::Instant::now();
+    // Since when jobs have been waiting back to back (the clock is read
+    // only while more are queued).
+    let mut busy_since: Option<std::time::Instant> = None;
     while let Some(job) = rx.recv().await {
         job(&shard);
         shard.deliver_links();
         if rx.is_empty() {
-            busy_since = std::time::Instant::now();
-        } else if busy_since.elapsed() >= MAILBOX_TURN {
-            // More queued (a long command's next step among them) after a
-            // stretch of work: the shard's connections get their turn.
+            busy_since = None;
+            continue;
+        }
+        let now = std::time::Instant::now();
+        let since = *busy_since.get_or_insert(now);
+        if now.duration_since(since) >= MAILBOX_TURN {
+            // A stretch of work with more queued (a long command's next
+            // step among them): the shard's connections get their turn.
             tokio::task::yield_now().await;
-            busy_since = std::time::Instant::now();
+            busy_since = None;
         }
     }
 }
