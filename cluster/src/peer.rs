@@ -44,36 +44,43 @@ pub const LANES: u64 = 4;
 /// Most bytes the writer gathers before it writes.
 const WRITE_BATCH: usize = 1 << 20;
 
+/// The user and password a node logs in to its peers with.
+pub type Login = Option<(String, String)>;
+
 /// Who this node is to its peers: its id, sent with `CLUSTER PEER`, and
-/// the password it authenticates with (read each time a connection opens,
-/// so `CONFIG SET requirepass` applies to the next one).
+/// the user and password it logs in with (read each time a connection
+/// opens, so `CONFIG SET masterauth` applies to the next one).
 #[derive(Clone)]
 pub struct Identity {
     /// This node's id.
     pub me: Arc<str>,
-    password: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+    login: Arc<dyn Fn() -> Login + Send + Sync>,
 }
 
 impl Identity {
-    /// Node `me`, authenticating with whatever `password` returns.
-    pub fn new(me: &str, password: impl Fn() -> Option<String> + Send + Sync + 'static) -> Self {
+    /// Node `me`, logging in with whatever `login` returns.
+    pub fn new(me: &str, login: impl Fn() -> Login + Send + Sync + 'static) -> Self {
         Identity {
             me: Arc::from(me),
-            password: Arc::new(password),
+            login: Arc::new(login),
         }
     }
 
-    /// The password to authenticate with now, if any.
-    pub fn password(&self) -> Option<String> {
-        (self.password)()
+    /// The user and password to log in with now, if any.
+    pub fn login(&self) -> Login {
+        (self.login)()
     }
 
-    /// The commands every peer connection starts with: AUTH when a password
-    /// is set, HELLO 3 for RESP3, CLUSTER PEER.
+    /// The commands every peer connection starts with: AUTH user password
+    /// when a password is set, HELLO 3 for RESP3, CLUSTER PEER.
     pub fn handshake(&self, resp3: bool) -> Vec<Vec<Bytes>> {
         let mut out = Vec::new();
-        if let Some(pass) = self.password() {
-            out.push(vec![Bytes::from_static(b"AUTH"), Bytes::from(pass)]);
+        if let Some((user, pass)) = self.login() {
+            out.push(vec![
+                Bytes::from_static(b"AUTH"),
+                Bytes::from(user),
+                Bytes::from(pass),
+            ]);
         }
         if resp3 {
             out.push(vec![Bytes::from_static(b"HELLO"), Bytes::from_static(b"3")]);

@@ -20,6 +20,8 @@ pub struct ClientInfo {
     pub laddr: SocketAddr,
     /// CLIENT SETNAME.
     pub name: String,
+    /// The ACL user it is logged in as.
+    pub user: String,
     /// CLIENT SETINFO LIB-NAME.
     pub lib_name: String,
     /// CLIENT SETINFO LIB-VER.
@@ -57,6 +59,7 @@ impl ClientInfo {
             addr,
             laddr,
             name: String::new(),
+            user: "default".into(),
             lib_name: String::new(),
             lib_ver: String::new(),
             created: now,
@@ -87,7 +90,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 obl=0 oll=0 omem={} tot-mem={} events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 obl=0 oll=0 omem={} tot-mem={} events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -100,6 +103,7 @@ impl ClientInfo {
             self.omem,
             self.qbuf + self.omem,
             self.last_cmd,
+            self.user,
             self.resp,
             self.lib_name,
             self.lib_ver,

@@ -77,9 +77,30 @@ pub struct Config {
     #[arg(long, default_value_t = 5)]
     pub maxmemory_samples: u64,
 
-    /// Password clients must send with AUTH (empty: none).
+    /// Password clients must send with AUTH (empty: none): the default
+    /// user's password.
     #[arg(long, default_value = "")]
     pub requirepass: String,
+
+    /// ACL file (`user <name> <rules>` lines, as Redis's): its users are
+    /// loaded at start and by ACL LOAD, and written by ACL SAVE.
+    #[arg(long)]
+    pub aclfile: Option<PathBuf>,
+
+    /// Most entries ACL LOG keeps.
+    #[arg(long, default_value_t = 128)]
+    pub acllog_max_len: u64,
+
+    /// The user this node logs in as on its cluster peers (with
+    /// `masterauth`). Peer connections are checked only when they log in
+    /// and say CLUSTER PEER: the node that took a command checked it.
+    #[arg(long, default_value = "default")]
+    pub masteruser: String,
+
+    /// The password this node logs in to its cluster peers with (empty:
+    /// requirepass).
+    #[arg(long, default_value = "")]
+    pub masterauth: String,
 
     /// With no password set, refuse clients that do not connect from a
     /// loopback address (yes), with Redis's explanatory error; `no` accepts
@@ -481,8 +502,12 @@ pub struct LiveConfig {
     pub max_block_ms: AtomicU64,
     /// Microseconds a connection polls its socket before its shard sleeps.
     pub idle_poll_us: AtomicU64,
-    /// AUTH password; empty: none.
+    /// `requirepass` as last set (the default user's password).
     pub requirepass: Arc<RwLock<String>>,
+    /// The users and their rules.
+    pub acl: crate::acl::Acl,
+    /// `masteruser`, `masterauth`: how this node logs in to its peers.
+    pub peer_login: Arc<RwLock<(String, String)>>,
     /// Refuse non-loopback clients while no password is set.
     pub protected_mode: AtomicBool,
     /// Who may run DEBUG.
@@ -506,7 +531,7 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// Live settings initialised from the start-up configuration.
-    pub fn new(config: &Config, shards: usize, port: u16) -> LiveConfig {
+    pub fn new(config: &Config, acl: crate::acl::Acl, shards: usize, port: u16) -> LiveConfig {
         let output = parse_output_limits(&config.client_output_buffer_limit)
             .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
         LiveConfig {
@@ -526,6 +551,11 @@ impl LiveConfig {
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
             idle_poll_us: AtomicU64::new(config.idle_poll_us),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
+            acl,
+            peer_login: Arc::new(RwLock::new((
+                config.masteruser.clone(),
+                config.masterauth.clone(),
+            ))),
             protected_mode: AtomicBool::new(config.protected_mode),
             debug_command: match config.enable_debug_command.as_str() {
                 "yes" => DebugCommand::Yes,
@@ -607,6 +637,14 @@ impl LiveConfig {
                     "pin-threads",
                     if config.pin_threads { "yes" } else { "no" }.into(),
                 ),
+                (
+                    "aclfile",
+                    config
+                        .aclfile
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                ),
                 ("databases", "1".into()),
                 ("appendonly", "no".into()),
                 ("metrics-addr", config.metrics_addr.clone()),
@@ -622,14 +660,30 @@ impl LiveConfig {
         }
     }
 
-    /// Reads the password peers send (requirepass) when a peer connection
-    /// opens: CONFIG SET applies to the next one.
-    pub fn peer_password(&self) -> impl Fn() -> Option<String> + Send + Sync + 'static {
+    /// Reads the user and password this node logs in to its peers with
+    /// (masteruser and masterauth, else requirepass; none when both are
+    /// empty) when a peer connection opens: CONFIG SET applies to the
+    /// next one.
+    pub fn peer_login(&self) -> impl Fn() -> Option<(String, String)> + Send + Sync + 'static {
         let requirepass = Arc::clone(&self.requirepass);
+        let login = Arc::clone(&self.peer_login);
         move || {
-            let pass = requirepass.read().unwrap_or_else(|e| e.into_inner());
-            (!pass.is_empty()).then(|| pass.clone())
+            let (user, auth) = login.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let pass = if auth.is_empty() {
+                requirepass
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            } else {
+                auth
+            };
+            (!pass.is_empty()).then_some((user, pass))
         }
+    }
+
+    /// `requirepass` as last set.
+    pub fn requirepass_text(&self) -> String {
+        read_text(&self.requirepass)
     }
 
     /// The eviction policy.
@@ -641,7 +695,7 @@ impl LiveConfig {
     /// Whether protected mode turns away a client connecting from `peer`:
     /// it is on, no password is set, and the address is not loopback.
     pub fn refuses(&self, peer: std::net::IpAddr) -> bool {
-        self.protected_mode.load(Relaxed) && !self.auth_required() && !is_loopback(peer)
+        self.protected_mode.load(Relaxed) && self.acl.open() && !is_loopback(peer)
     }
 
     /// Whether a client connecting from `peer` may run DEBUG.
@@ -653,12 +707,10 @@ impl LiveConfig {
         }
     }
 
+    /// Whether clients must AUTH: the default user is off or has a
+    /// password.
     pub fn auth_required(&self) -> bool {
-        !self
-            .requirepass
-            .read()
-            .map(|p| p.is_empty())
-            .unwrap_or(true)
+        !self.acl.open()
     }
 
     /// Every parameter name and its current value, sorted by name.
@@ -766,6 +818,10 @@ fn set_bool(target: &AtomicBool, v: Value) {
     if let Value::Number(n) = v {
         target.store(n != 0, Relaxed);
     }
+}
+
+fn read_pair(target: &RwLock<(String, String)>) -> (String, String) {
+    target.read().map(|s| s.clone()).unwrap_or_default()
 }
 
 fn read_text(target: &RwLock<String>) -> String {
@@ -901,7 +957,38 @@ const PARAMS: &[Param] = &[
         name: "requirepass",
         get: |c| read_text(&c.requirepass),
         parse: text,
-        apply: |c, v| set_text(&c.requirepass, v),
+        apply: |c, v| {
+            if let Value::Text(t) = &v {
+                c.acl.set_default_password(t);
+            }
+            set_text(&c.requirepass, v)
+        },
+    },
+    Param {
+        name: "masteruser",
+        get: |c| read_pair(&c.peer_login).0,
+        parse: text,
+        apply: |c, v| {
+            if let (Value::Text(t), Ok(mut login)) = (v, c.peer_login.write()) {
+                login.0 = t;
+            }
+        },
+    },
+    Param {
+        name: "masterauth",
+        get: |c| read_pair(&c.peer_login).1,
+        parse: text,
+        apply: |c, v| {
+            if let (Value::Text(t), Ok(mut login)) = (v, c.peer_login.write()) {
+                login.1 = t;
+            }
+        },
+    },
+    Param {
+        name: "acllog-max-len",
+        get: |c| c.acl.log_max_len.load(Relaxed).to_string(),
+        parse: number,
+        apply: |c, v| set_num(&c.acl.log_max_len, v),
     },
     Param {
         name: "protected-mode",
@@ -978,7 +1065,8 @@ mod tests {
     #[test]
     fn config_get_glob_and_set() {
         let c = Config::load_from(vec!["kvtier-server".into()]).unwrap();
-        let live = LiveConfig::new(&c, 2, 6379);
+        let acl = crate::acl::Acl::new(&crate::commands::table().catalog, "", None).unwrap();
+        let live = LiveConfig::new(&c, acl, 2, 6379);
         let got = live.get(b"maxmemory*");
         assert_eq!(got.len(), 4, "maxmemory, -clients, -policy, -samples");
         live.set("maxmemory", "10mb").unwrap();

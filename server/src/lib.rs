@@ -12,9 +12,11 @@
 //!   (forward, redirect, spread, hot-key copies).
 //! * [`report`]: INFO and the metrics, from one snapshot; [`stats`]: the
 //!   per-shard counters behind them.
+//! * [`acl`]: users, what they may run and touch, the ACL file.
 //! * [`config`], [`clients`] (CLIENT LIST/KILL), [`glob`] (Redis's
 //!   patterns).
 
+pub mod acl;
 pub mod clients;
 pub mod commands;
 pub mod config;

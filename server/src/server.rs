@@ -175,8 +175,15 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
-        let live = LiveConfig::new(config, shards, addr.port());
-        let cluster = Cluster::new(&cluster_settings(config), live.peer_password())
+        let acl = crate::acl::Acl::new(
+            &crate::commands::table().catalog,
+            &config.requirepass,
+            config.aclfile.clone(),
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        acl.log_max_len.store(config.acllog_max_len, Relaxed);
+        let live = LiveConfig::new(config, acl, shards, addr.port());
+        let cluster = Cluster::new(&cluster_settings(config), live.peer_login())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
         let (shutdown, _) = watch::channel(false);

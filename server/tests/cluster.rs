@@ -1037,3 +1037,94 @@ fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
     let dbsize: i64 = (0..3).map(|i| c.raw(i).run("DBSIZE").int()).sum();
     assert_eq!(dbsize, kept);
 }
+
+/// With ACL users, nodes log in to each other as the peer user
+/// (`--masteruser`/`--masterauth`) even when the default user is off, a
+/// client's command is checked once, on the node it reached, and a fenced
+/// client stays fenced whichever node owns the key.
+#[test]
+fn peers_log_in_as_their_user_and_clients_stay_fenced() {
+    let dir = std::env::temp_dir().join(format!("kvtier-acl-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("users.acl");
+    std::fs::write(
+        &file,
+        "user default off\n\
+         user peer on >peerpass -@all +cluster|peer\n\
+         user admin on >adminpass ~* &* +@all\n\
+         user tenant on >tpass ~t1:* -@all +@read +@write +@block +@connection -@dangerous\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let c = Cluster::start(
+        3,
+        &[
+            "--aclfile",
+            &path,
+            "--masteruser",
+            "peer",
+            "--masterauth",
+            "peerpass",
+        ],
+    );
+    let login = |i: usize, user: &str, pass: &str| {
+        let mut conn = c.raw(i);
+        assert_eq!(conn.run(&format!("AUTH {user} {pass}")), ok());
+        conn
+    };
+    let mut admin = login(0, "admin", "adminpass");
+    let keys: Vec<String> = (0..30).map(|i| format!("t1:{i}")).collect();
+    let others: Vec<String> = (0..30).map(|i| format!("t2:{i}")).collect();
+    // Keys on every node, written through node 0 (forwarded over the peer
+    // links, which logged in as `peer`).
+    let map = slot_owners(&mut admin, &c.ports);
+    let owners: std::collections::HashSet<usize> = keys
+        .iter()
+        .map(|k| map[kvtier_server::shard::slot::key_slot(k.as_bytes()) as usize])
+        .collect();
+    assert_eq!(owners.len(), 3, "the keys live on every node");
+    for k in keys.iter().chain(&others) {
+        assert_eq!(admin.run(&format!("SET {k} v-{k}")), ok(), "{k}");
+    }
+    for i in 0..3 {
+        let mut tenant = login(i, "tenant", "tpass");
+        for k in &keys {
+            assert_eq!(tenant.run(&format!("GET {k}")), bulk(format!("v-{k}")));
+        }
+        let nokey =
+            err("NOPERM this user has no permissions to access one of the keys used as arguments");
+        for k in &others {
+            assert_eq!(tenant.run(&format!("GET {k}")), nokey, "{k} via node {i}");
+        }
+        assert_eq!(
+            tenant.run(&format!("MGET {} {}", keys[0], others[0])),
+            nokey
+        );
+        assert_eq!(
+            tenant.run("FLUSHALL"),
+            err("NOPERM this user has no permissions to run the 'flushall' command")
+        );
+        let blocks: Vec<String> = (0..3).map(|j| format!("t1:b{i}-{j}")).collect();
+        let chain = format!(
+            "MSETBLOCK 3 {} a {} b {} c CHAIN",
+            blocks[0], blocks[1], blocks[2]
+        );
+        assert_eq!(tenant.run(&chain), array(vec![int(1), int(1), int(1)]));
+        assert_eq!(
+            tenant.run(&format!("PREFIXLEN 3 {}", blocks.join(" "))),
+            int(3)
+        );
+    }
+    // The peer user itself can do nothing but be a peer.
+    let mut peer = login(1, "peer", "peerpass");
+    assert_eq!(
+        peer.run("GET t1:0"),
+        err("NOPERM this user has no permissions to run the 'get' command")
+    );
+    // Without a login a client gets nowhere (the default user is off).
+    assert_eq!(
+        c.raw(2).run("GET t1:0"),
+        err("NOAUTH Authentication required.")
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -507,7 +507,10 @@ fn concurrent_reads_of_a_block_share_one_disk_read_and_replies_keep_their_order(
     let after = spill_info(&mut con);
     let reads = info_num(&after, "spill_reads") - info_num(&before, "spill_reads");
     let hits = info_num(&after, "spill_hits") - info_num(&before, "spill_hits");
-    assert_eq!(hits, 11, "eleven reads served from disk");
+    // Reads dispatched after the disk answered find the block back in
+    // DRAM (a loaded machine can answer that early): served, not counted
+    // as disk hits, and no second disk read either way.
+    assert!((2..=11).contains(&hits), "{hits} reads served from disk");
     assert_eq!(reads, 2, "ten of them shared one disk read:\n{after}");
     // Read twice or more: it moved back to DRAM.
     assert!(info_num(&after, "spill_promotions") >= 1);

@@ -15,6 +15,7 @@ use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, Spread, KEY1,
 };
+use crate::acl::{category, perm, KeyUse};
 use crate::shard::slot::key_slot;
 use crate::shard::Access;
 
@@ -33,6 +34,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::BITMAP,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// The bitmap family.
@@ -76,6 +80,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "bitop",
+        key_use: KeyUse::ByArgs(bitop_key_use),
         arity: -4,
         flags: WRITE | DENYOOM,
         keys: KeySpec::range(2, -1, 1),
@@ -87,6 +92,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "bitfield",
+        key_use: KeyUse::ByArgs(bitfield_key_use),
         arity: -2,
         flags: WRITE | DENYOOM,
         since: "3.2.0",
@@ -696,6 +702,33 @@ fn read_field(value: &[u8], f: &Field) -> Reply {
     } else {
         Reply::Int(get_unsigned(value, f.offset, f.bits) as i64)
     }
+}
+
+/// BITOP writes its destination and reads its sources.
+fn bitop_key_use(_args: &[Bytes], key: usize) -> u8 {
+    if key == 2 {
+        perm::WRITE
+    } else {
+        perm::READ
+    }
+}
+
+/// BITFIELD with only GET (and OVERFLOW) subcommands reads; with SET or
+/// INCRBY (or anything it cannot read) it reads and writes, as Redis's
+/// `bitfieldGetKeys`.
+fn bitfield_key_use(args: &[Bytes], _key: usize) -> u8 {
+    let mut i = 2;
+    while i < args.len() {
+        let left = args.len() - i - 1;
+        if is(&args[i], "get") && left >= 2 {
+            i += 3;
+        } else if is(&args[i], "overflow") && left >= 1 {
+            i += 2;
+        } else {
+            return perm::ALL;
+        }
+    }
+    perm::READ
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ use super::{
     always, is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, OneShard, Spread,
 };
+use crate::acl::{category, KeyUse};
 use crate::shard::Access;
 use crate::shard::Shard;
 
@@ -53,12 +54,17 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::BLOCK,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// The block family.
 pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "msetblock",
+        key_use: KeyUse::Write,
+        option_key: Some(parent_key),
         arity: -4,
         flags: WRITE | DENYOOM,
         keys: KeySpec::counted(1, 2),
@@ -89,6 +95,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "prefixlen",
+        key_use: KeyUse::Exists,
         summary: "Returns how many leading keys are present, without touching them.",
         handler: Handler::Async(prefixlen),
         one_shard: Some(OneShard {
@@ -101,6 +108,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "mexists",
+        key_use: KeyUse::Exists,
         summary: "Returns 1 or 0 for each key: whether it exists.",
         handler: Handler::Async(mexists),
         one_shard: Some(OneShard {
@@ -147,6 +155,15 @@ pub(crate) struct SetOptions {
     pub(crate) replace: bool,
     /// The chain's last block is a request's final, partial block.
     pub(crate) partial: bool,
+}
+
+/// Where MSETBLOCK's `CHAIN PARENT key` names its parent, if it does.
+fn parent_key(args: &[Bytes]) -> Option<usize> {
+    let n = parse_int(args.get(1)?).filter(|&n| n > 0)? as usize;
+    let from = n.checked_mul(2)?.checked_add(2)?;
+    let i = (from..args.len().saturating_sub(1))
+        .find(|&i| is(&args[i], "chain") && is(&args[i + 1], "parent"))?;
+    (i + 2 < args.len()).then_some(i + 2)
 }
 
 /// Parses MSETBLOCK's options from `args[from..]`.

@@ -11,6 +11,7 @@ use super::{
     is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, LocalBoxFuture,
     Spread, NO_KEYS,
 };
+use crate::acl::{category, KeyUse};
 use crate::clients::ClientInfo;
 
 const SUB: CommandSpec = CommandSpec {
@@ -28,11 +29,15 @@ const SUB: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::CONNECTION,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// CLIENT.
 pub const COMMANDS: &[CommandSpec] = &[CommandSpec {
     name: "client",
+    categories: 0,
     arity: -2,
     flags: 0,
     since: "2.4.0",
@@ -245,6 +250,7 @@ struct KillFilter {
     id: Option<u64>,
     addr: Option<String>,
     laddr: Option<String>,
+    user: Option<String>,
     max_age: Option<u64>,
     no_type_match: bool,
     skip: Option<u64>,
@@ -259,11 +265,27 @@ impl KillFilter {
                 .laddr
                 .as_ref()
                 .is_none_or(|a| c.laddr.to_string() == *a)
+            && self.user.as_ref().is_none_or(|u| c.user == *u)
             && self
                 .max_age
                 .is_none_or(|age| c.created.elapsed().as_secs() >= age)
             && self.skip != Some(c.id)
     }
+}
+
+/// Closes every connection logged in as one of `users` (ACL DELUSER), the
+/// caller's after its reply.
+pub async fn kill_users(client: &Client, users: Vec<String>) {
+    let me = client.id();
+    let users = std::sync::Arc::new(users);
+    let _ = client
+        .shard
+        .call_all(move |s| {
+            s.clients
+                .borrow()
+                .kill(|c| users.contains(&c.user), Some(me))
+        })
+        .await;
 }
 
 fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
@@ -295,9 +317,10 @@ fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 } else if is(opt, "laddr") {
                     filter.laddr = Some(text);
                 } else if is(opt, "user") {
-                    if text != "default" {
+                    if client.shard.shared.config.acl.user(&text).is_none() {
                         return Reply::error(format!("ERR No such user '{text}'"));
                     }
+                    filter.user = Some(text);
                 } else if is(opt, "type") {
                     if !["normal", "master", "replica", "slave", "pubsub"]
                         .iter()

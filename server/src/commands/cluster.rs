@@ -16,6 +16,7 @@ use kvtier_protocol::Reply;
 use super::flags::*;
 use super::keyspace::help_reply;
 use super::{parse_int, Args, Client, CommandSpec, Handler, LocalBoxFuture, Spread, NO_KEYS};
+use crate::acl::{category, KeyUse};
 use crate::shard::slot::{key_slot, SLOTS};
 
 const SUB: CommandSpec = CommandSpec {
@@ -33,6 +34,9 @@ const SUB: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: 0,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// CLUSTER, READONLY, READWRITE, ASKING.
@@ -196,6 +200,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "readonly",
+        categories: category::CONNECTION,
         arity: 1,
         flags: FAST | LOADING | STALE,
         group: "cluster",
@@ -205,6 +210,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "readwrite",
+        categories: category::CONNECTION,
         arity: 1,
         flags: FAST | LOADING | STALE,
         group: "cluster",
@@ -214,6 +220,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "asking",
+        categories: category::CONNECTION,
         arity: 1,
         flags: FAST,
         group: "cluster",

@@ -5,6 +5,7 @@ use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::{is, parse_int, Client, CommandSpec, Handler, Spread, NO_KEYS};
+use crate::acl::{category, KeyUse};
 
 const BASE: CommandSpec = CommandSpec {
     name: "",
@@ -21,6 +22,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::CONNECTION,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// The connection family.
@@ -100,47 +104,19 @@ fn echo(_client: &mut Client, args: &[Bytes]) -> Reply {
     Reply::Bulk(args[1].clone())
 }
 
-const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-
-/// Checks a username/password against `requirepass` (only the `default`
-/// user exists).
-fn check_password(client: &Client, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
-    let config = &client.shard.shared.config;
-    let required = config
-        .requirepass
-        .read()
-        .map(|p| p.clone())
-        .unwrap_or_default();
-    if !user.eq_ignore_ascii_case(b"default") {
-        return Err(Reply::error(WRONGPASS));
-    }
-    if required.is_empty() {
-        // With no password, the default user accepts anything (nopass).
-        return Ok(());
-    }
-    if required.as_bytes() == pass {
-        Ok(())
-    } else {
-        Err(Reply::error(WRONGPASS))
-    }
-}
-
 fn auth(client: &mut Client, args: &[Bytes]) -> Reply {
     let (user, pass): (&[u8], &[u8]) = match args.len() {
         2 => (b"default", &args[1]),
         3 => (&args[1], &args[2]),
         _ => return super::syntax_error(),
     };
-    if args.len() == 2 && !client.shard.shared.config.auth_required() {
+    if args.len() == 2 && client.shard.shared.config.acl.default_user().nopass {
         return Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         );
     }
-    match check_password(client, user, pass) {
-        Ok(()) => {
-            client.authenticated = true;
-            Reply::ok()
-        }
+    match super::acl::log_in(client, &args[0], user, pass) {
+        Ok(()) => Reply::ok(),
         Err(e) => e,
     }
 }
@@ -179,10 +155,9 @@ fn hello(client: &mut Client, args: &[Bytes]) -> Reply {
         }
     }
     if let Some((user, pass)) = &credentials {
-        if let Err(e) = check_password(client, user, pass) {
+        if let Err(e) = super::acl::log_in(client, &args[0], user, pass) {
             return e;
         }
-        client.authenticated = true;
     }
     if !client.authenticated {
         return Reply::error(
@@ -227,7 +202,7 @@ fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
     client.readonly = false;
     client.multi = None;
     client.watching.clear();
-    client.authenticated = !client.shard.shared.config.auth_required();
+    super::acl::log_out(client);
     let mut info = client.info.borrow_mut();
     info.name.clear();
     info.resp = 2;

@@ -14,6 +14,7 @@ use super::{
     CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, Spread, ALL_KEYS, KEY1,
     NO_KEYS,
 };
+use crate::acl::{category, perm, KeyUse};
 use crate::glob::glob_match;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
 use crate::shard::{Access, ShardGone};
@@ -33,6 +34,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::KEYSPACE,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 const TWO_KEYS: KeySpec = KeySpec::range(1, 2, 1);
@@ -42,6 +46,7 @@ const OBJECT_SUB: CommandSpec = CommandSpec {
     flags: READONLY,
     keys: KeySpec::range(2, 2, 1),
     since: "2.2.3",
+    key_use: KeyUse::Exists,
     ..BASE
 };
 
@@ -49,6 +54,7 @@ const OBJECT_SUB: CommandSpec = CommandSpec {
 pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "del",
+        key_use: KeyUse::Write,
         arity: -2,
         flags: WRITE,
         keys: ALL_KEYS,
@@ -65,6 +71,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "unlink",
+        key_use: KeyUse::Write,
         arity: -2,
         flags: WRITE | FAST,
         keys: ALL_KEYS,
@@ -82,6 +89,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "exists",
+        key_use: KeyUse::Exists,
         arity: -2,
         keys: ALL_KEYS,
         summary: "Determines whether one or more keys exist.",
@@ -98,6 +106,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "touch",
+        key_use: KeyUse::Exists,
         arity: -2,
         keys: ALL_KEYS,
         since: "3.2.1",
@@ -114,6 +123,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "type",
+        key_use: KeyUse::Exists,
         summary: "Determines the type of value stored at a key.",
         handler: Handler::Key(key_type),
         ..BASE
@@ -152,6 +162,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "rename",
+        key_use: KeyUse::ByArgs(rename_key_use),
         arity: 3,
         flags: WRITE,
         keys: TWO_KEYS,
@@ -162,6 +173,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "renamenx",
+        key_use: KeyUse::ByArgs(rename_key_use),
         arity: 3,
         flags: WRITE | FAST,
         keys: TWO_KEYS,
@@ -172,6 +184,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "copy",
+        key_use: KeyUse::ByArgs(copy_key_use),
         arity: -3,
         flags: WRITE | DENYOOM,
         keys: TWO_KEYS,
@@ -184,6 +197,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "expire",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | FAST,
         summary: "Sets the expiration time of a key in seconds.",
@@ -193,6 +207,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "pexpire",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | FAST,
         since: "2.6.0",
@@ -203,6 +218,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "expireat",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | FAST,
         since: "1.2.0",
@@ -213,6 +229,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "pexpireat",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | FAST,
         since: "2.6.0",
@@ -250,6 +267,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "persist",
+        key_use: KeyUse::Write,
         flags: WRITE | FAST,
         since: "2.2.0",
         summary: "Removes the expiration time of a key.",
@@ -258,6 +276,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "object",
+        categories: 0,
         arity: -2,
         flags: 0,
         keys: NO_KEYS,
@@ -1086,6 +1105,24 @@ pub fn lcs_reply(
         ])
     } else {
         Reply::Bulk(Bytes::from(result))
+    }
+}
+
+/// RENAME / RENAMENX read and delete the source, write the destination.
+fn rename_key_use(_args: &[Bytes], key: usize) -> u8 {
+    if key == 1 {
+        perm::ALL
+    } else {
+        perm::WRITE
+    }
+}
+
+/// COPY reads the source and writes the destination.
+fn copy_key_use(_args: &[Bytes], key: usize) -> u8 {
+    if key == 1 {
+        perm::READ
+    } else {
+        perm::WRITE
     }
 }
 

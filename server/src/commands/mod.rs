@@ -15,6 +15,7 @@
 //! [`Plan::of`] turns a spec and its [`Args`] into how the call runs, once,
 //! for the connection, EXEC and the local share of a spread command alike.
 
+pub mod acl;
 pub mod bitmap;
 pub mod block;
 pub mod client;
@@ -38,6 +39,7 @@ use bytes::Bytes;
 use kvtier_protocol::{PendingValue, Reply};
 use kvtier_store::{now_ms, Fetched, Store};
 
+use crate::acl::{Catalog, KeyUse};
 use crate::clients::ClientInfo;
 use crate::shard::slot::key_slot;
 use crate::shard::{Access, Shard};
@@ -443,7 +445,20 @@ pub struct CommandSpec {
     /// How a read is answered from this node's copies of other nodes' hot
     /// keys, when every key has one (`None`: it is not).
     pub from_copies: Option<FromCopies>,
+    /// ACL categories beyond those its flags imply (`@string`,
+    /// `@keyspace`, `@block`, ...; see [`CommandSpec::acl_categories`]).
+    pub categories: u32,
+    /// How it uses its keys: the `%R~` / `%W~` fences each key must pass.
+    pub key_use: KeyUse,
+    /// A key an option names, beyond the key positions (MSETBLOCK ...
+    /// CHAIN PARENT key): its argument index, if the call has one. Key
+    /// fences check it as a key whose existence is asked.
+    pub option_key: Option<OptionKey>,
 }
+
+/// Finds the key an option names in a call's arguments (see
+/// [`CommandSpec::option_key`]).
+pub type OptionKey = fn(&[Bytes]) -> Option<usize>;
 
 /// How a command whose keys live on several cluster nodes runs: each node
 /// gets a sub-command with its own keys, in parallel, and the replies are
@@ -499,6 +514,41 @@ impl CommandSpec {
     /// Whether a flag bit is set.
     pub fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
+    }
+
+    /// Its ACL categories: the declared ones and those its flags imply, as
+    /// Redis derives them (write → @write, readonly → @read, admin →
+    /// @admin and @dangerous, fast → @fast, else @slow, blocking →
+    /// @blocking, kvtier's dangerous flag → @dangerous).
+    pub fn acl_categories(&self) -> u32 {
+        use crate::acl::category::*;
+        let mut c = self.categories;
+        for (flag, cat) in [
+            (flags::WRITE, WRITE),
+            (flags::READONLY, READ),
+            (flags::ADMIN, ADMIN | DANGEROUS),
+            (flags::DANGEROUS, DANGEROUS),
+            (flags::BLOCKING, BLOCKING),
+        ] {
+            if self.has(flag) {
+                c |= cat;
+            }
+        }
+        c | if self.has(flags::FAST) { FAST } else { SLOW }
+    }
+
+    /// What the key at argument `i` of `args` needs of a key fence
+    /// ([`perm`](crate::acl::perm) bits; 0: that it exists is all it asks).
+    pub fn key_needs(&self, args: &[Bytes], i: usize) -> u8 {
+        use crate::acl::perm;
+        match self.key_use {
+            KeyUse::ByFlags if self.has(flags::WRITE) => perm::ALL,
+            KeyUse::ByFlags => perm::READ,
+            KeyUse::Exists => 0,
+            KeyUse::Read => perm::READ,
+            KeyUse::Write => perm::WRITE,
+            KeyUse::ByArgs(f) => f(args, i),
+        }
     }
 
     /// The name as shown to users (`client|setname` → `client|setname`).
@@ -559,6 +609,8 @@ pub struct CommandTable {
     /// Every command followed by its subcommands; index = statistics id.
     pub all: Vec<&'static CommandSpec>,
     ids: hashbrown::HashMap<&'static str, usize>,
+    /// The table as the ACL sees it (same ids).
+    pub catalog: Catalog,
 }
 
 impl CommandTable {
@@ -571,6 +623,7 @@ impl CommandTable {
             keyspace::COMMANDS,
             connection::COMMANDS,
             client::COMMANDS,
+            acl::COMMANDS,
             cluster::COMMANDS,
             server::COMMANDS,
             transaction::COMMANDS,
@@ -586,11 +639,16 @@ impl CommandTable {
             all.extend(c.subcommands.iter());
         }
         let ids = all.iter().enumerate().map(|(i, c)| (c.name, i)).collect();
+        let catalog = Catalog::new(
+            all.iter()
+                .map(|c| (c.name, c.acl_categories(), c.subcommands.len())),
+        );
         CommandTable {
             commands,
             by_name,
             all,
             ids,
+            catalog,
         }
     }
 
@@ -658,6 +716,10 @@ pub struct Client {
     pub resp3: bool,
     /// AUTH done (or not required).
     pub authenticated: bool,
+    /// The user it is logged in as (the default user until AUTH).
+    pub user: std::sync::Arc<crate::acl::User>,
+    /// The [`Acl::epoch`](crate::acl::Acl::epoch) `user` was read at.
+    pub acl_epoch: u64,
     /// CLIENT NO-TOUCH.
     pub no_touch: bool,
     /// Close once the pending replies are written (QUIT, protocol errors).

@@ -15,6 +15,7 @@ use super::{
     is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Args, Client, CommandSpec,
     Handler, KeyOp, KeySpec, LocalBoxFuture, Spread, NO_KEYS,
 };
+use crate::acl::{category, KeyUse};
 use crate::report;
 
 const BASE: CommandSpec = CommandSpec {
@@ -32,6 +33,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: 0,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 const SUB: CommandSpec = CommandSpec {
@@ -44,6 +48,7 @@ const SUB: CommandSpec = CommandSpec {
 pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "command",
+        categories: category::CONNECTION,
         arity: -1,
         flags: LOADING | STALE,
         since: "2.8.13",
@@ -53,12 +58,14 @@ pub const COMMANDS: &[CommandSpec] = &[
         subcommands: &[
             CommandSpec {
                 name: "command|count",
+                categories: category::CONNECTION,
                 summary: "Returns a count of commands.",
                 handler: Handler::Sync(command_count),
                 ..SUB
             },
             CommandSpec {
                 name: "command|info",
+                categories: category::CONNECTION,
                 arity: -2,
                 since: "2.8.13",
                 summary: "Returns information about one, multiple or all commands.",
@@ -69,6 +76,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "command|docs",
+                categories: category::CONNECTION,
                 arity: -2,
                 since: "7.0.0",
                 summary: "Returns documentary information about one, multiple or all commands.",
@@ -79,6 +87,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "command|list",
+                categories: category::CONNECTION,
                 arity: -2,
                 since: "7.0.0",
                 summary: "Returns a list of command names.",
@@ -89,6 +98,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "command|getkeys",
+                categories: category::CONNECTION,
                 arity: -3,
                 since: "2.8.13",
                 summary: "Extracts the key names from an arbitrary command.",
@@ -99,6 +109,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "command|getkeysandflags",
+                categories: category::CONNECTION,
                 arity: -3,
                 since: "7.0.0",
                 summary: "Extracts the key names and access flags for an arbitrary command.",
@@ -109,6 +120,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "command|help",
+                categories: category::CONNECTION,
                 since: "5.0.0",
                 summary: "Returns helpful text about the different subcommands.",
                 handler: Handler::Sync(command_help),
@@ -163,6 +175,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "info",
+        categories: category::DANGEROUS,
         arity: -1,
         flags: LOADING | STALE,
         summary: "Returns information and statistics about the server.",
@@ -172,6 +185,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "dbsize",
+        categories: category::KEYSPACE,
         flags: READONLY | FAST,
         group: "server",
         summary: "Returns the number of keys in the database.",
@@ -180,6 +194,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "flushdb",
+        categories: category::KEYSPACE,
         arity: -1,
         flags: WRITE | DANGEROUS | FLUSH,
         summary: "Removes all keys from the current database.",
@@ -190,6 +205,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "flushall",
+        categories: category::KEYSPACE,
         arity: -1,
         flags: WRITE | DANGEROUS | FLUSH,
         summary: "Removes all keys from all databases.",
@@ -208,6 +224,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "lastsave",
+        categories: category::ADMIN | category::DANGEROUS,
         flags: LOADING | STALE | FAST | RANDOM,
         summary: "Returns the Unix timestamp of the last successful save to disk.",
         handler: Handler::Sync(lastsave),
@@ -225,6 +242,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "wait",
+        categories: category::CONNECTION,
         arity: 3,
         flags: NOSCRIPT,
         group: "generic",
@@ -236,6 +254,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "role",
+        categories: category::ADMIN | category::DANGEROUS,
         flags: NOSCRIPT | LOADING | STALE | FAST,
         since: "2.8.12",
         summary: "Returns the replication role.",
@@ -252,6 +271,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         subcommands: &[
             CommandSpec {
                 name: "function|flush",
+        categories: category::SCRIPTING,
                 arity: -2,
                 flags: WRITE | NOSCRIPT,
                 group: "scripting",
@@ -263,6 +283,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "function|list",
+        categories: category::SCRIPTING,
                 arity: -2,
                 flags: NOSCRIPT,
                 group: "scripting",
@@ -285,6 +306,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         subcommands: &[
             CommandSpec {
                 name: "script|flush",
+        categories: category::SCRIPTING,
                 arity: -2,
                 flags: NOSCRIPT,
                 group: "scripting",
@@ -296,6 +318,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "script|exists",
+        categories: category::SCRIPTING,
                 arity: -3,
                 flags: NOSCRIPT,
                 group: "scripting",
@@ -317,6 +340,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         subcommands: &[
             CommandSpec {
                 name: "memory|usage",
+        key_use: KeyUse::Exists,
                 arity: -3,
                 flags: READONLY,
                 keys: KeySpec::range(2, 2, 1),

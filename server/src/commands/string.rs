@@ -17,6 +17,7 @@ use super::{
     always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
     CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, KEY1, KEY_VALUE_PAIRS,
 };
+use crate::acl::{category, perm, KeyUse};
 use crate::shard::Access;
 
 const BASE: CommandSpec = CommandSpec {
@@ -34,6 +35,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::STRING,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// The string family.
@@ -47,6 +51,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "set",
+        key_use: KeyUse::ByArgs(set_key_use),
         arity: -3,
         flags: WRITE | DENYOOM,
         summary: "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
@@ -56,6 +61,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "setnx",
+        key_use: KeyUse::Write,
         arity: 3,
         flags: WRITE | DENYOOM | FAST,
         summary: "Set the string value of a key only when the key doesn't exist.",
@@ -65,6 +71,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "setex",
+        key_use: KeyUse::Write,
         arity: 4,
         flags: WRITE | DENYOOM,
         since: "2.0.0",
@@ -75,6 +82,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "psetex",
+        key_use: KeyUse::Write,
         arity: 4,
         flags: WRITE | DENYOOM,
         since: "2.6.0",
@@ -129,6 +137,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "mset",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | DENYOOM,
         keys: KEY_VALUE_PAIRS,
@@ -146,6 +155,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "msetnx",
+        key_use: KeyUse::Write,
         arity: -3,
         flags: WRITE | DENYOOM,
         keys: KEY_VALUE_PAIRS,
@@ -162,6 +172,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "append",
+        key_use: KeyUse::Write,
         arity: 3,
         flags: WRITE | DENYOOM | FAST,
         since: "2.0.0",
@@ -172,6 +183,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "strlen",
+        key_use: KeyUse::Exists,
         since: "2.2.0",
         summary: "Returns the length of a string value.",
         handler: Handler::Key(strlen),
@@ -203,6 +215,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "setrange",
+        key_use: KeyUse::Write,
         arity: 4,
         flags: WRITE | DENYOOM,
         since: "2.2.0",
@@ -951,6 +964,16 @@ fn lcs(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             min_len,
         )
     })
+}
+
+/// SET reads its key only with GET (Redis's key spec: OW UPDATE, or RW
+/// ACCESS UPDATE with GET).
+fn set_key_use(args: &[Bytes], _key: usize) -> u8 {
+    if args.iter().skip(3).any(|a| is(a, "get")) {
+        perm::ALL
+    } else {
+        perm::WRITE
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use super::flags::*;
 use super::{
     execute, Args, Client, CommandSpec, Handler, LocalBoxFuture, ShardOp, Spread, ALL_KEYS, NO_KEYS,
 };
+use crate::acl::{category, KeyUse};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
@@ -43,6 +44,9 @@ const BASE: CommandSpec = CommandSpec {
     one_shard: None,
     spread: Spread::No,
     from_copies: None,
+    categories: category::TRANSACTION,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
 };
 
 /// The transactions family.
@@ -73,6 +77,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "watch",
+        key_use: KeyUse::Exists,
         arity: -2,
         keys: ALL_KEYS,
         since: "2.2.0",

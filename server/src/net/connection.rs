@@ -88,6 +88,7 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
     shard.clients.borrow_mut().add(Rc::clone(&info));
     shard.stats.borrow_mut().connections_received += 1;
     let authenticated = !shared.config.auth_required();
+    let (user, acl_epoch) = crate::commands::acl::initial_user(&shared.config.acl);
     let mut conn = Connection {
         stream,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
@@ -98,6 +99,8 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
             info,
             resp3: false,
             authenticated,
+            user,
+            acl_epoch,
             no_touch: false,
             readonly: false,
             peer: false,
@@ -507,6 +510,11 @@ impl Connection {
     /// Looks up, checks and runs (or queues) one command.
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
         let resp3 = self.client.resp3;
+        if !crate::commands::acl::refresh(&mut self.client) {
+            // Its user was deleted (ACL DELUSER, ACL LOAD).
+            self.client.close_after_reply = true;
+            return;
+        }
         let (id, spec) = match self.resolve(&request.args) {
             Ok(found) => found,
             Err(refusal) => {
@@ -645,10 +653,17 @@ impl Connection {
             return Err(arity_error(spec.name));
         }
         // As in Redis, unknown commands and wrong arities are reported
-        // before a missing AUTH.
+        // before a missing AUTH, and that before a missing permission.
         if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
             reject(id);
             return Err(Reply::error("NOAUTH Authentication required."));
+        }
+        // A peer's commands were checked on the node that took them.
+        if !self.client.peer {
+            if let Err(refusal) = crate::commands::acl::check(&self.client, id, spec, args) {
+                reject(id);
+                return Err(refusal);
+            }
         }
         Ok((id, spec))
     }
