@@ -13,10 +13,10 @@ use bytes::{Bytes, BytesMut};
 use kvtier_protocol::reply::encode_command;
 use kvtier_protocol::{Reply, ReplyParser};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::peer::{dial, PeerStream};
 use crate::topology::{format_nodes, Endpoint, Node};
 use crate::{parse_announce, Cluster};
 
@@ -77,7 +77,7 @@ async fn gossip_loop(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
 
 /// Pings one peer every `interval` for as long as it is a member.
 async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
-    let mut conn: Option<(TcpStream, BytesMut)> = None;
+    let mut conn: Option<(PeerStream, BytesMut)> = None;
     loop {
         let (epoch, nodes) = cluster.members();
         let mut ping = vec![
@@ -91,8 +91,7 @@ async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
         let ping = encode_command(&ping);
         let exchange = async {
             if conn.is_none() {
-                let mut stream = TcpStream::connect(node.addr()).await?;
-                let _ = stream.set_nodelay(true);
+                let mut stream = dial(node.addr(), &cluster.identity).await?;
                 let mut buf = BytesMut::new();
                 for hello in cluster.identity.handshake(false) {
                     stream.write_all(&encode_command(&hello)).await?;
@@ -139,6 +138,6 @@ fn pong_fields(items: &[Reply]) -> Option<(u64, String, Option<Endpoint>)> {
     ))
 }
 
-async fn read_reply(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Reply> {
+async fn read_reply(stream: &mut PeerStream, buf: &mut BytesMut) -> std::io::Result<Reply> {
     ReplyParser::<Reply>::new().read_from(stream, buf).await
 }

@@ -149,11 +149,13 @@ pub struct Cluster {
 
 impl Cluster {
     /// The cluster of `settings`, or `None` for a plain single server (no
-    /// node list). Peers are logged in to with what `login` returns
-    /// when a connection to one opens.
+    /// node list). Peers are logged in to with what `login` returns, over
+    /// TLS when `tls` returns a configuration, when a connection to one
+    /// opens.
     pub fn new(
         settings: &Settings,
         login: impl Fn() -> peer::Login + Send + Sync + 'static,
+        tls: impl Fn() -> peer::PeerTls + Send + Sync + 'static,
     ) -> Result<Option<Cluster>, String> {
         let list = settings.nodes.trim();
         if list.is_empty() {
@@ -215,7 +217,7 @@ impl Cluster {
         view.carry_handoff(&without_me, kvtier_store::now_ms(), settings.handoff_ms);
         let view = Arc::new(view);
         Ok(Some(Cluster {
-            identity: Identity::new(&me, login),
+            identity: Identity::new(&me, login, tls),
             me,
             redirect: settings.redirect,
             node_timeout: Duration::from_millis(settings.node_timeout_ms.max(1)),

@@ -16,8 +16,8 @@
 //! connection speaks the same one).
 //!
 //! A forwarded command costs no lock and no allocation for who this node
-//! is: the [`Identity`] is shared, and its password is read only when a
-//! connection opens.
+//! is: the [`Identity`] is shared, and its login and TLS configuration are
+//! read only when a connection opens ([`dial`]).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::stream::Stream;
 use kvtier_protocol::{Reply, ReplyBuf, ReplyParser};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -47,6 +49,10 @@ const WRITE_BATCH: usize = 1 << 20;
 /// The user and password a node logs in to its peers with.
 pub type Login = Option<(String, String)>;
 
+/// The TLS client configuration peer links use (`--tls-cluster yes`), as
+/// in force when a connection opens; `None`: plain TCP.
+pub type PeerTls = Option<Arc<rustls::ClientConfig>>;
+
 /// Who this node is to its peers: its id, sent with `CLUSTER PEER`, and
 /// the user and password it logs in with (read each time a connection
 /// opens, so `CONFIG SET masterauth` applies to the next one).
@@ -55,14 +61,21 @@ pub struct Identity {
     /// This node's id.
     pub me: Arc<str>,
     login: Arc<dyn Fn() -> Login + Send + Sync>,
+    tls: Arc<dyn Fn() -> PeerTls + Send + Sync>,
 }
 
 impl Identity {
-    /// Node `me`, logging in with whatever `login` returns.
-    pub fn new(me: &str, login: impl Fn() -> Login + Send + Sync + 'static) -> Self {
+    /// Node `me`, logging in with whatever `login` returns, over TLS when
+    /// `tls` returns a configuration.
+    pub fn new(
+        me: &str,
+        login: impl Fn() -> Login + Send + Sync + 'static,
+        tls: impl Fn() -> PeerTls + Send + Sync + 'static,
+    ) -> Self {
         Identity {
             me: Arc::from(me),
             login: Arc::new(login),
+            tls: Arc::new(tls),
         }
     }
 
@@ -122,28 +135,60 @@ impl PeerConn {
     }
 }
 
-async fn connect(addr: &str) -> std::io::Result<TcpStream> {
+/// A connection to a peer: plain TCP, or TLS over it.
+pub type PeerStream = Stream<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
+
+/// Connects to the peer at `addr` (`host:port`), with TLS when the
+/// identity has a configuration: the peer's certificate must name `host`
+/// (a DNS name or an IP address) and chain to the configured CA.
+pub async fn dial(addr: &str, identity: &Identity) -> std::io::Result<PeerStream> {
+    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+        .map_err(|_| timed_out())??;
     let _ = stream.set_nodelay(true);
-    Ok(stream)
+    let Some(config) = (identity.tls)() else {
+        return Ok(Stream::Plain(stream));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
+        .await
+        .map_err(|_| timed_out())??;
+    Ok(Stream::Tls(Box::new(tls)))
 }
 
 async fn run_conn(
     addr: String,
     resp3: bool,
     identity: Identity,
-    mut requests: mpsc::UnboundedReceiver<(Vec<Bytes>, Waiter)>,
+    requests: mpsc::UnboundedReceiver<(Vec<Bytes>, Waiter)>,
 ) {
-    let stream = match connect(&addr).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!("peer {addr}: {e}");
-            return;
+    match dial(&addr, &identity).await {
+        Ok(Stream::Plain(s)) => {
+            let (reader, writer) = s.into_split();
+            drive(&addr, resp3, &identity, requests, reader, writer).await
         }
-    };
-    let (mut reader, mut writer) = stream.into_split();
+        Ok(Stream::Tls(s)) => {
+            let (reader, writer) = tokio::io::split(*s);
+            drive(&addr, resp3, &identity, requests, reader, writer).await
+        }
+        Err(e) => tracing::debug!("peer {addr}: {e}"),
+    }
+}
+
+/// Carries one connection's requests and replies until either side ends.
+async fn drive<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    addr: &str,
+    resp3: bool,
+    identity: &Identity,
+    mut requests: mpsc::UnboundedReceiver<(Vec<Bytes>, Waiter)>,
+    mut reader: R,
+    mut writer: W,
+) {
     let waiting: Rc<RefCell<VecDeque<Option<Waiter>>>> = Rc::default();
     let replies = {
         let waiting = Rc::clone(&waiting);
@@ -271,7 +316,7 @@ pub async fn call_once(
     resp3: bool,
     args: &[Bytes],
 ) -> std::io::Result<Reply> {
-    let mut stream = connect(addr).await?;
+    let mut stream = dial(addr, identity).await?;
     let hello = identity.handshake(resp3);
     let mut out = ReplyBuf::new();
     for h in &hello {

@@ -17,6 +17,7 @@ pub mod inline;
 pub mod reply;
 pub mod reply_parser;
 pub mod request;
+pub mod stream;
 
 pub use reply::{PendingValue, RemoteReply, Reply, ReplyBuf};
 pub use reply_parser::{BuildReply, ReplyError, ReplyParser};

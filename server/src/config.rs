@@ -102,6 +102,32 @@ pub struct Config {
     #[arg(long, default_value = "")]
     pub masterauth: String,
 
+    /// Port of the TLS listener (0: none), beside `--port`.
+    #[arg(long, default_value_t = 0)]
+    pub tls_port: u16,
+
+    /// This server's certificate chain (PEM), for clients and peers.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// Its private key (PEM).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) that client and peer certificates must chain
+    /// to.
+    #[arg(long)]
+    pub tls_ca_cert_file: Option<PathBuf>,
+
+    /// Whether TLS clients must show a certificate: yes, no or optional.
+    #[arg(long, default_value = "yes")]
+    pub tls_auth_clients: String,
+
+    /// Links to cluster peers use TLS (their addresses in --cluster-nodes
+    /// are then TLS ports).
+    #[arg(long, default_value = "no", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
+    pub tls_cluster: bool,
+
     /// With no password set, refuse clients that do not connect from a
     /// loopback address (yes), with Redis's explanatory error; `no` accepts
     /// everyone (a trusted network, a container behind published ports).
@@ -148,6 +174,12 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:9379")]
     pub metrics_addr: String,
 
+    /// Who may read the metrics endpoint: comma-separated addresses or
+    /// networks (`10.0.0.0/8,127.0.0.1`); others get 403 Forbidden.
+    /// Empty: whoever reaches `--metrics-addr`.
+    #[arg(long, default_value = "")]
+    pub metrics_allow: String,
+
     /// Log level: debug, verbose, notice or warning.
     #[arg(long, default_value = "notice")]
     pub loglevel: String,
@@ -155,6 +187,11 @@ pub struct Config {
     /// Longest wait of a blocking read (MGETPREFIX ... BLOCK ms), in ms.
     #[arg(long, default_value_t = 60000)]
     pub max_block_ms: u64,
+
+    /// Most clients waiting in MGETPREFIX ... BLOCK at once; one more is
+    /// refused at once (0: no limit).
+    #[arg(long, default_value_t = 10000)]
+    pub max_blocked_clients: u64,
 
     /// Background task frequency (active expiry runs `hz` times a second).
     #[arg(long, default_value_t = 10)]
@@ -500,6 +537,8 @@ pub struct LiveConfig {
     pub hz: AtomicU64,
     /// Cap on blocking reads, ms.
     pub max_block_ms: AtomicU64,
+    /// Most clients blocked at once.
+    pub max_blocked_clients: AtomicU64,
     /// Microseconds a connection polls its socket before its shard sleeps.
     pub idle_poll_us: AtomicU64,
     /// `requirepass` as last set (the default user's password).
@@ -508,6 +547,8 @@ pub struct LiveConfig {
     pub acl: crate::acl::Acl,
     /// `masteruser`, `masterauth`: how this node logs in to its peers.
     pub peer_login: Arc<RwLock<(String, String)>>,
+    /// TLS, when a TLS port or TLS peer links are configured.
+    pub tls: Option<Arc<crate::tls::Tls>>,
     /// Refuse non-loopback clients while no password is set.
     pub protected_mode: AtomicBool,
     /// Who may run DEBUG.
@@ -531,7 +572,13 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// Live settings initialised from the start-up configuration.
-    pub fn new(config: &Config, acl: crate::acl::Acl, shards: usize, port: u16) -> LiveConfig {
+    pub fn new(
+        config: &Config,
+        acl: crate::acl::Acl,
+        tls: Option<Arc<crate::tls::Tls>>,
+        shards: usize,
+        port: u16,
+    ) -> LiveConfig {
         let output = parse_output_limits(&config.client_output_buffer_limit)
             .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
         LiveConfig {
@@ -549,9 +596,11 @@ impl LiveConfig {
             maxclients: AtomicU64::new(config.maxclients),
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
+            max_blocked_clients: AtomicU64::new(config.max_blocked_clients),
             idle_poll_us: AtomicU64::new(config.idle_poll_us),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             acl,
+            tls,
             peer_login: Arc::new(RwLock::new((
                 config.masteruser.clone(),
                 config.masterauth.clone(),
@@ -631,6 +680,11 @@ impl LiveConfig {
                     if config.prealloc { "yes" } else { "no" }.into(),
                 ),
                 ("port", port.to_string()),
+                ("tls-port", config.tls_port.to_string()),
+                (
+                    "tls-cluster",
+                    if config.tls_cluster { "yes" } else { "no" }.into(),
+                ),
                 ("bind", config.bind.clone()),
                 ("threads", shards.to_string()),
                 (
@@ -648,6 +702,7 @@ impl LiveConfig {
                 ("databases", "1".into()),
                 ("appendonly", "no".into()),
                 ("metrics-addr", config.metrics_addr.clone()),
+                ("metrics-allow", config.metrics_allow.clone()),
                 (
                     "config-file",
                     config
@@ -719,6 +774,7 @@ impl LiveConfig {
             .iter()
             .map(|p| (p.name.to_string(), (p.get)(self)))
             .chain(self.fixed.iter().map(|(k, v)| (k.to_string(), v.clone())))
+            .chain(self.tls.iter().flat_map(|t| t.params()))
             .collect();
         out.sort();
         out
@@ -736,6 +792,8 @@ impl LiveConfig {
     pub fn check(&self, name: &str, value: &str) -> Result<(), String> {
         match PARAMS.iter().find(|p| p.name.eq_ignore_ascii_case(name)) {
             Some(p) => (p.parse)(value).map(|_| ()),
+            // Checked by loading them, when set.
+            None if self.tls_param(name) => Ok(()),
             None if self.fixed.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) => {
                 Err("can't set immutable config".into())
             }
@@ -743,8 +801,38 @@ impl LiveConfig {
         }
     }
 
+    fn tls_param(&self, name: &str) -> bool {
+        self.tls
+            .iter()
+            .flat_map(|t| t.params())
+            .any(|(k, _)| k.eq_ignore_ascii_case(name))
+    }
+
     /// CONFIG SET of one parameter (checked first with [`Self::check`]).
     pub fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        self.set_all(&[(name.to_string(), value.to_string())])
+            .map_err(|(_, e)| e)
+    }
+
+    /// CONFIG SET of several parameters (checked first with
+    /// [`Self::check`]): the TLS ones together (a certificate and its key
+    /// change at once), then the others; `Err` names the one refused.
+    pub fn set_all(&self, pairs: &[(String, String)]) -> Result<(), (String, String)> {
+        let (tls, rest): (Vec<_>, Vec<_>) = pairs.iter().partition(|(n, _)| self.tls_param(n));
+        if let (Some(t), Some((name, _))) = (&self.tls, tls.first()) {
+            let changes: Vec<(String, String)> = tls
+                .iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+                .collect();
+            t.set(&changes).map_err(|e| (name.clone(), e))?;
+        }
+        for (name, value) in rest {
+            self.set_one(name, value).map_err(|e| (name.clone(), e))?;
+        }
+        Ok(())
+    }
+
+    fn set_one(&self, name: &str, value: &str) -> Result<(), String> {
         let p = PARAMS
             .iter()
             .find(|p| p.name.eq_ignore_ascii_case(name))
@@ -931,6 +1019,12 @@ const PARAMS: &[Param] = &[
         apply: |c, v| set_num(&c.max_block_ms, v),
     },
     Param {
+        name: "max-blocked-clients",
+        get: |c| c.max_blocked_clients.load(Relaxed).to_string(),
+        parse: number,
+        apply: |c, v| set_num(&c.max_blocked_clients, v),
+    },
+    Param {
         name: "idle-poll-us",
         get: |c| c.idle_poll_us.load(Relaxed).to_string(),
         parse: |s| match number(s)? {
@@ -1066,7 +1160,7 @@ mod tests {
     fn config_get_glob_and_set() {
         let c = Config::load_from(vec!["kvtier-server".into()]).unwrap();
         let acl = crate::acl::Acl::new(&crate::commands::table().catalog, "", None).unwrap();
-        let live = LiveConfig::new(&c, acl, 2, 6379);
+        let live = LiveConfig::new(&c, acl, None, 2, 6379);
         let got = live.get(b"maxmemory*");
         assert_eq!(got.len(), 4, "maxmemory, -clients, -policy, -samples");
         live.set("maxmemory", "10mb").unwrap();

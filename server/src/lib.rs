@@ -12,7 +12,8 @@
 //!   (forward, redirect, spread, hot-key copies).
 //! * [`report`]: INFO and the metrics, from one snapshot; [`stats`]: the
 //!   per-shard counters behind them.
-//! * [`acl`]: users, what they may run and touch, the ACL file.
+//! * [`acl`]: users, what they may run and touch, the ACL file; [`tls`]:
+//!   rustls for clients and peer links.
 //! * [`config`], [`clients`] (CLIENT LIST/KILL), [`glob`] (Redis's
 //!   patterns).
 
@@ -27,6 +28,7 @@ pub mod report;
 pub mod server;
 pub mod shard;
 pub mod stats;
+pub mod tls;
 
 /// The Redis version kvtier reports (INFO, HELLO): the command set and
 /// replies follow Redis 7.

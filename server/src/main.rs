@@ -21,9 +21,23 @@ fn main() -> ExitCode {
     init_logging(&config.loglevel);
     match config.metrics_socket() {
         Ok(Some(addr)) => {
-            let installed = PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .set_buckets_for_metric(Matcher::Full(LATENCY_HISTOGRAMS[0].into()), &BOUNDS)
+            let allowed = config
+                .metrics_allow
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .try_fold(PrometheusBuilder::new().with_http_listener(addr), |b, a| {
+                    // A bare address is the network of just it.
+                    match (a.contains('/'), a.contains(':')) {
+                        (true, _) => b.add_allowed_address(a),
+                        (false, true) => b.add_allowed_address(format!("{a}/128")),
+                        (false, false) => b.add_allowed_address(format!("{a}/32")),
+                    }
+                });
+            let installed = allowed
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(LATENCY_HISTOGRAMS[0].into()), &BOUNDS)
+                })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Prefix(LATENCY_HISTOGRAMS[1].into()), &BOUNDS)
                 })

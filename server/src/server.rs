@@ -57,6 +57,9 @@ pub struct Shared {
     /// Bytes held by the requests still arriving on every connection
     /// (`maxmemory-clients` bounds it).
     pub client_query_bytes: AtomicU64,
+    /// Clients waiting in a blocking read, on every shard
+    /// (`max-blocked-clients` bounds it).
+    pub blocked: AtomicU64,
     /// Highest used_memory seen.
     pub memory_peak: AtomicU64,
     /// Whether the cron expires keys (DEBUG SET-ACTIVE-EXPIRE).
@@ -182,8 +185,24 @@ impl Server {
         )
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         acl.log_max_len.store(config.acllog_max_len, Relaxed);
-        let live = LiveConfig::new(config, acl, shards, addr.port());
-        let cluster = Cluster::new(&cluster_settings(config), live.peer_login())
+        let tls = crate::tls::Tls::new(config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map(Arc::new);
+        let peer_tls = {
+            let tls = tls.clone().filter(|t| t.cluster);
+            move || tls.as_ref().and_then(|t| t.peer_config())
+        };
+        let tls_listeners = match tls.as_ref().filter(|t| t.port != 0) {
+            Some(t) => {
+                let tls_addr = SocketAddr::new(addr.ip(), t.port);
+                (0..shards)
+                    .map(|_| reuseport_listener(tls_addr).map(Some))
+                    .collect::<io::Result<Vec<_>>>()?
+            }
+            None => (0..shards).map(|_| None).collect(),
+        };
+        let live = LiveConfig::new(config, acl, tls, shards, addr.port());
+        let cluster = Cluster::new(&cluster_settings(config), live.peer_login(), peer_tls)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
         let (shutdown, _) = watch::channel(false);
@@ -209,6 +228,7 @@ impl Server {
             next_client_id: AtomicU64::new(1),
             connected: AtomicUsize::new(0),
             client_query_bytes: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
             memory_peak: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
             spill,
@@ -217,13 +237,14 @@ impl Server {
         });
         let cpus = allowed_cpus();
         let mut threads = Vec::with_capacity(shards);
-        for (id, (listener, rx)) in listeners.into_iter().zip(receivers).enumerate() {
+        let listeners = listeners.into_iter().zip(tls_listeners);
+        for (id, ((listener, tls_listener), rx)) in listeners.zip(receivers).enumerate() {
             let shared = Arc::clone(&shared);
             // Pin only when asked and there is a core for every shard.
             let cpu = (config.pin_threads && cpus.len() >= shards).then(|| cpus[id]);
             let handle = std::thread::Builder::new()
                 .name(format!("kvtier-shard-{id}"))
-                .spawn(move || run_shard(id, shared, listener, rx, cpu))?;
+                .spawn(move || run_shard(id, shared, listener, tls_listener, rx, cpu))?;
             threads.push(handle);
         }
         threads.push(start_ticker(Arc::clone(&shared))?);
@@ -320,6 +341,7 @@ fn run_shard(
     id: usize,
     shared: Arc<Shared>,
     listener: StdListener,
+    tls_listener: Option<StdListener>,
     rx: mpsc::UnboundedReceiver<shard::ShardJob>,
     cpu: Option<usize>,
 ) {
@@ -374,11 +396,19 @@ fn run_shard(
                 return;
             }
         };
+        if let Some(tls) = tls_listener.map(TcpListener::from_std) {
+            match tls {
+                Ok(l) => {
+                    tokio::task::spawn_local(accept_loop(Rc::clone(&shard), l, true));
+                }
+                Err(e) => warn!("shard {id}: TLS listener: {e}"),
+            }
+        }
         // The accepting runs as a task of its own: the future `block_on`
         // drives is polled again on every wake-up of the thread, so it
         // should cost nothing to poll (a join handle) rather than poll the
         // listener and the shutdown signal once per request.
-        let _ = tokio::task::spawn_local(accept_loop(Rc::clone(&shard), listener)).await;
+        let _ = tokio::task::spawn_local(accept_loop(Rc::clone(&shard), listener, false)).await;
         shard.clients.borrow().kill_all();
         // Let connections see the kill and close their sockets.
         tokio::task::yield_now().await;
@@ -401,7 +431,8 @@ fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
     (config.maxmemory.load(Relaxed) / shards as u64) as usize
 }
 
-async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+/// Accepts connections on `listener` (TLS ones when `tls`) until shutdown.
+async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
     let shared = Arc::clone(&shard.shared);
     let mut shutdown = shared.shutdown_signal();
     if shared.shutting_down() {
@@ -418,10 +449,11 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
                         let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
                         continue;
                     }
-                    tokio::task::spawn_local(crate::net::connection::serve(
+                    tokio::task::spawn_local(crate::net::connection::accept(
                         Rc::clone(&shard),
                         stream,
                         peer,
+                        tls,
                     ));
                 }
                 Err(e) => {

@@ -55,6 +55,8 @@ pub struct ShardStats {
     pub total_error_replies: u64,
     /// Clients waiting in a blocking command (MGETPREFIX BLOCK).
     pub blocked_clients: u64,
+    /// MGETPREFIX ... BLOCK refused: every `max-blocked-clients` seat taken.
+    pub blocked_clients_refused: u64,
     /// Reads of another shard's keys run on this thread, without waking
     /// the owner (see `Shard::with_store`).
     pub direct_reads: u64,
@@ -90,6 +92,7 @@ impl ShardStats {
             errors: HashMap::new(),
             total_error_replies: 0,
             blocked_clients: 0,
+            blocked_clients_refused: 0,
             direct_reads: 0,
             mailbox_calls: 0,
             idle_poll_us: 0,
@@ -142,6 +145,7 @@ impl ShardStats {
         self.rejected_connections = 0;
         self.query_buffer_closed = 0;
         self.evicted_clients = 0;
+        self.blocked_clients_refused = 0;
         self.output_buffer_closed = 0;
         self.net_input_bytes = 0;
         self.net_output_bytes = 0;

@@ -292,3 +292,71 @@ fn client_output_buffer_limit_closes_a_client_over_it() {
         ])
         .is_error());
 }
+
+fn info_number(c: &mut RawConn, field: &str) -> i64 {
+    let text = c.run("INFO clients").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} not in INFO clients:\n{text}"))
+}
+
+#[test]
+fn blocked_waiters_are_capped() {
+    let server = Server::start(&["--max-blocked-clients", "2"]);
+    let mut admin = server.raw();
+    let wait = encode(&[b"MGETPREFIX", b"1", b"absent", b"BLOCK", b"10000"]);
+    let mut waiters: Vec<RawConn> = (0..2).map(|_| server.raw()).collect();
+    for w in &mut waiters {
+        w.send(&wait);
+    }
+    assert!(eventually(Duration::from_secs(10), || info_number(
+        &mut admin,
+        "blocked_clients"
+    ) == 2));
+    // A third is refused at once, and counted.
+    let mut third = server.raw();
+    assert_eq!(
+        third.cmd(&[b"MGETPREFIX", b"1", b"absent", b"BLOCK", b"10000"]),
+        err("ERR max number of blocked clients reached (max-blocked-clients)")
+    );
+    assert_eq!(info_number(&mut admin, "blocked_clients_refused"), 1);
+    // Reads that do not block are not limited.
+    assert_eq!(third.run("MGETPREFIX 1 absent"), array(vec![]));
+    // The write they wait for frees both seats.
+    assert_eq!(admin.run("SET absent v"), ok());
+    for w in &mut waiters {
+        assert_eq!(w.read(), array(vec![bulk("v")]));
+    }
+    assert_eq!(
+        third.run("MGETPREFIX 1 absent BLOCK 100"),
+        array(vec![bulk("v")])
+    );
+    // A waiter that leaves gives its seat back.
+    let mut leaver = server.raw();
+    leaver.send(&encode(&[b"MGETPREFIX", b"1", b"gone", b"BLOCK", b"10000"]));
+    assert!(eventually(Duration::from_secs(10), || info_number(
+        &mut admin,
+        "blocked_clients"
+    ) == 1));
+    drop(leaver);
+    assert!(eventually(Duration::from_secs(10), || info_number(
+        &mut admin,
+        "blocked_clients"
+    ) == 0));
+    assert_eq!(admin.run("CONFIG SET max-blocked-clients 0"), ok());
+    let mut many: Vec<RawConn> = (0..4).map(|_| server.raw()).collect();
+    for w in &mut many {
+        w.send(&encode(&[
+            b"MGETPREFIX",
+            b"1",
+            b"other",
+            b"BLOCK",
+            b"10000",
+        ]));
+    }
+    assert!(eventually(Duration::from_secs(10), || info_number(
+        &mut admin,
+        "blocked_clients"
+    ) == 4));
+}

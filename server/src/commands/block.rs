@@ -617,6 +617,12 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let values = match block_ms {
             None => read_values(&shard, &keys, Watch::No).await,
             Some(ms) => {
+                let Some(_seat) = BlockedSeat::take(&shard.shared) else {
+                    shard.stats.borrow_mut().blocked_clients_refused += 1;
+                    return Reply::error(
+                        "ERR max number of blocked clients reached (max-blocked-clients)",
+                    );
+                };
                 let cap = shard.shared.config.max_block_ms.load(Relaxed).max(1);
                 blocking_read(&shard, &keys, min, Duration::from_millis(ms.min(cap))).await
             }
@@ -674,6 +680,28 @@ async fn blocking_read(
         if present(&values) >= min || woke.is_err() {
             return Some(values);
         }
+    }
+}
+
+/// One of the `max-blocked-clients` seats, held while a client may block.
+struct BlockedSeat(Arc<crate::server::Shared>);
+
+impl BlockedSeat {
+    /// A seat, unless every one is taken.
+    fn take(shared: &Arc<crate::server::Shared>) -> Option<BlockedSeat> {
+        let max = shared.config.max_blocked_clients.load(Relaxed);
+        let before = shared.blocked.fetch_add(1, Relaxed);
+        if max > 0 && before >= max {
+            shared.blocked.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(BlockedSeat(Arc::clone(shared)))
+    }
+}
+
+impl Drop for BlockedSeat {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Relaxed);
     }
 }
 

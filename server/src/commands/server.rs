@@ -596,12 +596,10 @@ fn config_set(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 }
             }
         }
-        for (name, value) in &pairs {
-            if let Err(e) = config.set(name, value) {
-                return Reply::error(format!(
-                    "ERR CONFIG SET failed (possibly related to argument '{name}') - {e}"
-                ));
-            }
+        if let Err((name, e)) = config.set_all(&pairs) {
+            return Reply::error(format!(
+                "ERR CONFIG SET failed (possibly related to argument '{name}') - {e}"
+            ));
         }
         crate::server::apply_live_config(&client.shard).await;
         Reply::ok()

@@ -23,6 +23,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use kvtier_protocol::stream::Stream;
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::now_ms;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,9 +53,48 @@ const POLL_QUIET: Duration = Duration::from_millis(2);
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
-/// Serves one accepted connection until it closes.
-pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+/// A client connection: plain TCP or TLS (`--tls-port`).
+pub type ClientStream = Stream<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
+
+/// How long a TLS client may take to finish its handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one accepted connection (after its TLS handshake when `tls`)
+/// until it closes.
+pub async fn accept(shard: Rc<Shard>, tcp: TcpStream, peer: SocketAddr, tls: bool) {
+    let _ = tcp.set_nodelay(true);
+    let local = tcp.local_addr().unwrap_or(peer);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
+    let stream = match shard.shared.config.tls.as_ref().filter(|_| tls) {
+        None => Stream::Plain(tcp),
+        Some(config) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => Stream::Tls(Box::new(s)),
+                Ok(Err(e)) => {
+                    debug!("TLS handshake with {peer}: {e}");
+                    shard.shared.connected.fetch_sub(1, Relaxed);
+                    return;
+                }
+                Err(_) => {
+                    debug!("TLS handshake with {peer}: timed out");
+                    shard.shared.connected.fetch_sub(1, Relaxed);
+                    return;
+                }
+            }
+        }
+    };
+    serve(shard, stream, peer, local, fd).await
+}
+
+/// Serves one connection until it closes.
+async fn serve(
+    shard: Rc<Shard>,
+    mut stream: ClientStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    fd: std::os::fd::RawFd,
+) {
     if shard.shared.config.refuses(peer.ip()) {
         // Protected mode: explain, then close (as Redis does at accept).
         // What the client already sent is read and dropped for a moment
@@ -80,10 +120,8 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
         shard.shared.connected.fetch_sub(1, Relaxed);
         return;
     }
-    let local = stream.local_addr().unwrap_or(peer);
     let shared = Arc::clone(&shard.shared);
     let id = shared.next_client_id.fetch_add(1, Relaxed);
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let info = Rc::new(RefCell::new(ClientInfo::new(id, peer, local, fd)));
     shard.clients.borrow_mut().add(Rc::clone(&info));
     shard.stats.borrow_mut().connections_received += 1;
@@ -125,7 +163,7 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
 }
 
 struct Connection {
-    stream: TcpStream,
+    stream: ClientStream,
     rbuf: BytesMut,
     parser: RequestParser,
     out: ReplyBuf,
@@ -448,10 +486,13 @@ impl Connection {
             .get()
             .1
             .is_some_and(|until| self.clock < until);
+        // A TLS record cannot be looked for without a read that may wait:
+        // TLS connections do not poll.
         if window == 0
             || contended
             || shard.polling.get()
             || self.parser.big_bulk_buffer().is_some()
+            || matches!(self.stream, Stream::Tls(_))
         {
             return Ok(None);
         }
@@ -462,7 +503,10 @@ impl Connection {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
             }
-            match self.stream.try_read_buf(&mut self.rbuf) {
+            let Stream::Plain(tcp) = &self.stream else {
+                break Ok(None); // TLS: not polled (see above)
+            };
+            match tcp.try_read_buf(&mut self.rbuf) {
                 Ok(n) => break Ok(Some(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => break Err(e),

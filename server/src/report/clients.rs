@@ -26,6 +26,14 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("client_recent_max_input_buffer", 0);
     o.field("client_recent_max_output_buffer", 0);
     o.field("blocked_clients", sum(reports, |r| r.blocked_clients));
+    o.field(
+        "max_blocked_clients",
+        shared.config.max_blocked_clients.load(Relaxed),
+    );
+    o.field(
+        "blocked_clients_refused",
+        sum(reports, |r| r.blocked_clients_refused),
+    );
     o.field("total_blocking_keys", sum(reports, |r| r.blocking_keys));
     o.field("tracking_clients", 0);
     o.field("clients_in_timeout_table", 0);

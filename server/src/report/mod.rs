@@ -66,6 +66,8 @@ pub struct ShardReport {
     pub clients: usize,
     /// Clients in a blocking wait.
     pub blocked_clients: u64,
+    /// Blocking reads refused by `max-blocked-clients`.
+    pub blocked_clients_refused: u64,
     /// Keys blocked clients wait for.
     pub blocking_keys: u64,
     /// Commands executed.
@@ -122,6 +124,7 @@ impl ShardReport {
             spill_keys: store.spill_keys(),
             clients: shard.clients.borrow().len(),
             blocked_clients: stats.blocked_clients,
+            blocked_clients_refused: stats.blocked_clients_refused,
             blocking_keys: store.watched_keys() as u64,
             commands: stats.total_commands,
             connections_received: stats.connections_received,
