@@ -6,8 +6,9 @@
 # redis-benchmark checks, and the Python connectors (the kvtier package, its
 # LMCache plugin and SGLang backend, in a cached venv with torch, lmcache and
 # sglang that tests/connectors/venv.sh builds outside the clone), and every
-# fuzz target for a few seconds (scripts/fuzz.sh, nightly + cargo-fuzz). It prints a
-# PASS/FAIL summary and exits non-zero if any step failed.
+# fuzz target for a few seconds (scripts/fuzz.sh, nightly + cargo-fuzz), and a
+# short soak (scripts/soak.sh with SOAK_SECONDS=30). It prints a PASS/FAIL
+# summary and exits non-zero if any step failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -89,6 +90,10 @@ install_deps() {
     if ! command -v python3 >/dev/null; then
         apt_install python3 python3-venv
     fi
+    if ! command -v openssl >/dev/null; then
+        echo "installing openssl (certificates for the TLS tests)"
+        apt_install openssl
+    fi
     if ! command -v cargo >/dev/null; then
         echo "cargo is not on PATH: install the Rust toolchain (rustup) first" >&2
         return 1
@@ -122,6 +127,7 @@ step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p n
 step "connectors: kvtier package, LMCache, SGLang" 1200 tests/connectors/run.sh
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
 step "fuzz targets (short)" 1200 env FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
+step "soak (short)" 900 env SOAK_SECONDS="${SOAK_SECONDS:-30}" scripts/soak.sh
 if docker info >/dev/null 2>&1; then
     step "docker compose cluster" 1500 env PROFILE=debug scripts/docker-test.sh
 else

@@ -411,7 +411,9 @@ impl ReplyBuf {
         while !self.is_empty() {
             self.write_once(w).await?;
         }
-        Ok(())
+        // A TLS stream may hold records the socket did not take yet (a
+        // plain socket's flush does nothing).
+        w.flush().await
     }
 
     /// One write of what is pending (as much as the socket takes); the

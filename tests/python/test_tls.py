@@ -14,6 +14,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -148,6 +149,38 @@ def test_redis_py_ssl_large_values_and_the_dialect(certs: Path, tls_server: tupl
         got = pipe.execute()
         assert got[1::2] == [str(i).encode() for i in range(200)]
         r.close()
+
+
+def test_replies_larger_than_the_socket_takes_arrive_whole(certs: Path, tls_server: tuple[Server, int]) -> None:
+    """16 MiB replies, one request at a time: the TLS records the socket
+    could not take when the last plaintext was written must still go out
+    (they once waited for the client's next request: a hang)."""
+    _, port = tls_server
+    r = _py(certs, port)
+    blocks = [bytes([i]) * (1 << 20) for i in range(16)]
+    keys = [f"tls:mb:{i}" for i in range(16)]
+    for k, b in zip(keys, blocks):
+        r.set(k, b)
+    for _ in range(5):
+        assert r.execute_command("MGETPREFIX", 16, *keys) == blocks
+    r.close()
+    # A client slow to start reading: the socket is full when the last
+    # plaintext is handed to TLS, so records are left over at the end.
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    ctx.load_cert_chain(str(certs / "client.crt"), str(certs / "client.key"))
+    request = b"MGETPREFIX 16 " + b" ".join(k.encode() for k in keys) + b"\r\n"
+    want = b"*16\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(b), b) for b in blocks)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            for _ in range(3):
+                tls.sendall(request)
+                time.sleep(0.5)
+                got = b""
+                while len(got) < len(want):
+                    chunk = tls.recv(1 << 20)  # times out (10 s) if the tail never comes
+                    assert chunk, "connection closed"
+                    got += chunk
+                assert got == want
 
 
 def test_optional_and_no_client_auth(certs: Path, tmp_path: Path) -> None:

@@ -11,28 +11,16 @@ use kvtier_protocol::Reply;
 use super::flags::*;
 use super::keyspace::help_reply;
 use super::{
-    parse_int, sanitize, table, Args, Client, CommandSpec, Handler, LocalBoxFuture, Spread, NO_KEYS,
+    parse_int, sanitize, table, Args, Client, CommandSpec, Handler, LocalBoxFuture, DEFAULTS,
 };
-use crate::acl::{category, Acl, Denial, KeyUse, User};
+use crate::acl::{category, Acl, Denial, User};
 
 const SUB: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: ADMIN | NOSCRIPT | LOADING | STALE,
-    keys: NO_KEYS,
     group: "server",
     since: "6.0.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
-    categories: 0,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// ACL.

@@ -13,30 +13,21 @@ use super::flags::*;
 use super::keyspace::fan_out;
 use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
-    KeySpec, LocalBoxFuture, Spread, KEY1,
+    KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::shard::slot::key_slot;
 use crate::shard::Access;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: READONLY,
     keys: KEY1,
     group: "bitmap",
     since: "2.2.0",
-    summary: "",
-    complexity: "O(1)",
     syntax: "key",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::BITMAP,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// The bitmap family.

@@ -33,30 +33,22 @@ use super::string::expire_at_from;
 use super::value_reply;
 use super::{
     always, is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
-    KeySpec, LocalBoxFuture, OneShard, Spread,
+    KeySpec, LocalBoxFuture, OneShard, Spread, DEFAULTS,
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::Access;
 use crate::shard::Shard;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
     arity: -3,
     flags: READONLY,
     keys: KeySpec::counted(1, 1),
     group: "string",
     since: "7.2.4",
-    summary: "",
     complexity: "O(N) where N is the number of keys.",
     syntax: "numkeys key...",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::BLOCK,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// The block family.

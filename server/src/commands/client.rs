@@ -9,29 +9,18 @@ use super::flags::*;
 use super::keyspace::help_reply;
 use super::{
     is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, LocalBoxFuture,
-    Spread, NO_KEYS,
+    DEFAULTS,
 };
-use crate::acl::{category, KeyUse};
+use crate::acl::category;
 use crate::clients::ClientInfo;
 
 const SUB: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: NOSCRIPT | LOADING | STALE,
-    keys: NO_KEYS,
     group: "connection",
     since: "5.0.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::CONNECTION,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// CLIENT.

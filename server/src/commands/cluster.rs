@@ -15,28 +15,16 @@ use kvtier_protocol::Reply;
 
 use super::flags::*;
 use super::keyspace::help_reply;
-use super::{parse_int, Args, Client, CommandSpec, Handler, LocalBoxFuture, Spread, NO_KEYS};
-use crate::acl::{category, KeyUse};
+use super::{parse_int, Args, Client, CommandSpec, Handler, LocalBoxFuture, DEFAULTS};
+use crate::acl::category;
 use crate::shard::slot::{key_slot, SLOTS};
 
 const SUB: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: STALE,
-    keys: NO_KEYS,
     group: "cluster",
     since: "3.0.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
-    categories: 0,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// CLUSTER, READONLY, READWRITE, ASKING.

@@ -4,27 +4,14 @@ use bytes::Bytes;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
-use super::{is, parse_int, Client, CommandSpec, Handler, Spread, NO_KEYS};
-use crate::acl::{category, KeyUse};
+use super::{is, parse_int, Client, CommandSpec, Handler, DEFAULTS};
+use crate::acl::category;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
-    arity: 1,
     flags: FAST | LOADING | STALE,
-    keys: NO_KEYS,
     group: "connection",
-    since: "1.0.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::CONNECTION,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// The connection family.

@@ -11,8 +11,8 @@ use kvtier_store::{Encoding, Entry, Store};
 use super::flags::*;
 use super::{
     always, is, not_integer, oom_error, parse_int, syntax_error, unknown_subcommand, Args, Client,
-    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, Spread, ALL_KEYS, KEY1,
-    NO_KEYS,
+    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, Spread, ALL_KEYS, DEFAULTS,
+    KEY1, NO_KEYS,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::glob::glob_match;
@@ -20,23 +20,13 @@ use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
 use crate::shard::{Access, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: READONLY | FAST,
     keys: KEY1,
     group: "generic",
-    since: "1.0.0",
-    summary: "",
-    complexity: "O(1)",
     syntax: "key",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::KEYSPACE,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 const TWO_KEYS: KeySpec = KeySpec::range(1, 2, 1);

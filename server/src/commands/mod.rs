@@ -412,6 +412,28 @@ pub const ALL_KEYS: KeySpec = KeySpec::range(1, -1, 1);
 /// Key, value pairs from index 1 to the end.
 pub const KEY_VALUE_PAIRS: KeySpec = KeySpec::range(1, -1, 2);
 
+/// Every field's default: the families' base specs start from it
+/// (`..DEFAULTS`), so a new field is given its default once, here.
+pub const DEFAULTS: CommandSpec = CommandSpec {
+    name: "",
+    arity: 1,
+    flags: 0,
+    keys: NO_KEYS,
+    group: "",
+    since: "1.0.0",
+    summary: "",
+    complexity: "O(1)",
+    syntax: "",
+    handler: Handler::Parent,
+    subcommands: &[],
+    one_shard: None,
+    spread: Spread::No,
+    from_copies: None,
+    categories: 0,
+    key_use: KeyUse::ByFlags,
+    option_key: None,
+};
+
 /// One command (or subcommand) of the table.
 pub struct CommandSpec {
     /// Lower-case name; subcommands are `parent|sub`.

@@ -13,29 +13,14 @@ use super::flags::*;
 use super::keyspace::help_reply;
 use super::{
     is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Args, Client, CommandSpec,
-    Handler, KeyOp, KeySpec, LocalBoxFuture, Spread, NO_KEYS,
+    Handler, KeyOp, KeySpec, LocalBoxFuture, DEFAULTS,
 };
 use crate::acl::{category, KeyUse};
 use crate::report;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
-    arity: 1,
-    flags: 0,
-    keys: NO_KEYS,
     group: "server",
-    since: "1.0.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
-    categories: 0,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 const SUB: CommandSpec = CommandSpec {

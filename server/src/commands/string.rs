@@ -15,29 +15,19 @@ use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
     always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
-    CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, KEY1, KEY_VALUE_PAIRS,
+    CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, DEFAULTS, KEY1, KEY_VALUE_PAIRS,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::shard::Access;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
     arity: 2,
     flags: READONLY | FAST,
     keys: KEY1,
     group: "string",
-    since: "1.0.0",
-    summary: "",
-    complexity: "O(1)",
     syntax: "key",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::STRING,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// The string family.

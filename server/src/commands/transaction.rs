@@ -23,30 +23,18 @@ use kvtier_store::now_ms;
 
 use super::flags::*;
 use super::{
-    execute, Args, Client, CommandSpec, Handler, LocalBoxFuture, ShardOp, Spread, ALL_KEYS, NO_KEYS,
+    execute, Args, Client, CommandSpec, Handler, LocalBoxFuture, ShardOp, ALL_KEYS, DEFAULTS,
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
 
 const BASE: CommandSpec = CommandSpec {
-    name: "",
-    arity: 1,
     flags: NOSCRIPT | LOADING | STALE | FAST,
-    keys: NO_KEYS,
     group: "transactions",
     since: "1.2.0",
-    summary: "",
-    complexity: "O(1)",
-    syntax: "",
-    handler: Handler::Parent,
-    subcommands: &[],
-    one_shard: None,
-    spread: Spread::No,
-    from_copies: None,
     categories: category::TRANSACTION,
-    key_use: KeyUse::ByFlags,
-    option_key: None,
+    ..DEFAULTS
 };
 
 /// The transactions family.

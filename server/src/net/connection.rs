@@ -457,6 +457,21 @@ impl Connection {
                 Err(_) => {}
             }
         }
+        // TLS took the replies as plaintext; the records the socket did not
+        // take yet must still go out (within --timeout, as any write).
+        if let Stream::Tls(tls) = &mut self.stream {
+            let flush = tls.flush();
+            if idle == 0 {
+                flush.await?;
+            } else if tokio::time::timeout(Duration::from_secs(idle), flush)
+                .await
+                .is_err()
+            {
+                let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
+                warn!("closing client {id} ({addr}): it read nothing for {idle} s (timeout)");
+                return Ok(false);
+            }
+        }
         Ok(true)
     }
 
