@@ -44,7 +44,7 @@ instructions() {
   local POLL; POLL=$(poll_off "$bin")
   if [[ $kind == kvtier ]]; then
     valgrind --tool=callgrind --callgrind-out-file="$out" \
-      --toggle-collect='*connection::serve*' --toggle-collect='*run_mailbox*' \
+      --toggle-collect='*connection::accept*' --toggle-collect='*run_mailbox*' \
       "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL >/dev/null 2>&1 &
   elif [[ $kind == kvtier-process ]]; then
     valgrind --tool=callgrind --callgrind-out-file="$out" \

@@ -108,19 +108,11 @@ impl Cluster {
     }
 }
 
-fn info_field(conn: &mut RawConn, section: &str, field: &str) -> i64 {
-    let text = conn.run(&format!("INFO {section}")).text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} not in INFO {section}:\n{text}"))
-}
-
 #[test]
 fn topology_and_plain_clients_on_every_node() {
     let c = Cluster::start(3, &[]);
     let mut n0 = c.raw(0);
-    assert_eq!(info_field(&mut n0, "cluster", "cluster_enabled"), 1);
+    assert_eq!(info_int(&mut n0, "cluster", "cluster_enabled"), 1);
     let info = n0.run("CLUSTER INFO").text();
     assert!(info.contains("cluster_state:ok"), "{info}");
     assert!(info.contains("cluster_known_nodes:3"), "{info}");
@@ -693,7 +685,7 @@ fn hot_keys_are_copied_served_and_invalidated() {
         listed
             && (0..3)
                 .filter(|&i| i != owner)
-                .all(|i| info_field(&mut c.raw(i), "cluster", "cluster_copies_received") >= 1)
+                .all(|i| info_int(&mut c.raw(i), "cluster", "cluster_copies_received") >= 1)
     });
     assert!(
         copied,
@@ -702,14 +694,14 @@ fn hot_keys_are_copied_served_and_invalidated() {
     );
     // Replicas answer from their copy, counted.
     let replica = (owner + 1) % 3;
-    let hits = info_field(&mut c.raw(replica), "cluster", "cluster_replica_hits");
+    let hits = info_int(&mut c.raw(replica), "cluster", "cluster_replica_hits");
     for _ in 0..10 {
         assert_eq!(
             c.raw(replica).run(&format!("GET {key}")),
             bulk("shared-prefix")
         );
     }
-    assert!(info_field(&mut c.raw(replica), "cluster", "cluster_replica_hits") >= hits + 10);
+    assert!(info_int(&mut c.raw(replica), "cluster", "cluster_replica_hits") >= hits + 10);
     // After DEL returns, no node serves it.
     assert_eq!(c.raw(replica).run(&format!("DEL {key}")), int(1));
     for i in 0..3 {
@@ -732,7 +724,7 @@ fn hot_keys_are_copied_served_and_invalidated() {
         }
         (0..3)
             .filter(|&i| i != owner)
-            .all(|i| info_field(&mut c.raw(i), "cluster", "cluster_copies_received") >= 2)
+            .all(|i| info_int(&mut c.raw(i), "cluster", "cluster_copies_received") >= 2)
     });
     assert!(copied_again, "no copies of the new value");
     let elsewhere = (0..100)
@@ -937,7 +929,7 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
         .filter(|(_, k)| owners[kvtier_server::shard::slot::key_slot(k.as_bytes()) as usize] == 3)
         .collect();
     assert!(theirs.len() > 20, "{} keys moved", theirs.len());
-    let slots = info_field(&mut c.raw(3), "cluster", "cluster_handoff_slots");
+    let slots = info_int(&mut c.raw(3), "cluster", "cluster_handoff_slots");
     assert!(slots > 0);
     // Reads through any node hit: the newcomer reads each miss from the
     // previous owner and keeps it.
@@ -949,7 +941,7 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
             "{k}"
         );
     }
-    let fetched = info_field(&mut c.raw(3), "cluster", "cluster_handoff_fetched");
+    let fetched = info_int(&mut c.raw(3), "cluster", "cluster_handoff_fetched");
     assert_eq!(fetched as usize, read.len());
     let kept = c.raw(3).run("DBSIZE").int() as usize;
     assert_eq!(kept, read.len());
@@ -964,7 +956,7 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
         bulk(format!("v{}", read[0].0))
     );
     assert_eq!(
-        info_field(&mut c.raw(3), "cluster", "cluster_handoff_fetched"),
+        info_int(&mut c.raw(3), "cluster", "cluster_handoff_fetched"),
         fetched
     );
     // Writes carry deletes: a key deleted here never comes back from the
@@ -973,22 +965,22 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
         assert_eq!(c.raw(3).run(&format!("DEL {k}")), int(1), "{k}");
         assert_eq!(c.raw(1).run(&format!("GET {k}")), nil(), "{k}");
     }
-    assert!(info_field(&mut c.raw(3), "cluster", "cluster_handoff_deleted") >= 5);
+    assert!(info_int(&mut c.raw(3), "cluster", "cluster_handoff_deleted") >= 5);
     // A key nobody has is a miss, counted.
     let nowhere = (0..1000)
         .map(|i| format!("handoff:nowhere:{i}"))
         .find(|k| owners[kvtier_server::shard::slot::key_slot(k.as_bytes()) as usize] == 3)
         .unwrap();
-    let missed = info_field(&mut c.raw(3), "cluster", "cluster_handoff_missed");
+    let missed = info_int(&mut c.raw(3), "cluster", "cluster_handoff_missed");
     assert_eq!(c.raw(3).run(&format!("GET {nowhere}")), nil());
     assert_eq!(
-        info_field(&mut c.raw(3), "cluster", "cluster_handoff_missed"),
+        info_int(&mut c.raw(3), "cluster", "cluster_handoff_missed"),
         missed + 1
     );
     // FLUSHALL ends the hand-off.
     assert_eq!(c.raw(3).run("FLUSHALL"), ok());
     assert_eq!(
-        info_field(&mut c.raw(3), "cluster", "cluster_handoff_slots"),
+        info_int(&mut c.raw(3), "cluster", "cluster_handoff_slots"),
         0
     );
     assert_eq!(c.raw(3).run(&format!("GET {}", read[1].1)), nil());

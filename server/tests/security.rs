@@ -293,14 +293,6 @@ fn client_output_buffer_limit_closes_a_client_over_it() {
         .is_error());
 }
 
-fn info_number(c: &mut RawConn, field: &str) -> i64 {
-    let text = c.run("INFO clients").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} not in INFO clients:\n{text}"))
-}
-
 #[test]
 fn blocked_waiters_are_capped() {
     let server = Server::start(&["--max-blocked-clients", "2"]);
@@ -310,8 +302,9 @@ fn blocked_waiters_are_capped() {
     for w in &mut waiters {
         w.send(&wait);
     }
-    assert!(eventually(Duration::from_secs(10), || info_number(
+    assert!(eventually(Duration::from_secs(10), || info_int(
         &mut admin,
+        "clients",
         "blocked_clients"
     ) == 2));
     // A third is refused at once, and counted.
@@ -320,7 +313,10 @@ fn blocked_waiters_are_capped() {
         third.cmd(&[b"MGETPREFIX", b"1", b"absent", b"BLOCK", b"10000"]),
         err("ERR max number of blocked clients reached (max-blocked-clients)")
     );
-    assert_eq!(info_number(&mut admin, "blocked_clients_refused"), 1);
+    assert_eq!(
+        info_int(&mut admin, "clients", "blocked_clients_refused"),
+        1
+    );
     // Reads that do not block are not limited.
     assert_eq!(third.run("MGETPREFIX 1 absent"), array(vec![]));
     // The write they wait for frees both seats.
@@ -335,13 +331,15 @@ fn blocked_waiters_are_capped() {
     // A waiter that leaves gives its seat back.
     let mut leaver = server.raw();
     leaver.send(&encode(&[b"MGETPREFIX", b"1", b"gone", b"BLOCK", b"10000"]));
-    assert!(eventually(Duration::from_secs(10), || info_number(
+    assert!(eventually(Duration::from_secs(10), || info_int(
         &mut admin,
+        "clients",
         "blocked_clients"
     ) == 1));
     drop(leaver);
-    assert!(eventually(Duration::from_secs(10), || info_number(
+    assert!(eventually(Duration::from_secs(10), || info_int(
         &mut admin,
+        "clients",
         "blocked_clients"
     ) == 0));
     assert_eq!(admin.run("CONFIG SET max-blocked-clients 0"), ok());
@@ -355,8 +353,9 @@ fn blocked_waiters_are_capped() {
             b"10000",
         ]));
     }
-    assert!(eventually(Duration::from_secs(10), || info_number(
+    assert!(eventually(Duration::from_secs(10), || info_int(
         &mut admin,
+        "clients",
         "blocked_clients"
     ) == 4));
 }

@@ -114,6 +114,9 @@ pub enum KeyUse {
     Read,
     /// Changed without being read (SET, DEL, APPEND).
     Write,
+    /// The key at argument `at` needs `that`, the others `rest` ([`perm`]
+    /// bits): COPY reads its source and writes its destination.
+    OneDiffers { at: usize, that: u8, rest: u8 },
     /// Decided by the arguments: what the key at argument `i` needs.
     ByArgs(fn(&[Bytes], usize) -> u8),
 }

@@ -71,7 +71,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "bitop",
-        key_use: KeyUse::ByArgs(bitop_key_use),
+        // BITOP writes its destination and reads its sources.
+        key_use: KeyUse::OneDiffers {
+            at: 2,
+            that: perm::WRITE,
+            rest: perm::READ,
+        },
         arity: -4,
         flags: WRITE | DENYOOM,
         keys: KeySpec::range(2, -1, 1),
@@ -692,15 +697,6 @@ fn read_field(value: &[u8], f: &Field) -> Reply {
         Reply::Int(get_signed(value, f.offset, f.bits))
     } else {
         Reply::Int(get_unsigned(value, f.offset, f.bits) as i64)
-    }
-}
-
-/// BITOP writes its destination and reads its sources.
-fn bitop_key_use(_args: &[Bytes], key: usize) -> u8 {
-    if key == 2 {
-        perm::WRITE
-    } else {
-        perm::READ
     }
 }
 

@@ -152,7 +152,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "rename",
-        key_use: KeyUse::ByArgs(rename_key_use),
+        // Reads and deletes the source, writes the destination.
+        key_use: KeyUse::OneDiffers {
+            at: 1,
+            that: perm::ALL,
+            rest: perm::WRITE,
+        },
         arity: 3,
         flags: WRITE,
         keys: TWO_KEYS,
@@ -163,7 +168,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "renamenx",
-        key_use: KeyUse::ByArgs(rename_key_use),
+        // Reads and deletes the source, writes the destination.
+        key_use: KeyUse::OneDiffers {
+            at: 1,
+            that: perm::ALL,
+            rest: perm::WRITE,
+        },
         arity: 3,
         flags: WRITE | FAST,
         keys: TWO_KEYS,
@@ -174,7 +184,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: "copy",
-        key_use: KeyUse::ByArgs(copy_key_use),
+        // Reads the source, writes the destination.
+        key_use: KeyUse::OneDiffers {
+            at: 1,
+            that: perm::READ,
+            rest: perm::WRITE,
+        },
         arity: -3,
         flags: WRITE | DENYOOM,
         keys: TWO_KEYS,
@@ -1095,24 +1110,6 @@ pub fn lcs_reply(
         ])
     } else {
         Reply::Bulk(Bytes::from(result))
-    }
-}
-
-/// RENAME / RENAMENX read and delete the source, write the destination.
-fn rename_key_use(_args: &[Bytes], key: usize) -> u8 {
-    if key == 1 {
-        perm::ALL
-    } else {
-        perm::WRITE
-    }
-}
-
-/// COPY reads the source and writes the destination.
-fn copy_key_use(_args: &[Bytes], key: usize) -> u8 {
-    if key == 1 {
-        perm::READ
-    } else {
-        perm::WRITE
     }
 }
 

@@ -569,6 +569,13 @@ impl CommandSpec {
             KeyUse::Exists => 0,
             KeyUse::Read => perm::READ,
             KeyUse::Write => perm::WRITE,
+            KeyUse::OneDiffers { at, that, rest } => {
+                if i == at {
+                    that
+                } else {
+                    rest
+                }
+            }
             KeyUse::ByArgs(f) => f(args, i),
         }
     }

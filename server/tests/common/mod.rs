@@ -565,6 +565,14 @@ impl RawConn {
 }
 
 /// The `field:value` lines of an INFO reply.
+/// The integer `field` of `INFO section`, read on `conn` (panics if absent).
+pub fn info_int(conn: &mut RawConn, section: &str, field: &str) -> i64 {
+    let text = conn.run(&format!("INFO {section}")).text();
+    info_field(&text, field)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} not in INFO {section}:\n{text}"))
+}
+
 pub fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
