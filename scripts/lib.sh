@@ -18,17 +18,23 @@ print(len(ids))" "$1"
 }
 
 # bench_setup NAME: what a benchmark of real kvtier processes starts with.
-# Checks for redis-cli and python3, builds the release binaries, sets BIN,
-# BENCH, WORK (a temporary directory named after NAME) and PIDS (append the
-# servers you start), and on exit stops them and removes WORK.
+# Checks for redis-cli and python3, builds the binaries (release, or debug
+# with PROFILE=debug), sets BIN, BENCH, WORK (a temporary directory named
+# after NAME) and PIDS (append the servers you start), and on exit stops
+# them and removes WORK.
 bench_setup() {
   local tool
   for tool in redis-cli python3; do
     command -v "$tool" >/dev/null || { echo "missing $tool"; exit 1; }
   done
-  cargo build --release -q -p kvtier-server -p kvtier-bench
-  BIN=target/release/kvtier-server
-  BENCH=target/release/kvtier-bench
+  local profile=${PROFILE:-release}
+  if [[ $profile == release ]]; then
+    cargo build --release -q -p kvtier-server -p kvtier-bench
+  else
+    cargo build -q -p kvtier-server -p kvtier-bench
+  fi
+  BIN=target/$profile/kvtier-server
+  BENCH=target/$profile/kvtier-bench
   WORK=$(mktemp -d -t "kvtier-$1.XXXXXX")
   PIDS=()
   trap 'stop_all; rm -rf "$WORK"' EXIT

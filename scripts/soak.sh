@@ -8,6 +8,7 @@
 # acknowledged block missing after a graceful restart; reports what survives
 # a SIGKILL. See scripts/soak.py.
 #   SOAK_SECONDS=300   load time in all (default about 6 minutes in all)
+#   PROFILE=debug      use the debug build (scripts/test.sh's short run)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."

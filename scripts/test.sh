@@ -127,7 +127,7 @@ step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p n
 step "connectors: kvtier package, LMCache, SGLang" 1200 tests/connectors/run.sh
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
 step "fuzz targets (short)" 1200 env FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
-step "soak (short)" 900 env SOAK_SECONDS="${SOAK_SECONDS:-30}" scripts/soak.sh
+step "soak (short)" 900 env PROFILE=debug SOAK_SECONDS="${SOAK_SECONDS:-30}" scripts/soak.sh
 if docker info >/dev/null 2>&1; then
     step "docker compose cluster" 1500 env PROFILE=debug scripts/docker-test.sh
 else
