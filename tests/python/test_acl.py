@@ -401,6 +401,27 @@ def test_transactions_with_denied_commands(p: Pair) -> None:
         kv.close()
 
 
+def test_exec_checks_permissions_again(p: Pair) -> None:
+    """Rules changed between MULTI and EXEC: the queued commands no longer
+    allowed get Redis's error in their place, the others run."""
+    p.same("ACL", "SETUSER", "u", "on", ">pw", "+@all", "~*")
+    ref, kv = p.login("u", "pw")
+    try:
+        for cmd in [("MULTI",), ("SET", "a", "1"), ("GET", "a"), ("SET", "b", "2"), ("INCR", "a")]:
+            assert ref.call(*cmd) == kv.call(*cmd), cmd
+        p.same("ACL", "SETUSER", "u", "-get", "resetkeys", "~a")
+        want, got = ref.call("EXEC"), kv.call("EXEC")
+        assert got == want, (want, got)
+        assert b"NOPERM ACLs rules changed" in want
+    finally:
+        ref.close()
+        kv.close()
+    entries = [dict(zip(e[0::2], e[1::2])) for e in parse(p.kv.call("ACL", "LOG"))]
+    ref_entries = [dict(zip(e[0::2], e[1::2])) for e in parse(p.ref.call("ACL", "LOG"))]
+    strip = lambda es: [(e[b"reason"], e[b"context"], e[b"object"]) for e in es]  # noqa: E731
+    assert strip(entries) == strip(ref_entries)
+
+
 def test_redis_py_sees_the_users(servers: tuple[Server, Server], p: Pair) -> None:
     """redis-py's acl_* helpers parse kvtier's replies as Redis's."""
     results = []

@@ -213,6 +213,33 @@ pub fn check(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> 
     Err(Reply::error(reply))
 }
 
+/// EXEC's second look: a queued command the user may no longer run (its
+/// rules changed after MULTI) gets Redis's error in its place, logged.
+pub fn recheck(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Option<Reply> {
+    if client.user.unrestricted() || client.peer {
+        return None;
+    }
+    let denied = permits(&client.user, id, spec, args).err()?;
+    let (reason, object, why) = match denied {
+        Denied::Command => (
+            "command",
+            spec.name.to_string(),
+            "no permission to execute the command or subcommand",
+        ),
+        Denied::Key(i) => (
+            "key",
+            String::from_utf8_lossy(&args[i]).into_owned(),
+            "no permission to touch the specified keys",
+        ),
+    };
+    let mut entry = denial(client, reason, object, client.user.name.clone());
+    entry.context = "multi";
+    acl(client).log(entry);
+    Some(Reply::error(format!(
+        "NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. This command is no longer allowed for the following reason: {why}"
+    )))
+}
+
 fn acl(client: &Client) -> &Acl {
     &client.shard.shared.config.acl
 }

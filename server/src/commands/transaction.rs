@@ -188,16 +188,28 @@ fn exec(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             return Reply::error("ERR EXEC without MULTI");
         };
         let dirty = Arc::clone(&client.watching.dirty);
+        // Permissions are checked again: the user's rules may have changed
+        // since the commands were queued (as Redis does).
+        let refused: Vec<Option<Reply>> = tx
+            .queued
+            .iter()
+            .map(|(id, spec, args)| super::acl::recheck(client, *id, spec, args))
+            .collect();
         let reply = if tx.failed {
             Reply::error("EXECABORT Transaction discarded because of previous errors.")
-        } else if let Some(owner) = single_shard(client, &tx) {
+        } else if let Some(owner) =
+            single_shard(client, &tx).filter(|_| refused.iter().all(Option::is_none))
+        {
             run_on_one_shard(client, owner, tx, Arc::clone(&dirty)).await
         } else if dirty.load(Ordering::Acquire) {
             Reply::NilArray
         } else {
             let mut replies = Vec::with_capacity(tx.queued.len());
-            for (id, spec, args) in tx.queued {
-                replies.push(run_one(client, id, spec, args).await);
+            for ((id, spec, args), refused) in tx.queued.into_iter().zip(refused) {
+                replies.push(match refused {
+                    Some(e) => e,
+                    None => run_one(client, id, spec, args).await,
+                });
             }
             Reply::Array(replies)
         };
