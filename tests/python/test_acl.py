@@ -473,6 +473,19 @@ def test_block_dialect_fences(servers: tuple[Server, Server], p: Pair) -> None:
     assert admin.call("EXISTS", "t1:e", "t2:e") == b":0\r\n"
 
 
+def test_cluster_internals_are_admin(p: Pair) -> None:
+    """kvtier only: CLUSTER PEER makes a connection a peer whose commands are
+    not checked again, so it and the other peer-to-peer subcommands are
+    @admin @dangerous: a user without @admin cannot pose as a peer."""
+    assert p.kv.call("ACL", "SETUSER", "u", "on", "+@all", "-@admin", "~*") == b"+OK\r\n"
+    for sub in ("peer n1", "ping n1 0 x", "copy k v 0 100", "lease k 100 1", "uncopy k", "handoff GET 0 k"):
+        reply = parse(p.kv.call("ACL", "DRYRUN", "u", "CLUSTER", *sub.split()))
+        assert reply == f"This user has no permissions to run the 'cluster|{sub.split()[0]}' command".encode(), sub
+    admin = _members(p.kv, "admin")
+    assert {"cluster|peer", "cluster|ping", "cluster|copy", "cluster|lease", "cluster|uncopy", "cluster|handoff"} <= admin
+    assert "cluster|peer" in _members(p.kv, "dangerous")
+
+
 def test_acl_file_save_and_load(tmp_path: Path) -> None:
     """kvtier with --aclfile: users load at start, ACL SAVE writes the file
     (which loads back to the same users), a bad file changes nothing."""

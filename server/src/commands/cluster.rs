@@ -124,7 +124,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             CommandSpec {
                 name: "cluster|ping",
                 arity: -5,
-                flags: STALE | FAST,
+                flags: ADMIN | STALE | FAST,
                 since: "0.1.0",
                 summary: "Internal: a peer's liveness ping carrying its epoch and node list.",
                 syntax: "node-id epoch:integer nodes [ip port:integer hostname]",
@@ -133,6 +133,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|handoff",
+                flags: ADMIN | STALE,
                 arity: -4,
                 since: "0.1.0",
                 summary: "Internal: a slot's new owner reads (GET: value and PTTL of each key) or deletes (DEL) keys here during a hand-off; never handed off again.",
@@ -142,6 +143,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|peer",
+                // Internal: @admin, so ACL users cannot pose as a peer.
+                flags: ADMIN | STALE,
                 arity: 3,
                 since: "0.1.0",
                 summary: "Internal: marks the connection as a peer's (its commands run here, never forwarded).",
@@ -151,6 +154,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|copy",
+                flags: ADMIN | STALE,
                 arity: 6,
                 since: "0.1.0",
                 summary: "Internal: stores a copy of an owner's hot key.",
@@ -160,6 +164,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|lease",
+                flags: ADMIN | STALE,
                 arity: 5,
                 since: "0.1.0",
                 summary: "Internal: renews the lease of a hot key's copy if it is a copy of the value with this CRC32C.",
@@ -169,6 +174,7 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|uncopy",
+                flags: ADMIN | STALE,
                 arity: -3,
                 since: "0.1.0",
                 summary: "Internal: drops copies of keys that were written or deleted.",
