@@ -95,12 +95,14 @@ async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
                 let mut buf = BytesMut::new();
                 for hello in cluster.identity.handshake(false) {
                     stream.write_all(&encode_command(&hello)).await?;
+                    stream.flush().await?; // TLS keeps records until flushed
                     read_reply(&mut stream, &mut buf).await?;
                 }
                 conn = Some((stream, buf));
             }
             let (stream, buf) = conn.as_mut().expect("connected above");
             stream.write_all(&ping).await?;
+            stream.flush().await?;
             read_reply(stream, buf).await
         };
         // Half the node timeout: a slow link (a WAN's round trips, the

@@ -746,11 +746,11 @@ impl LiveConfig {
         EvictionPolicy::ALL[self.policy.load(Relaxed) as usize]
     }
 
-    /// Whether clients must AUTH.
     /// Whether protected mode turns away a client connecting from `peer`:
-    /// it is on, no password is set, and the address is not loopback.
+    /// it is on, the default user needs no password (as Redis checks it),
+    /// and the address is not loopback.
     pub fn refuses(&self, peer: std::net::IpAddr) -> bool {
-        self.protected_mode.load(Relaxed) && self.acl.open() && !is_loopback(peer)
+        self.protected_mode.load(Relaxed) && self.acl.default_user().nopass && !is_loopback(peer)
     }
 
     /// Whether a client connecting from `peer` may run DEBUG.

@@ -71,6 +71,7 @@ pub struct Tls {
     /// `--tls-cluster`: peer links use TLS.
     pub cluster: bool,
     built: RwLock<Built>,
+    changing: std::sync::Mutex<()>,
 }
 
 impl Tls {
@@ -91,6 +92,7 @@ impl Tls {
             port: config.tls_port,
             cluster: config.tls_cluster,
             built: RwLock::new(built),
+            changing: std::sync::Mutex::new(()),
         }))
     }
 
@@ -127,6 +129,8 @@ impl Tls {
     /// case), loaded together: the configuration changes only if the new
     /// files load.
     pub fn set(&self, changes: &[(String, String)]) -> Result<(), String> {
+        // One change at a time, from reading the files in force to the swap.
+        let _one = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         let mut files = self.read().files.clone();
         for (name, value) in changes {
             match name.as_str() {

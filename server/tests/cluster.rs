@@ -1107,6 +1107,21 @@ fn peers_log_in_as_their_user_and_clients_stay_fenced() {
             int(3)
         );
     }
+    // A user allowed CLUSTER's subcommands cannot pose as a peer to run
+    // unchecked: only the peer user (or one allowed everything) may.
+    assert_eq!(
+        admin.run("ACL SETUSER sneaky on >s ~t1:* +get +cluster"),
+        ok()
+    );
+    let mut sneaky = login(0, "sneaky", "s");
+    assert_eq!(
+        sneaky.run("CLUSTER PEER n9"),
+        err("NOPERM only the cluster's peer user (masteruser) may say CLUSTER PEER")
+    );
+    assert_eq!(
+        sneaky.run("FLUSHALL"),
+        err("NOPERM this user has no permissions to run the 'flushall' command")
+    );
     // The peer user itself can do nothing but be a peer.
     let mut peer = login(1, "peer", "peerpass");
     assert_eq!(

@@ -191,6 +191,7 @@ def test_dryrun_matches_redis(p: Pair, rules: str) -> None:
 
 def test_dryrun_errors(p: Pair) -> None:
     p.same("ACL", "SETUSER", "u", "on", "+@all")
+    p.same("ACL", "DRYRUN", "u", "config", "nosuch")
     p.same("ACL", "DRYRUN", "nobody", "get", "x")
     p.same("ACL", "DRYRUN", "u", "nosuchcommand", "x")
     p.same("ACL", "DRYRUN", "u", "get")
@@ -231,13 +232,21 @@ def test_getuser_of_unknown_user(p: Pair) -> None:
     [
         "+nosuchcommand", "-nosuchcommand", "+@nosuchcategory", "-@nosuchcategory",
         "%X~a", "%RR~a", "%R", "#abc", "#" + "A" * 64, "!" + "0" * 64, "<nope",
-        "~a b", "&a b", "+config|get|x", "+get|", "bogus", "(~a", "(~a +nope)",
+        "~a b", "&a b", "~a\tb", "~a\nb", "&a\tb", "+config|get|x", "+get|",
+        "bogus", "(~a", "(~a +nope)",
     ],
 )
 def test_setuser_errors_match_redis(p: Pair, rule: str) -> None:
     p.same("ACL", "SETUSER", "u", "on", rule)
     # Nothing of a refused SETUSER is applied.
     p.same("ACL", "GETUSER", "u")
+
+
+def test_first_args_with_whitespace_are_refused(p: Pair) -> None:
+    """kvtier only: Redis takes `+select|a<TAB>b` and then writes an ACL file
+    it cannot read back; kvtier refuses it, so every user stays one line."""
+    reply = p.kv.call("ACL", "SETUSER", "u", "+select|a\tb")
+    assert reply == b"-ERR Error in ACL SETUSER modifier '+select|a\tb': Syntax error\r\n"
 
 
 def test_rules_after_a_star(p: Pair) -> None:
@@ -366,6 +375,17 @@ def test_key_fences_on_real_commands(p: Pair) -> None:
 def test_deluser_closes_its_connections(p: Pair) -> None:
     p.same("ACL", "SETUSER", "u", "on", ">pw", "+@all", "~*")
     conns = p.login("u", "pw")
+    # Deleting its own user: the reply, then the close.
+    own = p.login("u", "pw")
+    for c in own:
+        assert c.call("ACL", "DELUSER", "u") == b":1\r\n"
+        c.sock.settimeout(5)
+        try:
+            assert c.sock.recv(100) == b""
+        except ConnectionResetError:
+            pass
+        c.close()
+        p.same("ACL", "SETUSER", "u", "on", ">pw", "+@all", "~*")
     p.same("ACL", "DELUSER", "u")
     for c in conns:
         c.sock.settimeout(5)
@@ -503,6 +523,24 @@ def test_acl_file_save_and_load(tmp_path: Path) -> None:
             assert c.call("ACL", "DELUSER", "writer") == b":1\r\n"
             assert c.call("ACL", "LOAD") == b"+OK\r\n"
             assert parse(c.call("ACL", "LIST")) == listed
+            # Patterns with quotes survive the file (it is split on spaces).
+            assert c.call("ACL", "SETUSER", "quoted", "on", "~it's*", '%R~"x"*') == b"+OK\r\n"
+            listed = parse(c.call("ACL", "LIST"))
+            assert c.call("ACL", "SAVE") == b"+OK\r\n"
+            assert c.call("ACL", "LOAD") == b"+OK\r\n"
+            assert parse(c.call("ACL", "LIST")) == listed
+            # Users the file no longer has lose their connections.
+            with kv.connect() as gone:
+                assert gone.call("AUTH", "writer", "pw2") == b"+OK\r\n"
+                acl.write_text("user default on nopass ~* &* +@all\n")
+                assert c.call("ACL", "LOAD") == b"+OK\r\n"
+                gone.sock.settimeout(5)
+                try:
+                    assert gone.sock.recv(100) == b""
+                except ConnectionResetError:
+                    pass
+            acl.write_text("\n".join(line.decode() for line in listed) + "\n")
+            assert c.call("ACL", "LOAD") == b"+OK\r\n"
             acl.write_text("user default on nopass ~* +@all\nuser broken on +nosuchcommand\n")
             err = parse(c.call("ACL", "LOAD"))
             assert isinstance(err, ErrorReply) and b"users.acl:2" in err.text, err

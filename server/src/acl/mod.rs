@@ -64,6 +64,8 @@ pub struct Acl {
     pub log_max_len: AtomicU64,
     /// `--aclfile`, if any.
     pub file: Option<PathBuf>,
+    /// Held while ACL SAVE writes the file.
+    saving: Mutex<()>,
 }
 
 impl Acl {
@@ -81,6 +83,7 @@ impl Acl {
             log: Mutex::new(VecDeque::new()),
             log_max_len: AtomicU64::new(128),
             file,
+            saving: Mutex::new(()),
         };
         let mut default = User::default_user(catalog);
         set_password(&mut default, catalog, requirepass);
@@ -224,15 +227,20 @@ impl Acl {
                 continue;
             }
             let fail = |why: &str| format!("{}:{}: {why}. ", path.display(), n + 1);
-            let words = kvtier_protocol::inline::split_inline_args(line.as_bytes())
-                .ok_or_else(|| fail("Unbalanced quotes in configuration line"))?;
+            // Split on spaces, as Redis reads its ACL files (no quoting: no
+            // rule has a space, see `user::fits_a_line`).
+            let words: Vec<Vec<u8>> = line
+                .split(' ')
+                .filter(|w| !w.is_empty())
+                .map(|w| w.as_bytes().to_vec())
+                .collect();
             if words.first().map(Vec::as_slice) != Some(b"user") || words.len() < 2 {
                 return Err(fail("line should start with user keyword"));
             }
-            let name = String::from_utf8_lossy(&words[1]).into_owned();
-            if name.contains(' ') || name.is_empty() {
+            if !user::fits_a_line(&words[1]) {
                 return Err(fail("Usernames can't contain spaces or null characters"));
             }
+            let name = String::from_utf8_lossy(&words[1]).into_owned();
             if users.contains_key(&name) {
                 return Err(fail(
                     "Duplicate user found. A user can only be defined once in config files",
@@ -271,10 +279,23 @@ impl Acl {
             text.push_str(&line);
             text.push('\n');
         }
-        let aside = path.with_extension("tmp-kvtier");
-        std::fs::write(&aside, text)
-            .and_then(|_| std::fs::rename(&aside, path))
-            .map_err(|e| {
+        // One save at a time; written aside, synced, then renamed over the
+        // file (and the directory synced), so the file is always whole.
+        let _one = self.saving.lock().unwrap_or_else(|e| e.into_inner());
+        let aside = path.with_extension(format!("tmp-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&aside)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&aside, path)?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| {
+                let _ = std::fs::remove_file(&aside);
                 tracing::warn!("ACL SAVE to {}: {e}", path.display());
                 "There was an error trying to save the ACLs. Please check the server logs for more information".to_string()
             })

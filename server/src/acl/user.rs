@@ -39,6 +39,13 @@ fn parse_hex(text: &[u8]) -> Option<Hash> {
     Some(out)
 }
 
+/// Whether `text` can be written into an ACL file line and read back the
+/// same: no whitespace, no NUL (Redis's `ACLStringHasSpaces`), and UTF-8
+/// (descriptions are text).
+pub fn fits_a_line(text: &[u8]) -> bool {
+    !text.iter().any(|&c| c == 0 || c.is_ascii_whitespace()) && std::str::from_utf8(text).is_ok()
+}
+
 /// Why an ACL rule was refused (Redis's texts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleError {
@@ -203,7 +210,7 @@ impl Selector {
             } else {
                 (perm::ALL, &op[1..])
             };
-            if pattern.contains(&b' ') {
+            if !fits_a_line(pattern) {
                 return Err(RuleError::Syntax);
             }
             match self.keys.iter_mut().find(|k| k.pattern == pattern) {
@@ -218,7 +225,7 @@ impl Selector {
                 return Err(RuleError::AfterAllChannels);
             }
             let pattern = &op[1..];
-            if pattern.contains(&b' ') {
+            if !fits_a_line(pattern) {
                 return Err(RuleError::Syntax);
             }
             if !self.channels.iter().any(|c| c == pattern) {
@@ -251,7 +258,7 @@ impl Selector {
         if catalog.is_sub[id] {
             return Err(RuleError::FirstArgOfSub);
         }
-        if arg.is_empty() {
+        if arg.is_empty() || !fits_a_line(arg) {
             return Err(RuleError::Syntax);
         }
         if !catalog.subs[id].is_empty() {

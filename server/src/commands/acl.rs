@@ -87,7 +87,7 @@ pub const COMMANDS: &[CommandSpec] = &[CommandSpec {
             name: "acl|load",
             summary: "Reloads the rules from the configured ACL file.",
             complexity: "O(N). Where N is the number of configured users.",
-            handler: Handler::Sync(load),
+            handler: Handler::Async(load),
             ..SUB
         },
         CommandSpec {
@@ -268,12 +268,17 @@ pub fn log_in(
     user: &[u8],
     password: &[u8],
 ) -> Result<(), Reply> {
+    // The epoch first: a change landing between the two reads is then seen
+    // at the next command.
+    let epoch = acl(client).epoch();
     match acl(client).authenticate(user, password) {
         Some(found) => {
             client.info.borrow_mut().user = found.name.clone();
             client.user = found;
-            client.acl_epoch = acl(client).epoch();
+            client.acl_epoch = epoch;
             client.authenticated = true;
+            // Logged in anew: no longer a peer's connection.
+            client.peer = false;
             Ok(())
         }
         None => {
@@ -308,10 +313,12 @@ pub fn refresh(client: &mut Client) -> bool {
 /// that needs no password (RESET).
 pub fn log_out(client: &mut Client) {
     let acl = acl(client);
-    let (user, epoch, open) = (acl.default_user(), acl.epoch(), acl.open());
+    let epoch = acl.epoch();
+    let (user, open) = (acl.default_user(), acl.open());
     client.user = user;
     client.acl_epoch = epoch;
     client.authenticated = open;
+    client.peer = false;
     client.info.borrow_mut().user = "default".into();
 }
 
@@ -347,6 +354,10 @@ fn deluser(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Ok(n) => n,
             Err(e) => return Reply::error(e),
         };
+        if names.contains(&client.user.name) {
+            // Its own user: closed once this reply is written.
+            client.close_after_reply = true;
+        }
         super::client::kill_users(client, names).await;
         Reply::Int(removed as i64)
     })
@@ -365,8 +376,14 @@ fn dryrun(client: &mut Client, args: &[Bytes]) -> Reply {
         ));
     };
     if !spec.subcommands.is_empty() && command.len() >= 2 {
-        if let Some(found) = t.lookup_sub(id, &command[1]) {
-            (id, spec) = found;
+        match t.lookup_sub(id, &command[1]) {
+            Some(found) => (id, spec) = found,
+            None => {
+                return Reply::error(format!(
+                    "ERR Command '{}' not found",
+                    sanitize(&command[0], 128)
+                ))
+            }
         }
     }
     if !spec.arity_ok(command.len()) {
@@ -463,12 +480,24 @@ fn list(client: &mut Client, _args: &[Bytes]) -> Reply {
     Reply::Array(acl(client).list().into_iter().map(Reply::bulk).collect())
 }
 
-fn load(client: &mut Client, _args: &[Bytes]) -> Reply {
-    let requirepass = client.shard.shared.config.requirepass_text();
-    match acl(client).load(&requirepass) {
-        Ok(()) => Reply::ok(),
-        Err(e) => Reply::error(format!("ERR {e}")),
-    }
+fn load(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
+    Box::pin(async move {
+        let requirepass = client.shard.shared.config.requirepass_text();
+        let before = acl(client).names();
+        if let Err(e) = acl(client).load(&requirepass) {
+            return Reply::error(format!("ERR {e}"));
+        }
+        // The connections of users the file no longer has are closed.
+        let now = acl(client).names();
+        let removed: Vec<String> = before.into_iter().filter(|n| !now.contains(n)).collect();
+        if removed.contains(&client.user.name) {
+            client.close_after_reply = true;
+        }
+        if !removed.is_empty() {
+            super::client::kill_users(client, removed).await;
+        }
+        Reply::ok()
+    })
 }
 
 fn save(client: &mut Client, _args: &[Bytes]) -> Reply {
@@ -515,7 +544,7 @@ fn log(client: &mut Client, args: &[Bytes]) -> Reply {
 
 fn setuser(client: &mut Client, args: &[Bytes]) -> Reply {
     let name = &args[2];
-    if name.is_empty() || name.iter().any(|&c| c == b' ' || c == 0) {
+    if name.is_empty() || !crate::acl::user::fits_a_line(name) {
         return Reply::error("ERR Usernames can't contain spaces or null characters");
     }
     let ops: Vec<Vec<u8>> = args[3..].iter().map(|a| a.to_vec()).collect();
@@ -569,5 +598,6 @@ fn help(_client: &mut Client, _args: &[Bytes]) -> Reply {
 
 /// The default user, for a connection that has not logged in.
 pub fn initial_user(acl: &Acl) -> (Arc<User>, u64) {
-    (acl.default_user(), acl.epoch())
+    let epoch = acl.epoch();
+    (acl.default_user(), epoch)
 }

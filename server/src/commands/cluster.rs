@@ -645,6 +645,21 @@ fn handoff(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
     let _ = with_cluster!(client);
+    // A peer's commands are not checked again: only the user peers log in
+    // as (masteruser) or one allowed everything may become one.
+    let masteruser = client
+        .shard
+        .shared
+        .config
+        .peer_login
+        .read()
+        .map(|login| login.0.clone())
+        .unwrap_or_default();
+    if !client.user.unrestricted() && client.user.name != masteruser {
+        return Reply::error(
+            "NOPERM only the cluster's peer user (masteruser) may say CLUSTER PEER",
+        );
+    }
     client.peer = true;
     Reply::ok()
 }
