@@ -583,5 +583,19 @@ def test_genpass(p: Pair) -> None:
 def test_requirepass_is_the_default_users_password(p: Pair) -> None:
     p.same("CONFIG", "SET", "requirepass", "rp")
     p.same("ACL", "GETUSER", "default")
+    # A client that has not logged in is let in once no password is needed.
+    waiting = [s.connect() for s in p.servers]
+    try:
+        got = [c.call("GET", "x") for c in waiting]
+        assert got[0] == got[1] == b"-NOAUTH Authentication required.\r\n"
+        for c in (p.ref, p.kv):
+            assert c.call("AUTH", "rp") == b"+OK\r\n"
+        p.same("CONFIG", "SET", "requirepass", "")
+        got = [c.call("GET", "x") for c in waiting]
+        assert got[0] == got[1] == b"$-1\r\n", got
+    finally:
+        for c in waiting:
+            c.close()
+    p.same("CONFIG", "SET", "requirepass", "rp")
     p.same("CONFIG", "SET", "requirepass", "")
     p.same("ACL", "GETUSER", "default")

@@ -116,6 +116,8 @@ pub const COMMANDS: &[CommandSpec] = &[
             },
             CommandSpec {
                 name: "cluster|hotkeys",
+                // It names keys whatever the caller's key fences.
+                flags: ADMIN | STALE,
                 since: "0.1.0",
                 summary: "Lists the hot keys this node counted, with reads per second and the nodes holding copies.",
                 handler: Handler::Sync(hotkeys),
