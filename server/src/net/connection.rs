@@ -23,10 +23,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use kvtier_protocol::stream::Stream;
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::now_ms;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
@@ -53,8 +52,33 @@ const POLL_QUIET: Duration = Duration::from_millis(2);
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
-/// A client connection: plain TCP or TLS (`--tls-port`).
-pub type ClientStream = Stream<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
+/// What a connection reads and writes: plain TCP, or TLS (`--tls-port`).
+/// The connection is generic over it, so a plain connection pays for no
+/// TLS check on its reads and writes.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {
+    /// TLS: writes are held (as records) until flushed, and what has
+    /// arrived cannot be looked for without a read that may wait.
+    const TLS: bool;
+
+    /// Reads what has arrived without waiting (`WouldBlock`: nothing).
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize>;
+}
+
+impl ClientIo for TcpStream {
+    const TLS: bool = false;
+
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        TcpStream::try_read_buf(self, buf)
+    }
+}
+
+impl ClientIo for Box<tokio_rustls::server::TlsStream<TcpStream>> {
+    const TLS: bool = true;
+
+    fn try_read_buf(&self, _buf: &mut BytesMut) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+}
 
 /// How long a TLS client may take to finish its handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,32 +89,29 @@ pub async fn accept(shard: Rc<Shard>, tcp: TcpStream, peer: SocketAddr, tls: boo
     let _ = tcp.set_nodelay(true);
     let local = tcp.local_addr().unwrap_or(peer);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
-    let stream = match shard.shared.config.tls.as_ref().filter(|_| tls) {
-        None => Stream::Plain(tcp),
+    match shard.shared.config.tls.as_ref().filter(|_| tls) {
+        None => serve(shard, tcp, peer, local, fd).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => Stream::Tls(Box::new(s)),
+                Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd).await,
                 Ok(Err(e)) => {
                     debug!("TLS handshake with {peer}: {e}");
                     shard.shared.connected.fetch_sub(1, Relaxed);
-                    return;
                 }
                 Err(_) => {
                     debug!("TLS handshake with {peer}: timed out");
                     shard.shared.connected.fetch_sub(1, Relaxed);
-                    return;
                 }
             }
         }
-    };
-    serve(shard, stream, peer, local, fd).await
+    }
 }
 
 /// Serves one connection until it closes.
-async fn serve(
+async fn serve<S: ClientIo>(
     shard: Rc<Shard>,
-    mut stream: ClientStream,
+    mut stream: S,
     peer: SocketAddr,
     local: SocketAddr,
     fd: std::os::fd::RawFd,
@@ -162,8 +183,8 @@ async fn serve(
     shared.connected.fetch_sub(1, Relaxed);
 }
 
-struct Connection {
-    stream: ClientStream,
+struct Connection<S: ClientIo> {
+    stream: S,
     rbuf: BytesMut,
     parser: RequestParser,
     out: ReplyBuf,
@@ -240,7 +261,7 @@ struct Batch {
     remote_count: usize,
 }
 
-impl Connection {
+impl<S: ClientIo> Connection<S> {
     async fn run(&mut self) -> std::io::Result<()> {
         let shared = Arc::clone(&self.client.shard.shared);
         if shared.shutting_down() {
@@ -459,8 +480,8 @@ impl Connection {
         }
         // TLS took the replies as plaintext; the records the socket did not
         // take yet must still go out (within --timeout, as any write).
-        if let Stream::Tls(tls) = &mut self.stream {
-            let flush = tls.flush();
+        if S::TLS {
+            let flush = self.stream.flush();
             if idle == 0 {
                 flush.await?;
             } else if tokio::time::timeout(Duration::from_secs(idle), flush)
@@ -507,7 +528,7 @@ impl Connection {
             || contended
             || shard.polling.get()
             || self.parser.big_bulk_buffer().is_some()
-            || matches!(self.stream, Stream::Tls(_))
+            || S::TLS
         {
             return Ok(None);
         }
@@ -518,10 +539,7 @@ impl Connection {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
             }
-            let Stream::Plain(tcp) = &self.stream else {
-                break Ok(None); // TLS: not polled (see above)
-            };
-            match tcp.try_read_buf(&mut self.rbuf) {
+            match self.stream.try_read_buf(&mut self.rbuf) {
                 Ok(n) => break Ok(Some(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => break Err(e),
