@@ -95,6 +95,15 @@ def p(servers: tuple[Server, Server]) -> Iterator[Pair]:
     pair.close()
 
 
+def _assert_closed(c: RawConnection) -> None:
+    """The server closed `c` (within 5 s)."""
+    c.sock.settimeout(5)
+    try:
+        assert c.sock.recv(100) == b""
+    except ConnectionResetError:
+        pass
+
+
 def _members(c: RawConnection, category: str) -> set[str]:
     return {m.decode() for m in parse(c.call("ACL", "CAT", category))}
 
@@ -379,20 +388,12 @@ def test_deluser_closes_its_connections(p: Pair) -> None:
     own = p.login("u", "pw")
     for c in own:
         assert c.call("ACL", "DELUSER", "u") == b":1\r\n"
-        c.sock.settimeout(5)
-        try:
-            assert c.sock.recv(100) == b""
-        except ConnectionResetError:
-            pass
+        _assert_closed(c)
         c.close()
         p.same("ACL", "SETUSER", "u", "on", ">pw", "+@all", "~*")
     p.same("ACL", "DELUSER", "u")
     for c in conns:
-        c.sock.settimeout(5)
-        try:
-            assert c.sock.recv(100) == b""
-        except ConnectionResetError:
-            pass
+        _assert_closed(c)
         c.close()
 
 
@@ -534,11 +535,7 @@ def test_acl_file_save_and_load(tmp_path: Path) -> None:
                 assert gone.call("AUTH", "writer", "pw2") == b"+OK\r\n"
                 acl.write_text("user default on nopass ~* &* +@all\n")
                 assert c.call("ACL", "LOAD") == b"+OK\r\n"
-                gone.sock.settimeout(5)
-                try:
-                    assert gone.sock.recv(100) == b""
-                except ConnectionResetError:
-                    pass
+                _assert_closed(gone)
             acl.write_text("\n".join(line.decode() for line in listed) + "\n")
             assert c.call("ACL", "LOAD") == b"+OK\r\n"
             acl.write_text("user default on nopass ~* +@all\nuser broken on +nosuchcommand\n")
