@@ -19,20 +19,8 @@ CLIENTS=${CLIENTS:-"1 50"}
 REPS=${REPS:-3}
 N=${N:-2000}
 
-# A CA and a server and a client certificate it signed (localhost,
-# 127.0.0.1).
-(
-  cd "$WORK"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-    -keyout ca.key -out ca.crt -days 2 -subj /CN=bench-ca 2>/dev/null
-  for who in server client; do
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-      -keyout $who.key -out $who.csr -subj /CN=$who 2>/dev/null
-    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >$who.ext
-    openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
-      -out $who.crt -days 2 -extfile $who.ext 2>/dev/null
-  done
-)
+# A CA and the server and client certificates it signed.
+scripts/test-certs.sh "$WORK"
 TLS_FILES=(--tls-cert-file "$WORK/server.crt" --tls-key-file "$WORK/server.key" --tls-ca-cert-file "$WORK/ca.crt")
 CLIENT_TLS=(--tls --cacert "$WORK/ca.crt" --cert "$WORK/client.crt" --key "$WORK/client.key")
 

@@ -545,8 +545,10 @@ pub struct LiveConfig {
     pub requirepass: Arc<RwLock<String>>,
     /// The users and their rules.
     pub acl: crate::acl::Acl,
-    /// `masteruser`, `masterauth`: how this node logs in to its peers.
-    pub peer_login: Arc<RwLock<(String, String)>>,
+    /// `masteruser`: the user this node logs in to its peers as.
+    pub masteruser: Arc<RwLock<String>>,
+    /// `masterauth`: its password (empty: requirepass).
+    pub masterauth: Arc<RwLock<String>>,
     /// TLS, when a TLS port or TLS peer links are configured.
     pub tls: Option<Arc<crate::tls::Tls>>,
     /// Refuse non-loopback clients while no password is set.
@@ -601,10 +603,8 @@ impl LiveConfig {
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             acl,
             tls,
-            peer_login: Arc::new(RwLock::new((
-                config.masteruser.clone(),
-                config.masterauth.clone(),
-            ))),
+            masteruser: Arc::new(RwLock::new(config.masteruser.clone())),
+            masterauth: Arc::new(RwLock::new(config.masterauth.clone())),
             protected_mode: AtomicBool::new(config.protected_mode),
             debug_command: match config.enable_debug_command.as_str() {
                 "yes" => DebugCommand::Yes,
@@ -720,19 +720,13 @@ impl LiveConfig {
     /// empty) when a peer connection opens: CONFIG SET applies to the
     /// next one.
     pub fn peer_login(&self) -> impl Fn() -> Option<(String, String)> + Send + Sync + 'static {
+        let (user, auth) = (Arc::clone(&self.masteruser), Arc::clone(&self.masterauth));
         let requirepass = Arc::clone(&self.requirepass);
-        let login = Arc::clone(&self.peer_login);
         move || {
-            let (user, auth) = login.read().unwrap_or_else(|e| e.into_inner()).clone();
-            let pass = if auth.is_empty() {
-                requirepass
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-            } else {
-                auth
-            };
-            (!pass.is_empty()).then_some((user, pass))
+            let pass = Some(read_text(&auth))
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| read_text(&requirepass));
+            (!pass.is_empty()).then(|| (read_text(&user), pass))
         }
     }
 
@@ -908,10 +902,6 @@ fn set_bool(target: &AtomicBool, v: Value) {
     }
 }
 
-fn read_pair(target: &RwLock<(String, String)>) -> (String, String) {
-    target.read().map(|s| s.clone()).unwrap_or_default()
-}
-
 fn read_text(target: &RwLock<String>) -> String {
     target.read().map(|s| s.clone()).unwrap_or_default()
 }
@@ -1060,23 +1050,15 @@ const PARAMS: &[Param] = &[
     },
     Param {
         name: "masteruser",
-        get: |c| read_pair(&c.peer_login).0,
+        get: |c| read_text(&c.masteruser),
         parse: text,
-        apply: |c, v| {
-            if let (Value::Text(t), Ok(mut login)) = (v, c.peer_login.write()) {
-                login.0 = t;
-            }
-        },
+        apply: |c, v| set_text(&c.masteruser, v),
     },
     Param {
         name: "masterauth",
-        get: |c| read_pair(&c.peer_login).1,
+        get: |c| read_text(&c.masterauth),
         parse: text,
-        apply: |c, v| {
-            if let (Value::Text(t), Ok(mut login)) = (v, c.peer_login.write()) {
-                login.1 = t;
-            }
-        },
+        apply: |c, v| set_text(&c.masterauth, v),
     },
     Param {
         name: "acllog-max-len",

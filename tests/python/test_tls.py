@@ -2,7 +2,7 @@
 client certificates required, optional and refused; certificates reloaded by
 CONFIG SET; a cluster whose peer links are TLS; the metrics allow list.
 
-Certificates are made for each test module with the openssl command line: a
+Certificates are made for the module by scripts/test-certs.sh (openssl): a
 CA, and server and client certificates it signed (names localhost and
 127.0.0.1), plus a second CA that signed nothing the server trusts.
 """
@@ -29,41 +29,14 @@ from resp import parse
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(d: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
-        cwd=d,
-    )
-
-
-def _make_cert(d: Path, who: str, ca: str) -> None:
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN={who}", cwd=d,
-    )
-    (d / f"{who}.ext").write_text(
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-        "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", f"{who}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-        "-CAcreateserial", "-out", f"{who}.crt", "-days", "2", "-extfile", f"{who}.ext", cwd=d,
-    )
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ca signed server, server2 and client; other-ca signed stranger."""
     d = tmp_path_factory.mktemp("certs")
-    _make_ca(d, "ca")
-    _make_ca(d, "other-ca")
-    for who in ("server", "client", "server2"):
-        _make_cert(d, who, "ca")
-    _make_cert(d, "stranger", "other-ca")
+    subprocess.run(
+        [str(Path(__file__).resolve().parents[2] / "scripts" / "test-certs.sh"), str(d)],
+        check=True, capture_output=True, timeout=120,
+    )
     return d
 
 

@@ -17,9 +17,15 @@ pub fn hash_password(password: &[u8]) -> Hash {
     Sha256::digest(password).into()
 }
 
-/// A hash as 64 lower-case hex digits.
-pub fn hex(hash: &Hash) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
+/// Bytes as lower-case hex digits (a hash: 64 of them).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+    out
 }
 
 /// A `#hash` argument: exactly 64 lower-case hex digits.

@@ -428,8 +428,7 @@ fn genpass(_client: &mut Client, args: &[Bytes]) -> Reply {
     if let Err(e) = fill_random(&mut random) {
         return Reply::error(format!("ERR no random source: {e}"));
     }
-    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
-    Reply::bulk(&hex[..chars])
+    Reply::bulk(&crate::acl::user::hex(&random)[..chars])
 }
 
 /// Fills `out` from the kernel's random source.

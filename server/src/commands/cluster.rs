@@ -649,15 +649,12 @@ fn peer(client: &mut Client, _: &[Bytes]) -> Reply {
     let _ = with_cluster!(client);
     // A peer's commands are not checked again: only the user peers log in
     // as (masteruser) or one allowed everything may become one.
-    let masteruser = client
-        .shard
-        .shared
-        .config
-        .peer_login
+    let config = &client.shard.shared.config;
+    let is_masteruser = config
+        .masteruser
         .read()
-        .map(|login| login.0.clone())
-        .unwrap_or_default();
-    if !client.user.unrestricted() && client.user.name != masteruser {
+        .is_ok_and(|m| *m == client.user.name);
+    if !client.user.unrestricted() && !is_masteruser {
         return Reply::error(
             "NOPERM only the cluster's peer user (masteruser) may say CLUSTER PEER",
         );
