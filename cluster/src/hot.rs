@@ -491,7 +491,7 @@ impl Cluster {
                     Bytes::from_static(b"UNCOPY"),
                     key,
                 ];
-                let _ = tokio::time::timeout(
+                let _ = kvtier_timer::timeout(
                     Duration::from_secs(2),
                     call_once(&self.identity, view.nodes[i].addr(), false, &args),
                 )

@@ -143,7 +143,7 @@ pub type PeerStream = Stream<TcpStream, Box<tokio_rustls::client::TlsStream<TcpS
 /// (a DNS name or an IP address) and chain to the configured CA.
 pub async fn dial(addr: &str, identity: &Identity) -> std::io::Result<PeerStream> {
     let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+    let stream = kvtier_timer::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| timed_out())??;
     let _ = stream.set_nodelay(true);
@@ -155,7 +155,7 @@ pub async fn dial(addr: &str, identity: &Identity) -> std::io::Result<PeerStream
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let connector = tokio_rustls::TlsConnector::from(config);
-    let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
+    let tls = kvtier_timer::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
         .await
         .map_err(|_| timed_out())??;
     Ok(Stream::Tls(Box::new(tls)))

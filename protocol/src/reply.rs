@@ -457,15 +457,19 @@ impl ReplyBuf {
                     self.chunk_bytes -= n;
                     return;
                 }
+                None if n >= self.scratch.len() => {
+                    // All of it: cleared where it starts, so the next reply
+                    // is encoded into the same room (an `advance` first
+                    // would leave that room behind, to be reclaimed by a
+                    // reserve on the next reply).
+                    self.scratch.clear();
+                    break;
+                }
                 None => {
                     self.scratch.advance(n);
                     break;
                 }
             }
-        }
-        if self.scratch.is_empty() {
-            // Rewinds to the start of the allocation for reuse.
-            self.scratch.clear();
         }
     }
 }

@@ -84,7 +84,17 @@ pub struct RequestParser {
     pending: usize,
     /// When set, the stricter limits for clients that have not authenticated.
     unauthenticated: bool,
+    /// An empty argument list handed back by the caller
+    /// ([`RequestParser::recycle`]), reused for the next request: most
+    /// requests then cost no allocation for their list.
+    spare: Vec<Bytes>,
 }
+
+/// Argument lists longer than this are not kept for reuse.
+const SPARE_MAX: usize = 64;
+/// Requests of up to this many arguments are cut in the fast path's one
+/// scan (their places kept on the stack); longer ones are scanned twice.
+const ONE_SCAN_MAX: usize = 8;
 
 impl RequestParser {
     /// A parser that accepts bulk arguments of up to `max_bulk` bytes.
@@ -94,6 +104,28 @@ impl RequestParser {
             max_bulk,
             pending: 0,
             unauthenticated: false,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Takes back a request's argument list once the command is done with
+    /// it: emptied and kept (unless long), the next request's arguments go
+    /// into it without an allocation.
+    pub fn recycle(&mut self, mut args: Vec<Bytes>) {
+        if args.capacity() <= SPARE_MAX && args.capacity() > self.spare.capacity() {
+            args.clear();
+            self.spare = args;
+        }
+    }
+
+    /// An empty list with room for `count` arguments: the spare one when
+    /// it has the room, else a new one with room for a short request at
+    /// least (so that it can serve the next one).
+    fn new_args(&mut self, count: usize) -> Vec<Bytes> {
+        if self.spare.capacity() >= count {
+            std::mem::take(&mut self.spare)
+        } else {
+            Vec::with_capacity(count.max(ONE_SCAN_MAX))
         }
     }
 
@@ -179,7 +211,7 @@ impl RequestParser {
                     }
                     self.state = State::Args {
                         remaining: count,
-                        args: Vec::with_capacity(count.min(1024)),
+                        args: self.new_args(count.min(1024)),
                     };
                 }
                 State::Args { remaining: 0, args } => {
@@ -292,10 +324,11 @@ impl RequestParser {
     /// the streaming path (incomplete, malformed, non-canonical or over a
     /// limit), which produces Redis's exact errors.
     ///
-    /// One scan checks the frame and finds its end; a second, over the
-    /// frozen frame, cuts the arguments (re-reading a few digits is cheaper
-    /// than keeping their ranges in a second allocation).
-    fn fast_path(&self, buf: &mut BytesMut) -> Option<Vec<Bytes>> {
+    /// One scan checks the frame, finds its end and, for up to
+    /// [`ONE_SCAN_MAX`] arguments, notes where each is; a longer request is
+    /// cut in a second scan over the frozen frame (re-reading a few digits
+    /// is cheaper than keeping its ranges in an allocation).
+    fn fast_path(&mut self, buf: &mut BytesMut) -> Option<Vec<Bytes>> {
         let (max_count, max_bulk) = if self.unauthenticated {
             (UNAUTH_MAX_MULTIBULK, UNAUTH_MAX_BULK.min(self.max_bulk))
         } else {
@@ -305,7 +338,10 @@ impl RequestParser {
         if count == 0 || count > max_count {
             return None;
         }
-        for _ in 0..count {
+        // Where each argument is, for short requests (the common ones): no
+        // second scan.
+        let mut spans = [(0usize, 0usize); ONE_SCAN_MAX];
+        for i in 0..count {
             let (len, payload) = canonical_header(buf, at, b'$')?;
             if len > max_bulk {
                 return None;
@@ -314,22 +350,35 @@ impl RequestParser {
             if buf.get(end..end + 2)? != b"\r\n" {
                 return None;
             }
+            if let Some(span) = spans.get_mut(i) {
+                *span = (payload, len);
+            }
             at = end + 2;
         }
         let frame = buf.split_to(at).freeze();
-        let mut args = Vec::with_capacity(count);
-        let (_, mut at) = canonical_header(&frame, 0, b'*')?;
-        for _ in 0..count {
-            let (len, payload) = canonical_header(&frame, at, b'$')?;
-            let arg = &frame[payload..payload + len];
-            // Big arguments own their memory, so a stored value never pins
-            // a read buffer.
-            args.push(if len >= BIG_BULK {
-                Bytes::copy_from_slice(arg)
+        let mut args = self.new_args(count);
+        // Big arguments own their memory, so a stored value never pins a
+        // read buffer.
+        let cut = |payload: usize, len: usize| {
+            if len >= BIG_BULK {
+                Bytes::copy_from_slice(&frame[payload..payload + len])
             } else {
                 frame.slice(payload..payload + len)
-            });
-            at = payload + len + 2;
+            }
+        };
+        if count <= ONE_SCAN_MAX {
+            args.extend(
+                spans[..count]
+                    .iter()
+                    .map(|&(payload, len)| cut(payload, len)),
+            );
+        } else {
+            let (_, mut at) = canonical_header(&frame, 0, b'*')?;
+            for _ in 0..count {
+                let (len, payload) = canonical_header(&frame, at, b'$')?;
+                args.push(cut(payload, len));
+                at = payload + len + 2;
+            }
         }
         Some(args)
     }
@@ -583,7 +632,7 @@ mod tests {
 
     #[test]
     fn fast_path_cuts_one_frame_and_agrees_with_streaming() {
-        let parser = RequestParser::new(1 << 30);
+        let mut parser = RequestParser::new(1 << 30);
         let mut rng = 7u64;
         let mut next = move |n: u64| {
             rng ^= rng << 13;
@@ -666,5 +715,26 @@ mod tests {
         buf.extend_from_slice(b"\r\n$1\r\nz\r\n");
         assert!(p.parse(&mut buf).unwrap().is_some());
         assert_eq!(p.pending_bytes(), 0);
+    }
+
+    #[test]
+    fn a_recycled_argument_list_is_reused() {
+        let mut p = RequestParser::new(512 << 20);
+        let mut buf = BytesMut::from(
+            &b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"[..],
+        );
+        let first = p.parse(&mut buf).unwrap().unwrap().args;
+        let (place, room) = (first.as_ptr(), first.capacity());
+        assert!(room >= 3, "room for the next request too");
+        p.recycle(first);
+        let second = p.parse(&mut buf).unwrap().unwrap().args;
+        assert_eq!(second.as_ptr(), place);
+        assert_eq!(
+            second,
+            vec![Bytes::from("SET"), Bytes::from("k"), Bytes::from("v")]
+        );
+        // A long list is not kept.
+        p.recycle(vec![Bytes::new(); 1000]);
+        assert!(p.spare.capacity() <= SPARE_MAX);
     }
 }

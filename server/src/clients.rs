@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -28,8 +28,12 @@ pub struct ClientInfo {
     pub lib_ver: String,
     /// When the connection was accepted.
     pub created: Instant,
-    /// When the last command arrived.
-    pub last_active: Instant,
+    /// When the last command arrived (a `kvtier_store::mono_ns` reading).
+    pub last_active: u64,
+    /// Since when the connection has been waiting for the client's next
+    /// request (`None` while it reads, runs or answers one): what
+    /// `--timeout` measures.
+    pub idle_since: Option<u64>,
     /// The last command's name.
     pub last_cmd: &'static str,
     /// RESP version in use.
@@ -63,7 +67,8 @@ impl ClientInfo {
             lib_name: String::new(),
             lib_ver: String::new(),
             created: now,
-            last_active: now,
+            last_active: kvtier_store::mono_ns(),
+            idle_since: None,
             last_cmd: "NULL",
             resp: 2,
             no_evict: false,
@@ -97,7 +102,7 @@ impl ClientInfo {
             self.fd,
             self.name,
             now.duration_since(self.created).as_secs(),
-            now.duration_since(self.last_active).as_secs(),
+            kvtier_store::mono_ns().saturating_sub(self.last_active) / 1_000_000_000,
             flags,
             self.qbuf,
             self.omem,
@@ -190,6 +195,19 @@ impl ClientRegistry {
             }
         }
         killed
+    }
+
+    /// Kills the clients that have waited for their next request for
+    /// `timeout` or longer (`--timeout`); returns how many.
+    pub fn kill_idle(&self, timeout: Duration) -> usize {
+        let (now, timeout) = (kvtier_store::mono_ns(), timeout.as_nanos() as u64);
+        self.kill(
+            |c| {
+                c.idle_since
+                    .is_some_and(|since| now.saturating_sub(since) >= timeout)
+            },
+            None,
+        )
     }
 
     /// Kills every client (shutdown).

@@ -237,6 +237,8 @@ impl Server {
         });
         let cpus = allowed_cpus();
         let mut threads = Vec::with_capacity(shards);
+        // The shards' timers run there (their runtimes have no time driver).
+        kvtier_timer::start()?;
         let listeners = listeners.into_iter().zip(tls_listeners);
         for (id, ((listener, tls_listener), rx)) in listeners.zip(receivers).enumerate() {
             let shared = Arc::clone(&shared);
@@ -348,8 +350,10 @@ fn run_shard(
     if let Some(cpu) = cpu {
         shard::pin_to_core(cpu);
     }
+    // No time driver: it would walk its wheel at every park, once per
+    // request for a lone client; the shard's few timers are kvtier-timer's.
     let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
         .build()
     {
         Ok(rt) => rt,
@@ -458,7 +462,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    kvtier_timer::sleep(Duration::from_millis(10)).await;
                 }
             },
             _ = shutdown.changed() => break,
@@ -494,6 +498,13 @@ async fn cron(shard: Rc<Shard>) {
             kvtier_store::resync_clock();
         }
         shard.deliver_links();
+        let timeout = shared.config.timeout.load(Relaxed);
+        if timeout > 0 {
+            shard
+                .clients
+                .borrow()
+                .kill_idle(Duration::from_secs(timeout));
+        }
         if shared.active_expire.load(Relaxed) {
             // Bounded work per round so clients are not stalled; the next
             // round continues right after yielding.

@@ -17,8 +17,8 @@ use kvtier_store::latency::{self, BUCKETS};
 pub struct CommandStat {
     /// Executions.
     pub calls: u64,
-    /// Total execution time, microseconds.
-    pub usec: u64,
+    /// Total execution time, nanoseconds (INFO shows microseconds).
+    pub nanos: u64,
     /// Refused before running (arity, auth, OOM).
     pub rejected: u64,
     /// Ran and replied with an error.
@@ -104,15 +104,15 @@ impl ShardStats {
         }
     }
 
-    /// Records one execution of command `id`.
-    pub fn record(&mut self, id: usize, took: Duration, failed: bool) {
+    /// Records one execution of command `id` that took `nanos`.
+    pub fn record(&mut self, id: usize, nanos: u64, failed: bool) {
         let stat = &mut self.commands[id];
         stat.calls += 1;
-        stat.usec += took.as_micros() as u64;
+        stat.nanos += nanos;
         if failed {
             stat.failed += 1;
         }
-        stat.latency[latency::bucket(took)] += 1;
+        stat.latency[latency::bucket_ns(nanos)] += 1;
         self.total_commands += 1;
     }
 
@@ -182,9 +182,9 @@ mod tests {
     #[test]
     fn records_calls_failures_and_buckets() {
         let mut s = ShardStats::new(3);
-        s.record(1, Duration::from_micros(3), false);
-        s.record(1, Duration::from_millis(2), true);
-        s.record(1, Duration::from_secs(5), false);
+        s.record(1, 3_000, false);
+        s.record(1, 2_000_000, true);
+        s.record(1, 5_000_000_000, false);
         s.reject(Some(2));
         let c = &s.commands[1];
         assert_eq!((c.calls, c.failed), (3, 1));

@@ -15,12 +15,36 @@ pub const BOUNDS: [f64; 16] = [
 /// Number of buckets (the bounds and one for everything above).
 pub const BUCKETS: usize = BOUNDS.len() + 1;
 
+/// [`BOUNDS`] in nanoseconds.
+const BOUNDS_NS: [u64; BOUNDS.len()] = [
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
+];
+
 /// The bucket `took` falls in.
 pub fn bucket(took: Duration) -> usize {
-    let secs = took.as_secs_f64();
-    BOUNDS
+    bucket_ns(took.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+/// The bucket of a time in nanoseconds (what connections measure).
+pub fn bucket_ns(took: u64) -> usize {
+    BOUNDS_NS
         .iter()
-        .position(|&b| secs <= b)
+        .position(|&b| took <= b)
         .unwrap_or(BOUNDS.len())
 }
 
@@ -68,5 +92,10 @@ mod tests {
         l.record(Duration::from_secs(5));
         assert_eq!(l.counts()[BOUNDS.len()], 1);
         assert_eq!(bucket_value(8), 0.002_5);
+        for (i, (&secs, &ns)) in BOUNDS.iter().zip(&BOUNDS_NS).enumerate() {
+            assert_eq!((secs * 1e9).round() as u64, ns);
+            assert_eq!(bucket_ns(ns), i);
+            assert_eq!(bucket_ns(ns + 1), i + 1);
+        }
     }
 }

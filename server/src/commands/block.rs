@@ -638,7 +638,7 @@ async fn blocking_read(
     min: usize,
     timeout: Duration,
 ) -> Option<Vec<Option<Fetched>>> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = kvtier_timer::deadline_after(timeout);
     let waiter = Waiter {
         id: NEXT_WAITER.fetch_add(1, Relaxed),
         wake: Arc::new(Notify::new()),
@@ -667,7 +667,7 @@ async fn blocking_read(
     shard.stats.borrow_mut().blocked_clients += 1;
     let _unblocked = BlockedCount(Rc::clone(shard));
     loop {
-        let woke = tokio::time::timeout_at(deadline, waiter.wake.notified()).await;
+        let woke = kvtier_timer::timeout_at(deadline, waiter.wake.notified()).await;
         values = read_values(shard, keys, Watch::No).await?;
         if present(&values) >= min || woke.is_err() {
             return Some(values);

@@ -215,6 +215,11 @@ impl ShardOp {
     pub fn run(&self, store: &mut Store, now: u64) -> Reply {
         (self.run)(store, &self.op, now)
     }
+
+    /// Its argument list, once run (for the parser to reuse).
+    pub fn into_args(self) -> Vec<Bytes> {
+        self.op.args.into_vec()
+    }
 }
 
 /// How a command runs: decided once, by [`Plan::of`], for every path (the

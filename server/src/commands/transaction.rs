@@ -15,11 +15,10 @@
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
-use kvtier_store::now_ms;
+use kvtier_store::{mono_ns, now_ms};
 
 use super::flags::*;
 use super::{
@@ -272,9 +271,9 @@ async fn run_on_one_shard(
             let replies = ops
                 .into_iter()
                 .map(|(id, op)| {
-                    let started = Instant::now();
+                    let started = mono_ns();
                     let reply = op.run(&mut store, now);
-                    stats.record(id, started.elapsed(), reply.is_error());
+                    stats.record(id, mono_ns() - started, reply.is_error());
                     reply
                 })
                 .collect();
@@ -286,12 +285,12 @@ async fn run_on_one_shard(
 
 /// Runs one queued command outside the connection's batching.
 async fn run_one(client: &mut Client, id: usize, spec: &'static CommandSpec, args: Args) -> Reply {
-    let started = Instant::now();
+    let started = mono_ns();
     let reply = execute(client, spec, args).await;
     client
         .shard
         .stats
         .borrow_mut()
-        .record(id, started.elapsed(), reply.is_error());
+        .record(id, mono_ns() - started, reply.is_error());
     reply
 }

@@ -108,7 +108,7 @@ pub async fn delete_on_previous(
         ));
     }
     for (n, rx) in pending {
-        if let Ok(Ok(_)) = tokio::time::timeout(cluster.node_timeout, rx).await {
+        if let Ok(Ok(_)) = kvtier_timer::timeout(cluster.node_timeout, rx).await {
             cluster.stats.handoff_deleted.fetch_add(n, Relaxed);
         }
     }
@@ -150,7 +150,7 @@ async fn pull(client: &mut Client, cluster: &Arc<Cluster>, view: &View, keys: Ve
     let now = kvtier_store::now_ms();
     let mut found = Vec::new();
     for (mine, rx) in asked {
-        let Ok(Ok(Reply::Array(items))) = tokio::time::timeout(cluster.node_timeout, rx).await
+        let Ok(Ok(Reply::Array(items))) = kvtier_timer::timeout(cluster.node_timeout, rx).await
         else {
             continue;
         };

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
-use kvtier_store::now_ms;
+use kvtier_store::{mono_ns, now_ms};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
@@ -48,7 +48,7 @@ const MAX_BUFFERED_WHILE_BLOCKED: usize = 1024 * 1024;
 const TIMING_GROUP: usize = 8;
 /// How long polling stays off after two connections of a shard read in
 /// turn.
-const POLL_QUIET: Duration = Duration::from_millis(2);
+const POLL_QUIET_NS: u64 = 2_000_000;
 /// Output size after which a batch is cut short and written.
 const MAX_PENDING_OUTPUT: usize = 4 * 1024 * 1024;
 
@@ -93,7 +93,7 @@ pub async fn accept(shard: Rc<Shard>, tcp: TcpStream, peer: SocketAddr, tls: boo
         None => serve(shard, tcp, peer, local, fd).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
-            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            match kvtier_timer::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd).await,
                 Ok(Err(e)) => {
                     debug!("TLS handshake with {peer}: {e}");
@@ -121,7 +121,7 @@ async fn serve<S: ClientIo>(
         // What the client already sent is read and dropped for a moment
         // after our FIN, so the close does not reset the connection before
         // the client has read the explanation.
-        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        let _ = kvtier_timer::timeout(Duration::from_millis(500), async {
             stream
                 .write_all(crate::config::PROTECTED_MODE_ERROR.as_bytes())
                 .await?;
@@ -167,7 +167,7 @@ async fn serve<S: ClientIo>(
             multi: None,
             watching: Watching::new(Rc::clone(&shard), id),
         },
-        clock: Instant::now(),
+        clock: mono_ns(),
         untimed: Vec::with_capacity(TIMING_GROUP),
         last_lookup: None,
         now_ms: now_ms(),
@@ -189,8 +189,9 @@ struct Connection<S: ClientIo> {
     parser: RequestParser,
     out: ReplyBuf,
     client: Client,
-    /// When the commands in `untimed` began (command timing).
-    clock: Instant,
+    /// When the commands in `untimed` began (command timing): a
+    /// [`mono_ns`] reading.
+    clock: u64,
     /// Commands run since `clock` whose time is not yet taken: the clock is
     /// read once for a few commands, not once per command.
     untimed: Vec<(usize, bool)>,
@@ -275,10 +276,14 @@ impl<S: ClientIo> Connection<S> {
             let mut batch = Batch::default();
             let mut fatal = None;
             let mut cut_short = false;
-            self.clock = Instant::now();
+            self.clock = mono_ns();
             self.note_reader();
-            self.now_ms = kvtier_store::clock_ms(self.clock);
-            self.client.info.borrow_mut().last_active = self.clock;
+            self.now_ms = kvtier_store::ms_at(self.clock);
+            {
+                let mut info = self.client.info.borrow_mut();
+                info.last_active = self.clock;
+                info.idle_since = None;
+            }
             loop {
                 if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
                     cut_short = true;
@@ -330,37 +335,28 @@ impl<S: ClientIo> Connection<S> {
                 self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
                 continue;
             }
-            let timeout = shared.config.timeout.load(Relaxed);
-            let idle = async {
-                if timeout == 0 {
-                    std::future::pending::<()>().await
-                } else {
-                    tokio::time::sleep(Duration::from_secs(timeout)).await
-                }
-            };
+            // Waiting for the client from now: past `--timeout` the shard's
+            // cron closes the connection (as Redis's clientsCron does), so
+            // the read needs no timer of its own.
+            self.client.info.borrow_mut().idle_since = Some(self.clock);
             let Connection {
                 stream,
                 rbuf,
                 parser,
                 ..
             } = self;
-            let read = async {
-                match parser.big_bulk_buffer() {
-                    Some(big) => stream.read_buf(big).await,
-                    None => {
+            // CLIENT KILL, shutdown and the idle timeout shut the socket
+            // down, which ends this read; nothing else needs watching on
+            // the hot path.
+            let n = match parser.big_bulk_buffer() {
+                Some(big) => stream.read_buf(big).await?,
+                None => {
+                    // Room for a chunk is made only when little is left
+                    // (reserving on every read costs a reclaim each time).
+                    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
                         rbuf.reserve(READ_CHUNK);
-                        stream.read_buf(rbuf).await
                     }
-                }
-            };
-            // CLIENT KILL and shutdown shut the socket down, which ends this
-            // read; nothing else needs watching on the hot path.
-            let n = if timeout == 0 {
-                read.await?
-            } else {
-                tokio::select! {
-                    n = read => n?,
-                    _ = idle => return Ok(()),
+                    stream.read_buf(rbuf).await?
                 }
             };
             if n == 0 || self.client.info.borrow().killed {
@@ -465,7 +461,7 @@ impl<S: ClientIo> Connection<S> {
                 write.await?;
                 continue;
             };
-            match tokio::time::timeout_at(until.into(), write).await {
+            match kvtier_timer::timeout_at(until, write).await {
                 Ok(written) => {
                     written?;
                 }
@@ -484,7 +480,7 @@ impl<S: ClientIo> Connection<S> {
             let flush = self.stream.flush();
             if idle == 0 {
                 flush.await?;
-            } else if tokio::time::timeout(Duration::from_secs(idle), flush)
+            } else if kvtier_timer::timeout(Duration::from_secs(idle), flush)
                 .await
                 .is_err()
             {
@@ -498,12 +494,12 @@ impl<S: ClientIo> Connection<S> {
 
     /// Notes that this connection is reading a request: when the last
     /// reader was another connection, polling is off for a while
-    /// ([`POLL_QUIET`]).
+    /// ([`POLL_QUIET_NS`]).
     fn note_reader(&self) {
         let shard = &self.client.shard;
         let id = self.client.id();
         if shard.last_reader.get().0 != id {
-            shard.last_reader.set((id, Some(self.clock + POLL_QUIET)));
+            shard.last_reader.set((id, self.clock + POLL_QUIET_NS));
         }
     }
 
@@ -517,11 +513,7 @@ impl<S: ClientIo> Connection<S> {
     async fn idle_poll(&mut self) -> std::io::Result<Option<usize>> {
         let window = self.client.shard.shared.config.idle_poll_us.load(Relaxed);
         let shard = Rc::clone(&self.client.shard);
-        let contended = shard
-            .last_reader
-            .get()
-            .1
-            .is_some_and(|until| self.clock < until);
+        let contended = self.clock < shard.last_reader.get().1;
         // A TLS record cannot be looked for without a read that may wait:
         // TLS connections do not poll.
         if window == 0
@@ -573,7 +565,7 @@ impl<S: ClientIo> Connection<S> {
         }
         let mut sink = vec![0u8; READ_CHUNK];
         let mut drained = 0;
-        let _ = tokio::time::timeout(LINGER, async {
+        let _ = kvtier_timer::timeout(LINGER, async {
             while drained < LINGER_BYTES {
                 match self.stream.read(&mut sink).await {
                     Ok(0) | Err(_) => break,
@@ -638,7 +630,7 @@ impl<S: ClientIo> Connection<S> {
                 if tier.dir.congested() {
                     let dir = Arc::clone(&tier.dir);
                     self.send_remote(batch).await;
-                    dir.drain(Duration::from_secs(1)).await;
+                    dir.drain(kvtier_timer::sleep(Duration::from_secs(1))).await;
                     self.now_ms = now_ms();
                 }
             }
@@ -654,6 +646,7 @@ impl<S: ClientIo> Connection<S> {
                 }
                 Plan::Now(f, a) => {
                     let reply = f(&mut self.client, &a);
+                    self.parser.recycle(a.into_vec());
                     self.record(id, &reply);
                     let resp3 = self.client.resp3;
                     self.ready(batch, reply, resp3);
@@ -688,7 +681,7 @@ impl<S: ClientIo> Connection<S> {
         // Timed on its own: it may have waited for other shards.
         self.untimed.push((id, reply.is_error()));
         self.take_time();
-        self.now_ms = kvtier_store::clock_ms(self.clock);
+        self.now_ms = kvtier_store::ms_at(self.clock);
         let resp3 = self.client.resp3;
         self.ready(batch, reply, resp3);
     }
@@ -794,6 +787,7 @@ impl<S: ClientIo> Connection<S> {
             None
         };
         if let Some(reply) = done {
+            self.parser.recycle(op.into_args());
             self.record(id, &reply);
             let resp3 = self.client.resp3;
             self.ready(batch, reply, resp3);
@@ -822,9 +816,9 @@ impl<S: ClientIo> Connection<S> {
 
     /// Reads the clock and charges the elapsed time to the untimed commands.
     fn take_time(&mut self) {
-        let now = Instant::now();
+        let now = mono_ns();
         if !self.untimed.is_empty() {
-            let each = now.saturating_duration_since(self.clock) / self.untimed.len() as u32;
+            let each = now.saturating_sub(self.clock) / self.untimed.len() as u64;
             let mut stats = self.client.shard.stats.borrow_mut();
             for (id, failed) in self.untimed.drain(..) {
                 stats.record(id, each, failed);
@@ -868,7 +862,7 @@ impl<S: ClientIo> Connection<S> {
             let job = shard.call(target, move |s: &Shard| {
                 let mut store = s.store.lock();
                 let now = now_ms();
-                let started = Instant::now();
+                let started = mono_ns();
                 let mut done = Vec::with_capacity(work.len());
                 let replies = work
                     .into_iter()
@@ -879,7 +873,7 @@ impl<S: ClientIo> Connection<S> {
                     })
                     .collect::<Vec<Reply>>();
                 // One clock read for the job, shared out among its commands.
-                let each = started.elapsed() / done.len().max(1) as u32;
+                let each = mono_ns().saturating_sub(started) / done.len().max(1) as u64;
                 let mut stats = s.stats.borrow_mut();
                 for (id, failed) in done {
                     stats.record(id, each, failed);

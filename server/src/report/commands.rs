@@ -27,21 +27,22 @@ pub const METRICS: &[&Metric] = &[&CALLS, &ERRORS, &DURATION];
 /// `# Commandstats`: every command that ran or was refused.
 pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     for (id, spec) in table().all.iter().enumerate() {
-        let (mut calls, mut usec, mut rejected, mut failed) = (0, 0, 0, 0);
+        let (mut calls, mut nanos, mut rejected, mut failed) = (0, 0, 0, 0);
         for r in reports {
             let c = &r.command_stats[id];
             calls += c.calls;
-            usec += c.usec;
+            nanos += c.nanos;
             rejected += c.rejected;
             failed += c.failed;
         }
         if calls + rejected + failed == 0 {
             continue;
         }
+        let usec = nanos / 1000;
         let per_call = if calls == 0 {
             0.0
         } else {
-            usec as f64 / calls as f64
+            nanos as f64 / 1000.0 / calls as f64
         };
         o.field(
             format_args!("cmdstat_{}", spec.name),

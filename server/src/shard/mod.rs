@@ -114,7 +114,7 @@ pub struct Shard {
     /// stays off because another one read (several active clients keep
     /// the thread busy anyway; polling for one of them would only delay
     /// the others).
-    pub last_reader: Cell<(u64, Option<std::time::Instant>)>,
+    pub last_reader: Cell<(u64, u64)>,
     /// The cluster loss whose lost slots this shard has emptied (see
     /// `Cluster::purge_after_ms`).
     pub purged_loss: Cell<u64>,
@@ -139,7 +139,7 @@ impl Shard {
             hot: RefCell::new(HotCounter::default()),
             copies: RefCell::new(Copies::default()),
             polling: Cell::new(false),
-            last_reader: Cell::new((0, None)),
+            last_reader: Cell::new((0, 0)),
             purged_loss: Cell::new(0),
         }
     }
@@ -278,7 +278,13 @@ impl Shard {
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent.
     pub fn deliver_links(&self) {
-        self.store.lock().flush_spill();
+        {
+            let mut store = self.store.lock();
+            if !store.has_deferred_work() {
+                return;
+            }
+            store.flush_spill();
+        }
         loop {
             let events = self.store.lock().take_link_events();
             if events.is_empty() {

@@ -372,16 +372,27 @@ impl SpillDir {
         self.in_flight() >= QUEUE_SOFT
     }
 
-    /// Waits (at most `limit`) until the write queue is below the soft
-    /// limit.
-    pub async fn drain(&self, limit: std::time::Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
+    /// Waits until the write queue is below the soft limit, or until
+    /// `give_up` completes (the caller's deadline: the store sets no
+    /// timers of its own).
+    pub async fn drain(&self, give_up: impl std::future::Future<Output = ()>) {
+        use std::future::Future;
+        let mut give_up = std::pin::pin!(give_up);
         loop {
-            let notified = self.drained.notified();
+            // Made before the check: a notification between the two is
+            // not missed.
+            let mut notified = std::pin::pin!(self.drained.notified());
             if !self.congested() {
                 return;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let gave_up = std::future::poll_fn(|cx| {
+                if notified.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(false);
+                }
+                give_up.as_mut().poll(cx).map(|()| true)
+            })
+            .await;
+            if gave_up {
                 return;
             }
         }
