@@ -114,5 +114,5 @@ for run in kvtier-process.1.get redis.1.get; do
   echo
   echo "top functions by instructions (self), $run, $((N * 10)) GETs:"
   callgrind_annotate --inclusive=no "$WORK/last.$run" 2>/dev/null \
-    | awk '/^-+$/ {n++; next} n >= 3 && NF >= 2 {print} ' | head -15
+    | awk '/^-+$/ {n++; next} n >= 3 && NF >= 2 {print} ' | head -15 || true
 done

@@ -541,11 +541,22 @@ fn print_tables(a: &LatencyArgs, cells: &[Cell], tcp: &[f64]) {
             .filter(|c| c.clients == 1 && c.op.reply_bytes() >= 1 << 20)
         {
             let gbs = c.median_ops() * c.op.reply_bytes() as f64 / 1e9;
+            // This machine's stream speed drifts from minute to minute:
+            // each round's cell against the same round's stream, too.
+            let paired: Vec<f64> = c
+                .ops_per_sec
+                .iter()
+                .zip(tcp)
+                .map(|(ops, wire)| ops * c.op.reply_bytes() as f64 / 1e9 / wire)
+                .collect();
             println!(
-                "{} {} one connection: {gbs:.2} GB/s = {:.2} of the stream",
+                "{} {} one connection: {gbs:.2} GB/s = {:.2} of the stream (median of per-round ratios {:.2}, range {:.2}-{:.2})",
                 c.target,
                 c.op,
-                gbs / wire
+                gbs / wire,
+                median(&paired),
+                paired.iter().copied().fold(f64::INFINITY, f64::min),
+                paired.iter().copied().fold(0.0, f64::max),
             );
         }
     }

@@ -104,7 +104,15 @@ pub struct ReplyParser<T = Reply> {
     max_bulk: usize,
     /// Buffers handed back by the caller, reused for big payloads.
     spare: Vec<BytesMut>,
+    /// Their capacity in all (at most [`SPARE_BYTES`]).
+    spare_bytes: usize,
 }
+
+/// Capacity of the buffers kept for reuse: enough for a whole reply of
+/// 32 blocks of 2 MiB, or eight LMCache chunks of 32 MiB, so a client that
+/// reads one such reply after another allocates (and the kernel zeroes
+/// and maps) nothing new for them.
+const SPARE_BYTES: usize = 256 << 20;
 
 impl<T: BuildReply> Default for ReplyParser<T> {
     fn default() -> Self {
@@ -127,6 +135,7 @@ impl<T: BuildReply> ReplyParser<T> {
             big_bulk: min.max(1),
             max_bulk: MAX_BULK_REPLY,
             spare: Vec::new(),
+            spare_bytes: 0,
         }
     }
 
@@ -166,12 +175,14 @@ impl<T: BuildReply> ReplyParser<T> {
     /// later big payload reuses it instead of allocating (kept only when
     /// nothing else still holds it).
     pub fn recycle(&mut self, value: Bytes) {
-        const SPARE: usize = 16;
-        if value.len() < self.big_bulk || self.spare.len() >= SPARE {
+        if value.len() < self.big_bulk || self.spare_bytes + value.len() > SPARE_BYTES {
             return;
         }
         if let Ok(buf) = value.try_into_mut() {
-            self.spare.push(buf);
+            if self.spare_bytes + buf.capacity() <= SPARE_BYTES {
+                self.spare_bytes += buf.capacity();
+                self.spare.push(buf);
+            }
         }
     }
 
@@ -267,7 +278,9 @@ impl<T: BuildReply> ReplyParser<T> {
                 }
                 if len >= self.big_bulk {
                     buf.advance(nl + 2);
-                    let mut own = match self.spare.pop() {
+                    let spare = self.spare.pop();
+                    self.spare_bytes -= spare.as_ref().map_or(0, BytesMut::capacity);
+                    let mut own = match spare {
                         Some(mut b) if b.capacity() >= len + 2 => {
                             b.clear();
                             b
@@ -528,6 +541,41 @@ mod tests {
             panic!("a bulk")
         };
         assert_eq!((&again[..], again.as_ptr()), (&b"abcdefghi"[..], at));
+    }
+
+    #[test]
+    fn a_whole_reply_of_big_values_is_read_into_recycled_buffers() {
+        let mut parser = ReplyParser::<Reply>::with_big_bulk(8);
+        let reply = |n: usize| {
+            let mut wire = format!("*{n}\r\n").into_bytes();
+            for i in 0..n {
+                wire.extend_from_slice(format!("$16\r\nvalue-{i:010}\r\n").as_bytes());
+            }
+            BytesMut::from(&wire[..])
+        };
+        let places = |r: Reply| -> Vec<Bytes> {
+            r.into_array()
+                .unwrap()
+                .into_iter()
+                .map(|v| match v {
+                    Reply::Bulk(b) => b,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let first = places(parser.parse(&mut reply(32)).unwrap().unwrap());
+        let mut at: Vec<_> = first.iter().map(|b| b.as_ptr()).collect();
+        first.into_iter().for_each(|b| parser.recycle(b));
+        let second = places(parser.parse(&mut reply(32)).unwrap().unwrap());
+        let mut again: Vec<_> = second.iter().map(|b| b.as_ptr()).collect();
+        at.sort();
+        again.sort();
+        assert_eq!(at, again, "all 32 buffers reused");
+        // What is kept is bounded.
+        for _ in 0..(SPARE_BYTES / (64 << 20)) + 4 {
+            parser.recycle(Bytes::from(vec![0u8; 64 << 20]));
+        }
+        assert!(parser.spare_bytes <= SPARE_BYTES);
     }
 
     #[test]

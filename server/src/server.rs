@@ -13,7 +13,7 @@ use kvtier_cluster::Cluster;
 use kvtier_store::spill::{self, IoPool, Recovered, SpillDir};
 use kvtier_store::{MemoryOptions, SpillConfig, Store, StoreJob};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::LocalSet;
 use tracing::{info, warn};
@@ -54,6 +54,9 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Open client connections.
     pub connected: AtomicUsize,
+    /// Open connections by the shard serving them: an accepted connection
+    /// goes to the shard with the fewest ([`Shared::seat_for`]).
+    pub seated: Vec<AtomicUsize>,
     /// Bytes held by the requests still arriving on every connection
     /// (`maxmemory-clients` bounds it).
     pub client_query_bytes: AtomicU64,
@@ -227,6 +230,7 @@ impl Server {
                 .unwrap_or_default(),
             next_client_id: AtomicU64::new(1),
             connected: AtomicUsize::new(0),
+            seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             client_query_bytes: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
             memory_peak: AtomicU64::new(0),
@@ -389,7 +393,7 @@ fn run_shard(
             });
             store.insert_recovered(tier.take_recovered(id), kvtier_store::now_ms());
         }
-        let shard = Rc::new(Shard::new(id, Arc::clone(&shared), store));
+        let shard = Rc::new_cyclic(|me| Shard::new(id, Arc::clone(&shared), store, me.clone()));
         tokio::task::spawn_local(shard::run_mailbox(Rc::clone(&shard), rx));
         tokio::task::spawn_local(cron(Rc::clone(&shard)));
         let listener = match TcpListener::from_std(listener) {
@@ -435,7 +439,52 @@ fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
     (config.maxmemory.load(Relaxed) / shards as u64) as usize
 }
 
-/// Accepts connections on `listener` (TLS ones when `tls`) until shutdown.
+/// One open connection, counted in [`Shared::connected`] and, for the shard
+/// serving it, in [`Shared::seated`], from its accept until it ends (or is
+/// dropped on the way: the counts cannot leak).
+pub struct ShardSeat {
+    shared: Arc<Shared>,
+    shard: usize,
+}
+
+impl Drop for ShardSeat {
+    fn drop(&mut self) {
+        self.shared.seated[self.shard].fetch_sub(1, Relaxed);
+        self.shared.connected.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Shared {
+    /// Where a connection that shard `here` accepted is served: the shard
+    /// serving the fewest connections, `here` on a tie. SO_REUSEPORT
+    /// spreads connections by a hash of their addresses, so a client's
+    /// four connections all land on one of two shards one time in eight,
+    /// and on three to one half the time; placed by count, they are two
+    /// and two, as Dragonfly's acceptor deals them out. (Connections are
+    /// counted in [`Shared::connected`] before this is asked.)
+    fn seat_for(self: &Arc<Shared>, here: usize) -> ShardSeat {
+        let mut best = (self.seated[here].load(Relaxed), here);
+        for (shard, n) in self.seated.iter().enumerate() {
+            best = best.min((n.load(Relaxed), shard));
+            if best.0 == 0 {
+                break;
+            }
+        }
+        let shard = if self.seated[here].load(Relaxed) <= best.0 {
+            here
+        } else {
+            best.1
+        };
+        self.seated[shard].fetch_add(1, Relaxed);
+        ShardSeat {
+            shared: Arc::clone(self),
+            shard,
+        }
+    }
+}
+
+/// Accepts connections on `listener` (TLS ones when `tls`) until shutdown,
+/// serving each here or on the shard [`Shared::seat_for`] picks.
 async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
     let shared = Arc::clone(&shard.shared);
     let mut shutdown = shared.shutdown_signal();
@@ -453,12 +502,18 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
                         let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
                         continue;
                     }
-                    tokio::task::spawn_local(crate::net::connection::accept(
-                        Rc::clone(&shard),
-                        stream,
-                        peer,
-                        tls,
-                    ));
+                    let seat = shared.seat_for(shard.id);
+                    if seat.shard == shard.id {
+                        tokio::task::spawn_local(crate::net::connection::accept(
+                            Rc::clone(&shard),
+                            stream,
+                            peer,
+                            tls,
+                            seat,
+                        ));
+                    } else {
+                        hand_over(&shard, stream, peer, tls, seat);
+                    }
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
@@ -468,6 +523,39 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
             _ = shutdown.changed() => break,
         }
     }
+}
+
+/// Sends a connection this shard accepted to the shard `seat` names, which
+/// registers the socket with its own runtime and serves it from then on
+/// (its TLS handshake included). A connection that cannot move is closed.
+fn hand_over(shard: &Shard, stream: TcpStream, peer: SocketAddr, tls: bool, seat: ShardSeat) {
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(e) => {
+            warn!(
+                "moving a connection from {peer} to shard {}: {e}",
+                seat.shard
+            );
+            return;
+        }
+    };
+    let target = seat.shard;
+    let _ = shard.post(
+        target,
+        Box::new(move |s: &Shard| {
+            let Some(me) = s.rc() else {
+                return;
+            };
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    tokio::task::spawn_local(crate::net::connection::accept(
+                        me, stream, peer, tls, seat,
+                    ));
+                }
+                Err(e) => warn!("taking a connection from {peer}: {e}"),
+            }
+        }),
+    );
 }
 
 /// Rings every shard's cron tick `hz` times a second until shutdown.

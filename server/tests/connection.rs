@@ -734,3 +734,53 @@ fn shutdown_exits_the_process() {
     assert!(status.success(), "exit status {status:?}");
     assert!(std::net::TcpStream::connect(("127.0.0.1", server.port)).is_err());
 }
+
+/// The clients each shard serves, from INFO shards.
+fn clients_by_shard(c: &mut RawConn) -> Vec<usize> {
+    c.run("INFO shards")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("shard"))
+        .map(|l| {
+            let at = l.find("clients=").expect("clients=") + "clients=".len();
+            l[at..].split(',').next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn connections_are_spread_evenly_over_the_shards() {
+    let server = Server::start(&[]);
+    // 4 shards, 12 + 1 connections: the kernel's SO_REUSEPORT hash alone
+    // would rarely deal 3 or 4 to every shard; placement by count does.
+    let mut conns: Vec<RawConn> = (0..12).map(|_| server.raw()).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        // Every connection serves keys of every shard, whoever accepted it.
+        for key in one_key_per_shard(&format!("spread{i}")) {
+            assert_eq!(c.cmd(&[b"SET", key.as_bytes(), b"v"]), ok());
+            assert_eq!(c.cmd(&[b"GET", key.as_bytes()]), bulk("v"));
+        }
+    }
+    let mut probe = server.raw();
+    let counts = clients_by_shard(&mut probe);
+    assert_eq!(counts.len(), SHARDS, "{counts:?}");
+    assert_eq!(counts.iter().sum::<usize>(), 13, "{counts:?}");
+    assert!(counts.iter().all(|&n| n == 3 || n == 4), "{counts:?}");
+    // Closed connections free their places: the next ones fill them.
+    conns.truncate(0);
+    assert!(eventually(Duration::from_secs(5), || clients_by_shard(
+        &mut probe
+    )
+    .iter()
+    .sum::<usize>()
+        == 1));
+    let _more: Vec<RawConn> = (0..7)
+        .map(|_| {
+            let mut c = server.raw();
+            assert_eq!(c.run("PING"), status("PONG"));
+            c
+        })
+        .collect();
+    let counts = clients_by_shard(&mut probe);
+    assert!(counts.iter().all(|&n| n == 2), "{counts:?}");
+}

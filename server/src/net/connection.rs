@@ -84,8 +84,16 @@ impl ClientIo for Box<tokio_rustls::server::TlsStream<TcpStream>> {
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one accepted connection (after its TLS handshake when `tls`)
-/// until it closes.
-pub async fn accept(shard: Rc<Shard>, tcp: TcpStream, peer: SocketAddr, tls: bool) {
+/// until it closes; `seat` counts it (on this shard, and among the
+/// server's connections) until then.
+pub async fn accept(
+    shard: Rc<Shard>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: bool,
+    seat: crate::server::ShardSeat,
+) {
+    let _seat = seat;
     let _ = tcp.set_nodelay(true);
     let local = tcp.local_addr().unwrap_or(peer);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
@@ -95,14 +103,8 @@ pub async fn accept(shard: Rc<Shard>, tcp: TcpStream, peer: SocketAddr, tls: boo
             let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
             match kvtier_timer::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd).await,
-                Ok(Err(e)) => {
-                    debug!("TLS handshake with {peer}: {e}");
-                    shard.shared.connected.fetch_sub(1, Relaxed);
-                }
-                Err(_) => {
-                    debug!("TLS handshake with {peer}: timed out");
-                    shard.shared.connected.fetch_sub(1, Relaxed);
-                }
+                Ok(Err(e)) => debug!("TLS handshake with {peer}: {e}"),
+                Err(_) => debug!("TLS handshake with {peer}: timed out"),
             }
         }
     }
@@ -138,7 +140,6 @@ async fn serve<S: ClientIo>(
         })
         .await;
         shard.stats.borrow_mut().rejected_connections += 1;
-        shard.shared.connected.fetch_sub(1, Relaxed);
         return;
     }
     let shared = Arc::clone(&shard.shared);
@@ -180,7 +181,6 @@ async fn serve<S: ClientIo>(
         .client_query_bytes
         .fetch_sub(conn.query_bytes as u64, Relaxed);
     shard.clients.borrow_mut().remove(id);
-    shared.connected.fetch_sub(1, Relaxed);
 }
 
 struct Connection<S: ClientIo> {

@@ -118,11 +118,14 @@ pub struct Shard {
     /// The cluster loss whose lost slots this shard has emptied (see
     /// `Cluster::purge_after_ms`).
     pub purged_loss: Cell<u64>,
+    /// This shard itself, for a job that starts a task needing it (a
+    /// connection handed over by another shard's accept loop).
+    me: std::rc::Weak<Shard>,
 }
 
 impl Shard {
     /// Creates shard `id`'s state.
-    pub fn new(id: usize, shared: Arc<Shared>, store: Store) -> Shard {
+    pub fn new(id: usize, shared: Arc<Shared>, store: Store, me: std::rc::Weak<Shard>) -> Shard {
         let commands = crate::commands::table().len();
         let store = Arc::new(StoreCell::new(store));
         if let Some(cell) = shared.stores.get(id) {
@@ -141,7 +144,13 @@ impl Shard {
             polling: Cell::new(false),
             last_reader: Cell::new((0, 0)),
             purged_loss: Cell::new(0),
+            me,
         }
+    }
+
+    /// The shared handle of this shard (`None` only while it is dropped).
+    pub fn rc(&self) -> Option<Rc<Shard>> {
+        self.me.upgrade()
     }
 
     /// The cluster view (a cached handle; cluster mode only).
