@@ -14,8 +14,10 @@
 //! * `prefixlen`: `PREFIXLEN` of a 64-key chain (Redis: `EXISTS k1..k64`);
 //! * `mgetprefix-64`, `mgetprefix-64k`, `mgetprefix-2m`: `MGETPREFIX` of
 //!   64 × 64 B, 64 × 64 KiB and 32 × 2 MiB (Redis: `MGET` of the same keys);
-//! * `tcp`: no server — a raw loopback TCP stream inside this process, the
-//!   wire's ceiling for the large fetches.
+//! * `tcp`: no server — two raw loopback TCP streams inside this process,
+//!   the wire's ceiling for the large fetches: one between two 4 MiB
+//!   buffers used again and again (warm in the cache), one between 64 MiB
+//!   of memory at each end, what a 32 × 2 MiB reply touches.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -374,39 +376,53 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap())
 }
 
-/// GB/s of a raw loopback TCP stream: one thread writes `total` bytes in
-/// 4 MiB writes, this one reads them.
-fn raw_tcp(seconds: f64) -> io::Result<f64> {
+/// GB/s of a raw loopback TCP stream: one thread writes 4 MiB at a time
+/// for `seconds` from `room` bytes of memory in turn, this one reads it
+/// into `room` bytes in turn. With `room` 4 MiB both ends use one buffer
+/// again and again, warm in the cache: the wire's best case. With 64 MiB
+/// both ends touch what a 32 × 2 MiB reply touches: a server sending values
+/// from 64 MiB of its memory, a client placing them in 64 MiB of its own.
+fn raw_tcp(seconds: f64, room: usize) -> io::Result<f64> {
     const CHUNK: usize = 4 * 1024 * 1024;
+    let room = room.max(CHUNK);
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let run_for = Duration::from_secs_f64(seconds.max(0.2));
     let writer = std::thread::spawn(move || -> io::Result<()> {
         let (mut s, _) = listener.accept()?;
-        let data = vec![7u8; CHUNK];
+        let data = vec![7u8; room];
         let start = Instant::now();
+        let mut at = 0;
         while start.elapsed() < run_for {
-            if s.write_all(&data).is_err() {
+            if s.write_all(&data[at..at + CHUNK]).is_err() {
                 break;
             }
+            at = (at + CHUNK) % room;
         }
         Ok(())
     });
     let mut s = TcpStream::connect(addr)?;
-    let mut buf = vec![0u8; CHUNK];
+    let mut buf = vec![0u8; room];
+    let mut at = 0;
     let start = Instant::now();
     let mut got = 0u64;
     loop {
-        let n = s.read(&mut buf)?;
+        let end = (at + CHUNK).min(buf.len());
+        let n = s.read(&mut buf[at..end])?;
         if n == 0 {
             break;
         }
         got += n as u64;
+        at = if at + n >= buf.len() { 0 } else { at + n };
     }
     let secs = start.elapsed().as_secs_f64();
     let _ = writer.join();
     Ok(got as f64 / secs / 1e9)
 }
+
+/// Bytes each end of the second raw stream goes through in turn (a 32 ×
+/// 2 MiB reply's worth; a multiple of the 4 MiB writes).
+const SPREAD_ROOM: usize = 64 << 20;
 
 /// One cell's totals over every round.
 struct Cell {
@@ -439,11 +455,12 @@ pub fn run(a: LatencyArgs) -> io::Result<()> {
         load(t, &server_ops)?;
     }
     let mut cells: Vec<Cell> = Vec::new();
-    let mut tcp = Vec::new();
+    let (mut tcp, mut tcp_spread) = (Vec::new(), Vec::new());
     for round in 0..a.rounds.max(1) {
         for &op in &a.ops {
             if op == Op::Tcp {
-                tcp.push(raw_tcp(a.seconds)?);
+                tcp.push(raw_tcp(a.seconds, 0)?);
+                tcp_spread.push(raw_tcp(a.seconds, SPREAD_ROOM)?);
                 continue;
             }
             for &clients in &a.clients {
@@ -478,9 +495,9 @@ pub fn run(a: LatencyArgs) -> io::Result<()> {
         }
         eprintln!("round {} of {} done", round + 1, a.rounds.max(1));
     }
-    print_tables(&a, &cells, &tcp);
+    print_tables(&a, &cells, &tcp, &tcp_spread);
     if let Some(path) = &a.json {
-        std::fs::write(path, to_json(&cells, &tcp).to_string())?;
+        std::fs::write(path, to_json(&cells, &tcp, &tcp_spread).to_string())?;
     }
     Ok(())
 }
@@ -491,7 +508,7 @@ fn median(v: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn print_tables(a: &LatencyArgs, cells: &[Cell], tcp: &[f64]) {
+fn print_tables(a: &LatencyArgs, cells: &[Cell], tcp: &[f64], tcp_spread: &[f64]) {
     let redis_of = |op: Op, clients: usize| {
         cells
             .iter()
@@ -530,10 +547,10 @@ fn print_tables(a: &LatencyArgs, cells: &[Cell], tcp: &[f64]) {
         }
     }
     if !tcp.is_empty() {
-        let wire = median(tcp);
+        let (wire, spread) = (median(tcp), median(tcp_spread));
         println!();
         println!(
-            "raw loopback TCP stream: {wire:.2} GB/s (median of {} runs)",
+            "raw loopback TCP stream: {wire:.2} GB/s between 4 MiB buffers, {spread:.2} GB/s between 64 MiB of memory at each end (medians of {} runs)",
             tcp.len()
         );
         for c in cells
@@ -543,26 +560,30 @@ fn print_tables(a: &LatencyArgs, cells: &[Cell], tcp: &[f64]) {
             let gbs = c.median_ops() * c.op.reply_bytes() as f64 / 1e9;
             // This machine's stream speed drifts from minute to minute:
             // each round's cell against the same round's stream, too.
-            let paired: Vec<f64> = c
-                .ops_per_sec
-                .iter()
-                .zip(tcp)
-                .map(|(ops, wire)| ops * c.op.reply_bytes() as f64 / 1e9 / wire)
-                .collect();
+            let paired = |streams: &[f64]| -> Vec<f64> {
+                c.ops_per_sec
+                    .iter()
+                    .zip(streams)
+                    .map(|(ops, wire)| ops * c.op.reply_bytes() as f64 / 1e9 / wire)
+                    .collect()
+            };
+            let (by_round, by_round_spread) = (paired(tcp), paired(tcp_spread));
             println!(
-                "{} {} one connection: {gbs:.2} GB/s = {:.2} of the stream (median of per-round ratios {:.2}, range {:.2}-{:.2})",
+                "{} {} one connection: {gbs:.2} GB/s = {:.2} of the 4 MiB stream (per round: median {:.2}, range {:.2}-{:.2}), {:.2} of the 64 MiB one (per round: median {:.2})",
                 c.target,
                 c.op,
                 gbs / wire,
-                median(&paired),
-                paired.iter().copied().fold(f64::INFINITY, f64::min),
-                paired.iter().copied().fold(0.0, f64::max),
+                median(&by_round),
+                by_round.iter().copied().fold(f64::INFINITY, f64::min),
+                by_round.iter().copied().fold(0.0, f64::max),
+                gbs / spread,
+                median(&by_round_spread),
             );
         }
     }
 }
 
-fn to_json(cells: &[Cell], tcp: &[f64]) -> serde_json::Value {
+fn to_json(cells: &[Cell], tcp: &[f64], tcp_spread: &[f64]) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = cells
         .iter()
         .map(|c| {
@@ -579,7 +600,7 @@ fn to_json(cells: &[Cell], tcp: &[f64]) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "cells": rows, "tcp_gbps": tcp })
+    serde_json::json!({ "cells": rows, "tcp_gbps": tcp, "tcp_spread_gbps": tcp_spread })
 }
 
 #[cfg(test)]
@@ -615,6 +636,7 @@ mod tests {
 
     #[test]
     fn raw_tcp_moves_bytes() {
-        assert!(raw_tcp(0.2).unwrap() > 0.0);
+        assert!(raw_tcp(0.2, 0).unwrap() > 0.0);
+        assert!(raw_tcp(0.2, SPREAD_ROOM).unwrap() > 0.0);
     }
 }
