@@ -24,7 +24,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use kvtier_protocol::{Reply, ReplyBuf, ReplyParser};
@@ -182,7 +182,14 @@ impl Conn {
                     if self.rbuf.capacity() - self.rbuf.len() < READ_AHEAD / 4 {
                         self.rbuf.reserve(READ_AHEAD);
                     }
-                    read_buf(&mut self.stream, &mut self.rbuf)?
+                    // Between the big values of one reply, only the next
+                    // header (as the Python connector reads): a read ahead
+                    // would take payload that is then copied.
+                    let want = match self.parser.read_hint() {
+                        n if n < READ_AHEAD / 16 => n,
+                        _ => READ_AHEAD,
+                    };
+                    read_buf(&mut self.stream, &mut (&mut self.rbuf).limit(want))?
                 }
             };
             if n == 0 {

@@ -106,7 +106,16 @@ pub struct ReplyParser<T = Reply> {
     spare: Vec<BytesMut>,
     /// Their capacity in all (at most [`SPARE_BYTES`]).
     spare_bytes: usize,
+    /// A big payload ended and the reply it belongs to has not: see
+    /// [`ReplyParser::read_hint`].
+    after_big: bool,
 }
+
+/// Bytes read into the shared buffer right after a big payload, while its
+/// array goes on: the next bulk header (`$2097152\r\n`) and little of the
+/// payload after it, which would otherwise be copied out of the shared
+/// buffer into its own (up to a whole read's worth per value).
+pub const HEADER_READ: usize = 32;
 
 /// Capacity of the buffers kept for reuse: enough for a whole reply of
 /// 32 blocks of 2 MiB, or eight LMCache chunks of 32 MiB, so a client that
@@ -136,6 +145,7 @@ impl<T: BuildReply> ReplyParser<T> {
             max_bulk: MAX_BULK_REPLY,
             spare: Vec::new(),
             spare_bytes: 0,
+            after_big: false,
         }
     }
 
@@ -204,6 +214,7 @@ impl<T: BuildReply> ReplyParser<T> {
                         return Err(ReplyError("bulk string not followed by CRLF".into()));
                     }
                     big.buf.truncate(big.len);
+                    self.after_big = true;
                     T::blob(big.kind, big.buf.freeze())?
                 }
                 None => match self.next_value(buf)? {
@@ -213,8 +224,22 @@ impl<T: BuildReply> ReplyParser<T> {
                 },
             };
             if let Some(done) = self.place(value)? {
+                self.after_big = false;
                 return Ok(Some(done));
             }
+        }
+    }
+
+    /// How many bytes to read into the shared buffer next: [`HEADER_READ`]
+    /// right after a big payload inside an array that goes on (another
+    /// bulk header is next, and a big read would take payload bytes that
+    /// then have to be copied), `READ_CHUNK` (64 KiB) otherwise. Readers
+    /// that read ahead further may use their own size in the second case.
+    pub fn read_hint(&self) -> usize {
+        if self.after_big && !self.open.is_empty() {
+            HEADER_READ
+        } else {
+            READ_CHUNK
         }
     }
 
@@ -235,7 +260,8 @@ impl<T: BuildReply> ReplyParser<T> {
                     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                         buf.reserve(READ_CHUNK);
                     }
-                    r.read_buf(buf).await?
+                    let want = self.read_hint();
+                    r.read_buf(&mut (&mut *buf).limit(want)).await?
                 }
             };
             if n == 0 {
@@ -576,6 +602,23 @@ mod tests {
             parser.recycle(Bytes::from(vec![0u8; 64 << 20]));
         }
         assert!(parser.spare_bytes <= SPARE_BYTES);
+    }
+
+    #[test]
+    fn reads_little_between_the_big_values_of_a_reply() {
+        let mut parser = ReplyParser::<Reply>::with_big_bulk(8);
+        assert_eq!(parser.read_hint(), READ_CHUNK);
+        let mut buf = BytesMut::from(&b"*2\r\n$10\r\n0123456789\r\n$10\r\n01"[..]);
+        assert_eq!(parser.parse(&mut buf), Ok(None));
+        // The second value is open: its bytes go to its own buffer.
+        assert!(parser.big_bulk_buffer().is_some());
+        let mut buf = BytesMut::from(&b"*2\r\n$10\r\n0123456789\r\n"[..]);
+        let mut parser = ReplyParser::<Reply>::with_big_bulk(8);
+        assert_eq!(parser.parse(&mut buf), Ok(None));
+        assert_eq!(parser.read_hint(), HEADER_READ, "a header is next");
+        buf.extend_from_slice(b"$1\r\nx\r\n");
+        assert!(parser.parse(&mut buf).unwrap().is_some());
+        assert_eq!(parser.read_hint(), READ_CHUNK, "the reply is whole");
     }
 
     #[test]
