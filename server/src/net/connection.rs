@@ -428,6 +428,7 @@ impl<S: ClientIo> Connection<S> {
         );
         let idle = config.timeout.load(Relaxed);
         let mut over_soft_since: Option<Instant> = None;
+        let mut waited = false;
         while !self.out.is_empty() {
             let pending = self.out.pending();
             if hard > 0 && pending > hard {
@@ -443,6 +444,7 @@ impl<S: ClientIo> Connection<S> {
             }
             // Slow to take them: CLIENT LIST shows it, the limits time it.
             self.client.info.borrow_mut().omem = pending;
+            waited = true;
             let now = Instant::now();
             if soft > 0 && pending > soft {
                 let since = *over_soft_since.get_or_insert(now);
@@ -473,6 +475,11 @@ impl<S: ClientIo> Connection<S> {
                 // The soft limit's time is up: checked on the next round.
                 Err(_) => {}
             }
+        }
+        if waited {
+            // The client's idle time (`--timeout`) starts when it has taken
+            // its replies, not when they were ready.
+            self.clock = mono_ns();
         }
         // TLS took the replies as plaintext; the records the socket did not
         // take yet must still go out (within --timeout, as any write).
