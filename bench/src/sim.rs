@@ -65,7 +65,8 @@ pub struct SimArgs {
     /// Write every figure as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// The `prefix` policy's parameters: `levels=N,lifetime=F,cold=0|1`.
+    /// The `prefix` policy's parameters:
+    /// `levels=N,lifetime=F,cold=0|1,ghosts=F` (defaults: the store's).
     #[arg(long, default_value = "")]
     pub tune: String,
 }
@@ -82,6 +83,7 @@ fn tuning(spec: &str) -> std::io::Result<PrefixTuning> {
             "levels" => t.levels = v.parse().map_err(|_| bad())?,
             "lifetime" => t.lifetime_per_block = v.parse().map_err(|_| bad())?,
             "cold" => t.cold_partial = v == "1" || v == "true",
+            "ghosts" => t.ghosts_per_block = v.parse().map_err(|_| bad())?,
             _ => return Err(std::io::Error::other(format!("--tune: unknown {k}"))),
         }
     }

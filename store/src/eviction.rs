@@ -5,11 +5,13 @@
 //! 8-bit counter with one decrement per idle minute.
 
 use std::fmt;
+use std::hash::BuildHasher;
 use std::str::FromStr;
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use hashbrown::{DefaultHashBuilder, HashMap};
 
 use crate::entry::Queue;
 use crate::slot::key_slot;
@@ -192,6 +194,10 @@ pub struct PrefixTuning {
     /// A chain's last block, when shorter than the block before it (a
     /// request's final partial block), is queued to go first.
     pub cold_partial: bool,
+    /// Evicted keys remembered (their uses), per block in DRAM: a block
+    /// written again while remembered starts from the uses it had, plus
+    /// this write. 0: none.
+    pub ghosts_per_block: f32,
 }
 
 impl Default for PrefixTuning {
@@ -200,6 +206,7 @@ impl Default for PrefixTuning {
             levels: 2,
             lifetime_per_block: 0.5,
             cold_partial: true,
+            ghosts_per_block: 4.0,
         }
     }
 }
@@ -208,6 +215,77 @@ impl PrefixTuning {
     /// The level a block of `uses` uses is queued at.
     pub(crate) fn level_of(&self, uses: u8) -> u8 {
         (uses.max(1).ilog2() as u8).min(self.levels.clamp(1, LEVELS as u8) - 1)
+    }
+}
+
+/// Bytes one remembered key costs the ghost list: its hash and uses in a
+/// map slot (16 bytes and a control byte, at most 7/8 full) and its place
+/// in the eviction order (16 bytes). Charged to the shard's memory.
+pub(crate) const GHOST_BYTES: usize = 40;
+
+/// The `prefix` policy's memory of blocks it evicted from DRAM (MQ's
+/// "Qout"): the hash of each key with the uses it had, the last
+/// `ghosts_per_block` × DRAM blocks of them in eviction order. A block
+/// written again while remembered was evicted too soon: it comes back with
+/// its uses plus this write (so a block read before, or returning for the
+/// second time, is queued at level 1) instead of as a new block. On RAG's
+/// repeated chunk lists and the synthetic trace's repeated prompts this is
+/// what tells a block that returns from one that does not.
+///
+/// O(1) per eviction (a push, and a pop once full) and per write of a new
+/// key (one lookup while anything is remembered). Keys are not kept, only
+/// a 64-bit hash: a collision gives one unrelated block the uses of another.
+#[derive(Default)]
+pub(crate) struct Ghosts {
+    hasher: DefaultHashBuilder,
+    /// Hash → (uses, stamp of the remembering).
+    uses: HashMap<u64, (u8, u32)>,
+    /// (hash, stamp), oldest first; an entry whose stamp is not the map's
+    /// (recalled, or remembered again since) is skipped.
+    order: VecDeque<(u64, u32)>,
+    stamp: u32,
+}
+
+impl Ghosts {
+    /// Remembers that `key` was evicted with `uses`, keeping at most
+    /// `room` keys (the oldest are forgotten).
+    pub(crate) fn remember(&mut self, key: &[u8], uses: u8, room: usize) {
+        if room == 0 {
+            return;
+        }
+        let hash = self.hasher.hash_one(key);
+        self.stamp = self.stamp.wrapping_add(1);
+        self.uses.insert(hash, (uses, self.stamp));
+        self.order.push_back((hash, self.stamp));
+        while self.uses.len() > room || self.order.len() > 2 * room + 64 {
+            let Some((hash, stamp)) = self.order.pop_front() else {
+                break;
+            };
+            if self.uses.get(&hash).is_some_and(|g| g.1 == stamp) {
+                self.uses.remove(&hash);
+            }
+        }
+    }
+
+    /// The uses `key` had when it was evicted, if it is remembered (it is
+    /// forgotten: it is back).
+    pub(crate) fn recall(&mut self, key: &[u8]) -> Option<u8> {
+        if self.uses.is_empty() {
+            return None;
+        }
+        let hash = self.hasher.hash_one(key);
+        self.uses.remove(&hash).map(|(uses, _)| uses)
+    }
+
+    /// Keys remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.uses.len()
+    }
+
+    /// Bytes charged for them.
+    pub(crate) fn bytes(&self) -> usize {
+        self.uses.len() * GHOST_BYTES
     }
 }
 
@@ -243,6 +321,8 @@ pub(crate) struct Recency {
     /// parked.
     pub(crate) lru_only: bool,
     pub(crate) tuning: PrefixTuning,
+    /// Blocks evicted lately, with their uses (`prefix` only).
+    pub(crate) ghosts: Ghosts,
 }
 
 impl Recency {
@@ -410,6 +490,33 @@ impl Store {
                 true => self.recency.parked = queues,
                 false => self.recency.queues = queues,
             }
+        }
+    }
+
+    /// Remembers the uses of `key`, about to leave the index by eviction
+    /// (not to the spill tier, where it keeps them), in the `prefix`
+    /// policy's ghost list.
+    pub(crate) fn remember_evicted(&mut self, slot: u16, key: &[u8]) {
+        if self.policy != EvictionPolicy::Prefix || !self.queues_on() {
+            return;
+        }
+        let room = (self.meta.queued as f32 * self.recency.tuning.ghosts_per_block) as usize;
+        if let Some(e) = self.maps[self.index(slot)].get(key) {
+            self.recency.ghosts.remember(key, e.uses, room);
+        }
+    }
+
+    /// The uses a block written now starts with: this write (0 for a cold
+    /// one, which is not a use), plus the uses it had if the `prefix`
+    /// policy evicted it lately.
+    pub(crate) fn uses_of_new(&mut self, key: &[u8], cold: bool) -> u8 {
+        let remembered = match self.policy {
+            EvictionPolicy::Prefix => self.recency.ghosts.recall(key),
+            _ => None,
+        };
+        match remembered {
+            Some(uses) => uses.saturating_add(1),
+            None => u8::from(!cold),
         }
     }
 

@@ -266,10 +266,9 @@ impl Store {
         entry.tick = self.recency.tick();
         let cold =
             cold && self.policy == EvictionPolicy::Prefix && self.recency.tuning.cold_partial;
-        if cold {
-            // Not a use: 0 marks a cold block never read.
-            entry.uses = 0;
-        }
+        // The write is a use, a cold block's not (0 marks a cold block
+        // never read); a block evicted lately comes back with its uses.
+        entry.uses = self.uses_of_new(key, cold);
         // Its place in the queues, set before the index counts it.
         let level = self.queues_on().then(|| self.recency.place(&mut entry));
         let tick = entry.tick;

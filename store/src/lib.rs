@@ -272,9 +272,10 @@ impl Store {
         mean.saturating_sub(now)
     }
 
-    /// Bytes in use: the arena's mapped pages and spans, plus the index.
+    /// Bytes in use: the arena's mapped pages and spans, plus the index
+    /// and the `prefix` policy's memory of evicted keys.
     pub fn used_memory(&self) -> usize {
-        self.meta.used + self.arena.mapped_bytes()
+        self.meta.used + self.arena.mapped_bytes() + self.recency.ghosts.bytes()
     }
 
     /// Bytes charged to the index: keys, overhead, small values, links.
@@ -633,6 +634,50 @@ mod slab_tests {
         }
         assert!(!has(&mut s, "tail"), "the cold block is the first victim");
         assert!(has(&mut s, "x0"), "older leaves stay");
+    }
+
+    #[test]
+    fn an_evicted_block_written_again_comes_back_with_its_uses() {
+        let budget = 24 * 64 * 1024 + 64 * 1024;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        put(&mut s, "r", block(1, 64 * 1024), None);
+        let mut i = 0;
+        while has(&mut s, "r") {
+            put(&mut s, &format!("x{i}"), block(100 + i, 64 * 1024), None);
+            i += 1;
+        }
+        assert_eq!(s.recency.ghosts.len() as u64, s.stats.evicted_keys);
+        assert_eq!(
+            s.used_memory(),
+            s.index_memory() + s.arena.mapped_bytes() + s.recency.ghosts.bytes(),
+            "the ghost list is charged"
+        );
+        // Written once before, written again: two uses, level 1.
+        put(&mut s, "r", block(1, 64 * 1024), None);
+        let e = s.peek(key_slot(b"r"), b"r", 1000).unwrap();
+        assert_eq!((e.uses, e.queue), (2, Queue::Level(1)));
+        // A key never seen starts from its write.
+        put(&mut s, "new", block(2, 64 * 1024), None);
+        let e = s.peek(key_slot(b"new"), b"new", 1000).unwrap();
+        assert_eq!((e.uses, e.queue), (1, Queue::Level(0)));
+        // The list keeps the last `ghosts_per_block` x blocks in DRAM.
+        for j in 0..2000 {
+            put(&mut s, &format!("y{j}"), block(5000 + j, 64 * 1024), None);
+        }
+        let room = (s.meta.queued as f32 * s.recency.tuning.ghosts_per_block) as usize;
+        assert!(
+            s.recency.ghosts.len() <= room,
+            "{} > {room}",
+            s.recency.ghosts.len()
+        );
+        assert!(s.recency.ghosts.len() >= room - 4);
+        // Other policies remember nothing.
+        let mut lru = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);
+        for j in 0..100 {
+            put(&mut lru, &format!("y{j}"), block(j, 64 * 1024), None);
+        }
+        assert!(lru.stats.evicted_keys > 0);
+        assert_eq!(lru.recency.ghosts.len(), 0);
     }
 
     #[test]

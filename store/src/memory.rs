@@ -90,6 +90,7 @@ impl Store {
         if self.spill_out(slot, key, false) {
             return true;
         }
+        self.remember_evicted(slot, key);
         self.drop_entry(slot, key);
         false
     }
@@ -176,6 +177,7 @@ impl Store {
             .is_some_and(|e| e.value.in_dram());
         let kept = in_dram && self.spill_out(slot, &key, false);
         if !kept {
+            self.remember_evicted(slot, &key);
             self.drop_entry(slot, &key)?;
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[reason as usize] += 1;
