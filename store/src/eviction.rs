@@ -493,17 +493,15 @@ impl Store {
         }
     }
 
-    /// Remembers the uses of `key`, about to leave the index by eviction
+    /// Remembers that `key`, which had `uses`, left the index by eviction
     /// (not to the spill tier, where it keeps them), in the `prefix`
     /// policy's ghost list.
-    pub(crate) fn remember_evicted(&mut self, slot: u16, key: &[u8]) {
+    pub(crate) fn remember_evicted(&mut self, key: &[u8], uses: u8) {
         if self.policy != EvictionPolicy::Prefix || !self.queues_on() {
             return;
         }
         let room = (self.meta.queued as f32 * self.recency.tuning.ghosts_per_block) as usize;
-        if let Some(e) = self.maps[self.index(slot)].get(key) {
-            self.recency.ghosts.remember(key, e.uses, room);
-        }
+        self.recency.ghosts.remember(key, uses, room);
     }
 
     /// The uses a block written now starts with: this write (0 for a cold

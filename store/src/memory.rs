@@ -90,8 +90,9 @@ impl Store {
         if self.spill_out(slot, key, false) {
             return true;
         }
-        self.remember_evicted(slot, key);
-        self.drop_entry(slot, key);
+        if let Some(gone) = self.drop_entry(slot, key) {
+            self.remember_evicted(key, gone.uses);
+        }
         false
     }
 
@@ -177,8 +178,8 @@ impl Store {
             .is_some_and(|e| e.value.in_dram());
         let kept = in_dram && self.spill_out(slot, &key, false);
         if !kept {
-            self.remember_evicted(slot, &key);
-            self.drop_entry(slot, &key)?;
+            let gone = self.drop_entry(slot, &key)?;
+            self.remember_evicted(&key, gone.uses);
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[reason as usize] += 1;
         }
