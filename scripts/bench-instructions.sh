@@ -17,6 +17,11 @@
 # shard accepted the connection: that column is for the multi-key dialect.
 # Environment: N (2000 requests per multi-key cell, 10x for single keys),
 # VALUE (bytes per block, default 2048).
+#
+# EVICTION=1 counts writes under eviction instead: SET and MSETBLOCK of one
+# 4 KiB value to random keys on a server (--threads 1, whole process) with
+# 32 MiB of maxmemory already full, so each write evicts, under `prefix`
+# and `allkeys-lru`, for this build and BASELINE_BIN (an older policy).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -74,7 +79,7 @@ instructions() {
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" 2>/dev/null || true
   cp "$out" "$WORK/last.$kind.$threads.$work"
-  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}'
+  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}'
 }
 
 # per_request KIND BIN THREADS WORKLOAD REQUESTS
@@ -84,6 +89,50 @@ per_request() {
   total=$(instructions "$1" "$2" "$3" "$4")
   awk -v t="$total" -v b="$base" -v n="$5" 'BEGIN {printf "%.0f", (t - b) / n}'
 }
+
+# evicting BIN POLICY WORKLOAD -> total instructions (see EVICTION above)
+evicting() {
+  local bin=$1 policy=$2 work=$3 port out pid value
+  port=$(free_port); out=$WORK/ev.$port
+  value=$(head -c 4096 /dev/zero | tr '\0' v)
+  local POLL; POLL=$(poll_off "$bin")
+  # shellcheck disable=SC2086
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --port "$port" --threads 1 \
+    --metrics-addr none --hz 1 $POLL --maxmemory 32mb --maxmemory-policy "$policy" >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  # 80 MiB of writes into 32 MiB: full, and evicting, before the count.
+  redis-benchmark -p "$port" -n 20000 -c 1 -P 16 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1
+  case $work in
+    none) ;;
+    set) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1 ;;
+    msetblock) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" >/dev/null 2>&1 ;;
+  esac
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" 2>/dev/null || true
+  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}'
+}
+
+if [[ ${EVICTION:-0} == 1 ]]; then
+  builds=("this build|target/release/kvtier-server")
+  [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
+  echo "instructions per write under eviction (callgrind, --threads 1, whole process, 4 KiB values, maxmemory 32mb full)"
+  echo "| build | policy | SET | MSETBLOCK 1 |"
+  echo "|---|---|---|---|"
+  for b in "${builds[@]}"; do
+    IFS='|' read -r name bin <<<"$b"
+    for policy in prefix allkeys-lru; do
+      base=$(evicting "$bin" "$policy" none)
+      row="| $name | $policy |"
+      for work in set msetblock; do
+        total=$(evicting "$bin" "$policy" "$work")
+        row+=" $(awk -v t="$total" -v b="$base" -v n=$((N * 5)) 'BEGIN {printf "%.0f", (t - b) / n}') |"
+      done
+      echo "$row"
+    done
+  done
+  exit 0
+fi
 
 servers=("kvtier t=1 tasks|kvtier|target/release/kvtier-server|1" "kvtier t=2 tasks|kvtier|target/release/kvtier-server|2"
   "kvtier t=1 process|kvtier-process|target/release/kvtier-server|1" "kvtier t=2 process|kvtier-process|target/release/kvtier-server|2")
