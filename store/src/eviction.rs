@@ -241,9 +241,8 @@ impl PrefixTuning {
 /// to meet in one set can only make the policy forget other ghosts. A tag
 /// collision (about one in 16 million lookups that meet a filled slot)
 /// gives a block the uses of another.
-#[derive(Default)]
 pub(crate) struct Ghosts {
-    hasher: GhostHasher,
+    hasher: foldhash::fast::FixedState,
     /// Sets of `tag << 8 | uses`, newest first, the set of a hash at
     /// `hash & (len - 1)` rounded down to [`GHOST_WAYS`]; 0 is an empty slot.
     slots: Vec<u32>,
@@ -252,19 +251,20 @@ pub(crate) struct Ghosts {
 /// Slots in a set of [`Ghosts`].
 const GHOST_WAYS: usize = 4;
 
-/// The ghost table's hash: foldhash with a fixed seed.
-struct GhostHasher(foldhash::fast::FixedState);
-
-impl Default for GhostHasher {
+impl Default for Ghosts {
     fn default() -> Self {
-        GhostHasher(foldhash::fast::FixedState::with_seed(0x6b76_7469_6572))
+        Ghosts {
+            hasher: foldhash::fast::FixedState::with_seed(0x6b76_7469_6572),
+            slots: Vec::new(),
+        }
     }
 }
 
 impl Ghosts {
-    /// The first slot of `key`'s set and the tag stored for it (never 0).
+    /// The first slot of `key`'s set and the tag stored for it (never 0,
+    /// so an empty slot matches no key).
     fn place(&self, key: &[u8]) -> (usize, u32) {
-        let hash = self.hasher.0.hash_one(key);
+        let hash = self.hasher.hash_one(key);
         let index = hash as usize & (self.slots.len() - 1) & !(GHOST_WAYS - 1);
         let tag = ((hash >> 40) as u32) | 1;
         (index, tag)
@@ -300,7 +300,7 @@ impl Ghosts {
         }
         let (index, tag) = self.place(key);
         let set = &mut self.slots[index..index + GHOST_WAYS];
-        let at = set.iter().position(|&s| s != 0 && s >> 8 == tag)?;
+        let at = set.iter().position(|&s| s >> 8 == tag)?;
         let uses = set[at] as u8;
         set[at] = 0;
         Some(uses)
