@@ -42,25 +42,28 @@ trap 'rm -rf "$WORK"' EXIT
 KEYS=$(for i in $(seq 0 63); do printf "blk:%04d " "$i"; done)
 BLOCK=$(head -c "$VALUE" /dev/zero | tr '\0' 'x')
 
-# instructions SERVER_KIND BIN THREADS WORKLOAD -> total instructions
-instructions() {
-  local kind=$1 bin=$2 threads=$3 work=$4 port out pid
-  port=$(free_port); out=$WORK/cg.$port
-  local POLL; POLL=$(poll_off "$bin")
-  if [[ $kind == kvtier ]]; then
-    valgrind --tool=callgrind --callgrind-out-file="$out" \
-      --toggle-collect='*connection::accept*' --toggle-collect='*run_mailbox*' \
-      "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL >/dev/null 2>&1 &
-  elif [[ $kind == kvtier-process ]]; then
-    valgrind --tool=callgrind --callgrind-out-file="$out" \
-      "$bin" --port "$port" --threads "$threads" --metrics-addr none --hz 1 $POLL >/dev/null 2>&1 &
-  else
-    valgrind --tool=callgrind --callgrind-out-file="$out" \
-      redis-server --port "$port" --save '' --appendonly no >/dev/null 2>&1 &
-  fi
+# counted OUT PORT REQUESTS VALGRIND_ARGS... -> total instructions: starts
+# a server on PORT under callgrind (its command line after the callgrind
+# options), runs the function REQUESTS against it once it answers, shuts it
+# down and reads the total from OUT. REQUESTS sees its caller's locals.
+counted() {
+  local out=$1 port=$2 requests=$3 pid
+  shift 3
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 &
   pid=$!
   for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  local args=()
+  "$requests" "$port"
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" 2>/dev/null || true
+  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}'
+}
+
+# per_op TOTAL BASE N -> instructions per request
+per_op() { awk -v t="$1" -v b="$2" -v n="$3" 'BEGIN {printf "%.0f", (t - b) / n}'; }
+
+# single_requests PORT: the 64 keys, then $work ($kind: which server)
+single_requests() {
+  local port=$1 args=()
   for k in $KEYS; do args+=("$k" "$BLOCK"); done
   if [[ $kind == kvtier* ]]; then
     redis-cli -p "$port" msetblock 64 "${args[@]}" chain >/dev/null
@@ -76,10 +79,27 @@ instructions() {
     exists1) redis-benchmark -p "$port" -n "$N" -c 1 exists blk:0000 >/dev/null 2>&1 ;;
     mget) redis-benchmark -p "$port" -n "$N" -c 1 mget $KEYS >/dev/null 2>&1 ;;
   esac
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$pid" 2>/dev/null || true
+}
+
+# instructions SERVER_KIND BIN THREADS WORKLOAD -> total instructions
+instructions() {
+  local kind=$1 bin=$2 threads=$3 work=$4 port out total
+  port=$(free_port); out=$WORK/cg.$port
+  local POLL; POLL=$(poll_off "$bin")
+  # shellcheck disable=SC2086
+  if [[ $kind == kvtier ]]; then
+    total=$(counted "$out" "$port" single_requests \
+      --toggle-collect='*connection::accept*' --toggle-collect='*run_mailbox*' \
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL)
+  elif [[ $kind == kvtier-process ]]; then
+    total=$(counted "$out" "$port" single_requests \
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none --hz 1 $POLL)
+  else
+    total=$(counted "$out" "$port" single_requests \
+      redis-server --port "$port" --save '' --appendonly no)
+  fi
   cp "$out" "$WORK/last.$kind.$threads.$work"
-  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}'
+  echo "$total"
 }
 
 # per_request KIND BIN THREADS WORKLOAD REQUESTS
@@ -87,30 +107,30 @@ per_request() {
   local base total
   base=$(instructions "$1" "$2" "$3" none)
   total=$(instructions "$1" "$2" "$3" "$4")
-  awk -v t="$total" -v b="$base" -v n="$5" 'BEGIN {printf "%.0f", (t - b) / n}'
+  per_op "$total" "$base" "$5"
 }
 
-# evicting BIN POLICY WORKLOAD -> total instructions (see EVICTION above)
-evicting() {
-  local bin=$1 policy=$2 work=$3 port out pid value
-  port=$(free_port); out=$WORK/ev.$port
+# evicting_requests PORT: 80 MiB of writes into 32 MiB (full, and evicting,
+# before the count), then $work
+evicting_requests() {
+  local port=$1 value
   value=$(head -c 4096 /dev/zero | tr '\0' v)
-  local POLL; POLL=$(poll_off "$bin")
-  # shellcheck disable=SC2086
-  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --port "$port" --threads 1 \
-    --metrics-addr none --hz 1 $POLL --maxmemory 32mb --maxmemory-policy "$policy" >/dev/null 2>&1 &
-  pid=$!
-  for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  # 80 MiB of writes into 32 MiB: full, and evicting, before the count.
   redis-benchmark -p "$port" -n 20000 -c 1 -P 16 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1
   case $work in
     none) ;;
     set) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1 ;;
     msetblock) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" >/dev/null 2>&1 ;;
   esac
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$pid" 2>/dev/null || true
-  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}'
+}
+
+# evicting BIN POLICY WORKLOAD -> total instructions (see EVICTION above)
+evicting() {
+  local bin=$1 policy=$2 work=$3 port
+  port=$(free_port)
+  local POLL; POLL=$(poll_off "$bin")
+  # shellcheck disable=SC2086
+  counted "$WORK/ev.$port" "$port" evicting_requests "$bin" --port "$port" --threads 1 \
+    --metrics-addr none --hz 1 $POLL --maxmemory 32mb --maxmemory-policy "$policy"
 }
 
 if [[ ${EVICTION:-0} == 1 ]]; then
@@ -126,7 +146,7 @@ if [[ ${EVICTION:-0} == 1 ]]; then
       row="| $name | $policy |"
       for work in set msetblock; do
         total=$(evicting "$bin" "$policy" "$work")
-        row+=" $(awk -v t="$total" -v b="$base" -v n=$((N * 5)) 'BEGIN {printf "%.0f", (t - b) / n}') |"
+        row+=" $(per_op "$total" "$base" $((N * 5))) |"
       done
       echo "$row"
     done
