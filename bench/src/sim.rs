@@ -27,7 +27,7 @@ use bytes::Bytes;
 use clap::Args;
 use kvtier_store::slot::{key_slot, shard_slots, slot_shard};
 use kvtier_store::{
-    BlockWrite, EvictReason, EvictionPolicy, InPrefix, PrefixStep, PrefixTuning, Store,
+    BlockWrite, EvictReason, EvictionPolicy, InPrefix, PrefixStep, PrefixTuning, Store, WriteClass,
 };
 use serde_json::json;
 
@@ -66,7 +66,8 @@ pub struct SimArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// The `prefix` policy's parameters:
-    /// `levels=N,lifetime=F,cold=0|1,ghosts=F` (defaults: the store's).
+    /// `levels=N,lifetime=F,cold=0|1,ghosts=F,classes=F,probe=N`
+    /// (defaults: the store's; `classes=0` turns the write classes off).
     #[arg(long, default_value = "")]
     pub tune: String,
 }
@@ -84,6 +85,8 @@ fn tuning(spec: &str) -> std::io::Result<PrefixTuning> {
             "lifetime" => t.lifetime_per_block = v.parse().map_err(|_| bad())?,
             "cold" => t.cold_partial = v == "1" || v == "true",
             "ghosts" => t.ghosts_per_block = v.parse().map_err(|_| bad())?,
+            "classes" => t.class_threshold = v.parse().map_err(|_| bad())?,
+            "probe" => t.class_probe = v.parse().map_err(|_| bad())?,
             _ => return Err(std::io::Error::other(format!("--tune: unknown {k}"))),
         }
     }
@@ -293,6 +296,7 @@ impl Cache for Shards {
 
     fn store(&mut self, ids: &[u64], parent: Option<u64>, _req: usize, partial: bool) {
         let now = self.now;
+        let class = WriteClass::chain(ids.len(), parent.is_some());
         let mut parent = parent.map(|p| self.key(p).0);
         let mut run_shard = None;
         for (i, &id) in ids.iter().enumerate() {
@@ -307,6 +311,7 @@ impl Cache for Shards {
             let write = BlockWrite {
                 parent: parent.clone(),
                 cold: partial && i + 1 == ids.len(),
+                class,
                 ..BlockWrite::default()
             };
             let code = self.stores[s].insert_block_of_len(slot, &key, self.block_bytes, write, now);

@@ -202,6 +202,8 @@ pub struct Entry {
     /// The key has (or had) a record in the spill tier: a delete or an
     /// overwrite must leave a tombstone there.
     pub(crate) on_disk: bool,
+    /// The `prefix` policy's measured class of the block (0: none).
+    pub(crate) class: u8,
 }
 
 impl Entry {
@@ -223,6 +225,7 @@ impl Entry {
             queue: Queue::Out,
             reads: 0,
             on_disk: false,
+            class: 0,
         }
     }
 

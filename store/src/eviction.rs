@@ -197,6 +197,14 @@ pub struct PrefixTuning {
     /// written again while remembered starts from the uses it had, plus
     /// this write. 0: none.
     pub ghosts_per_block: f32,
+    /// Blocks of a class of chain writes ([`WriteClass`]) are stored cold
+    /// (queued to go first) while the share of them read before eviction
+    /// is below this × the share of evicted blocks that are written again
+    /// while the ghost list remembers them. 0: off.
+    pub class_threshold: f32,
+    /// One block in this many of a cold class is stored as usual, so the
+    /// class's rate stays measured.
+    pub class_probe: u32,
 }
 
 impl Default for PrefixTuning {
@@ -206,6 +214,8 @@ impl Default for PrefixTuning {
             lifetime_per_block: 0.5,
             cold_partial: true,
             ghosts_per_block: 4.0,
+            class_threshold: 1.0,
+            class_probe: 8,
         }
     }
 }
@@ -358,6 +368,106 @@ pub(crate) struct Recency {
     pub(crate) tuning: PrefixTuning,
     /// Blocks evicted lately, with their uses (`prefix` only).
     pub(crate) ghosts: Ghosts,
+    /// How often each class of chain writes was read before eviction.
+    pub(crate) classes: Classes,
+    /// The parent of the block being written, not evicted to make room
+    /// for it (a chain being written keeps its last block).
+    pub(crate) writing_parent: Option<Bytes>,
+}
+
+/// What a chain write (MSETBLOCK CHAIN) is, for the `prefix` policy: how
+/// many blocks it stores (log2 buckets: 1, 2–3, ..., 128+) and whether it
+/// continues a stored chain (PARENT). 0: not a chain write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteClass(u8);
+
+impl WriteClass {
+    /// The class of a chain write of `blocks` blocks, continuing a stored
+    /// chain if `rooted`.
+    pub fn chain(blocks: usize, rooted: bool) -> WriteClass {
+        let bucket = (usize::BITS - blocks.max(1).leading_zeros()).min(8) as u8 - 1;
+        WriteClass(1 + (bucket << 1 | u8::from(rooted)))
+    }
+}
+
+/// Classes of blocks measured: [`WriteClass`]es × written again while
+/// remembered by the ghost list or not.
+const CLASSES: usize = 32;
+
+/// Per class of blocks, how many of those stored as usual were evicted and
+/// how many of them had been read first (halved every DRAM's worth of
+/// them, so the rates follow the workload); and how many evicted blocks
+/// were written again while remembered (halved every four DRAMs' worth of
+/// evictions, the ghost list's memory). A class read less often than
+/// evicted blocks come back is worth less than the room it takes: what
+/// would be kept in its place returns more often. On system prompts that
+/// is the user's suffix after a shared prompt (3% read); on conversations
+/// no class once warm (each turn's suffix is read by the next turn, 45–75%,
+/// and 4% of evicted blocks return at 25% DRAM); on the synthetic trace at
+/// 10% every class (73% of evicted blocks return, no class is read above
+/// 42%): a block is kept once it is read, as under a probation queue, and
+/// the probes keep measuring.
+#[derive(Default)]
+pub(crate) struct Classes {
+    evicted: [u32; CLASSES],
+    read: [u32; CLASSES],
+    total: u32,
+    /// Blocks of cold classes stored cold since the last probe.
+    skipped: u32,
+    /// Blocks evicted, and blocks written again while the ghost list
+    /// remembered them (halved with the rest).
+    evictions: u32,
+    returns: u32,
+    /// A whole window was measured (before, the first evictions, of the
+    /// blocks stored first, say little).
+    warm: bool,
+}
+
+impl Classes {
+    /// The measured class (1-based: 0 is none) of a block written with
+    /// `class`, remembered or not.
+    pub(crate) fn of(class: WriteClass, remembered: bool) -> u8 {
+        match class.0 {
+            0 => 0,
+            c => 1 + ((c - 1) << 1 | u8::from(remembered)),
+        }
+    }
+
+    /// Whether blocks of `class` (from [`Classes::of`]) are read so rarely
+    /// that they should be stored cold.
+    pub(crate) fn cold(&self, class: u8, threshold: f32) -> bool {
+        let c = class as usize - 1;
+        if threshold <= 0.0 || !self.warm || self.evicted[c] < 32 {
+            return false;
+        }
+        let rate = self.read[c] as f32 / self.evicted[c] as f32;
+        rate < threshold * self.returns as f32 / self.evictions.max(1) as f32
+    }
+
+    /// A measured block of `class` was evicted, read or not.
+    fn evicted(&mut self, class: u8, read: bool, window: usize) {
+        let c = class as usize - 1;
+        self.evicted[c] += 1;
+        self.read[c] += u32::from(read);
+        self.total += 1;
+        if self.total as usize > window.max(1024) {
+            for (e, r) in self.evicted.iter_mut().zip(&mut self.read) {
+                *e /= 2;
+                *r /= 2;
+            }
+            self.total = self.evicted.iter().sum();
+            self.warm = true;
+        }
+    }
+
+    /// A block was evicted (measured or not).
+    fn left(&mut self, window: usize) {
+        self.evictions += 1;
+        if self.evictions as usize > 4 * window.max(1024) {
+            self.evictions /= 2;
+            self.returns /= 2;
+        }
+    }
 }
 
 impl Recency {
@@ -531,28 +641,76 @@ impl Store {
     /// Remembers that `key`, which had `uses`, left the index by eviction
     /// (not to the spill tier, where it keeps them), in the `prefix`
     /// policy's ghost list.
-    pub(crate) fn remember_evicted(&mut self, key: &[u8], uses: u8) {
+    pub(crate) fn remember_evicted(&mut self, key: &[u8], gone: &Entry) {
         if self.policy != EvictionPolicy::Prefix || !self.queues_on() {
             return;
         }
         let room = (self.meta.queued as f32 * self.recency.tuning.ghosts_per_block) as usize;
-        self.recency.ghosts.remember(key, uses, room);
+        self.recency.ghosts.remember(key, gone.uses, room);
+        self.recency.classes.left(self.meta.queued);
+        if gone.class != 0 {
+            let window = self.meta.queued;
+            self.recency
+                .classes
+                .evicted(gone.class, gone.reads > 0, window);
+        }
     }
 
-    /// The uses a block written now starts with: this write (0 for a cold
+    /// How a block written now starts. Its uses: this write (0 for a cold
     /// one, which is not a use), plus the uses it had if the `prefix`
-    /// policy evicted it lately.
-    pub(crate) fn uses_of_new(&mut self, key: &[u8], cold: bool) -> u8 {
+    /// policy evicted it lately. Under `prefix`, a block of a chain write
+    /// whose class of blocks is read less often than evicted blocks come
+    /// back ([`Classes`]) is stored cold, but for one in
+    /// [`PrefixTuning::class_probe`], which is stored as usual and measured.
+    pub(crate) fn new_block(&mut self, key: &[u8], cold: bool, class: WriteClass) -> NewBlock {
         let remembered = match self.policy {
             EvictionPolicy::Prefix => self.recency.ghosts.recall(key),
             _ => None,
         };
-        match remembered {
+        let uses = match remembered {
             Some(uses) => uses.saturating_add(1),
             None => u8::from(!cold),
+        };
+        let mut block = NewBlock {
+            uses,
+            cold,
+            class: 0,
+        };
+        if cold || self.policy != EvictionPolicy::Prefix {
+            return block;
         }
+        if remembered.is_some() {
+            self.recency.classes.returns += 1;
+        }
+        let class = Classes::of(class, remembered.is_some());
+        if class == 0 {
+            return block;
+        }
+        let tuning = &self.recency.tuning;
+        let classes = &mut self.recency.classes;
+        if classes.cold(class, tuning.class_threshold) {
+            classes.skipped += 1;
+            if classes.skipped < tuning.class_probe.max(1) {
+                block.cold = true;
+                return block;
+            }
+            classes.skipped = 0;
+        }
+        block.class = class;
+        block
     }
+}
 
+/// How a new block starts (see [`Store::new_block`]).
+pub(crate) struct NewBlock {
+    pub(crate) uses: u8,
+    /// Queued to go first.
+    pub(crate) cold: bool,
+    /// Its measured class (0: not measured).
+    pub(crate) class: u8,
+}
+
+impl Store {
     /// The lifetime of a use, in ticks: a block unused this long moves down
     /// a level.
     fn lifetime(&self) -> u32 {
@@ -696,7 +854,10 @@ impl Store {
                 victim = Some((slot, key, EvictReason::Leaf));
                 break;
             }
-            if e.value.is_held() || Some(&key[..]) == protect {
+            if e.value.is_held()
+                || Some(&key[..]) == protect
+                || self.recency.writing_parent.as_ref() == Some(&key)
+            {
                 passed.push((key, tick));
                 if passed.len() > 64 {
                     break;

@@ -9,7 +9,7 @@ use hashbrown::hash_map::Entry as MapEntry;
 use hashbrown::HashMap;
 
 use crate::entry::{Encoding, Entry, Queue, Value};
-use crate::eviction::{self, EvictionPolicy};
+use crate::eviction::{self, EvictionPolicy, WriteClass};
 use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
@@ -41,6 +41,8 @@ struct Write {
     now: u64,
     /// Not expected to be read again: queued to be evicted first.
     cold: bool,
+    /// The chain write it is part of.
+    class: WriteClass,
 }
 
 /// How MSETBLOCK stores one block.
@@ -55,6 +57,8 @@ pub struct BlockWrite {
     /// Not expected to be read again (see [`partial_tail`]): under the
     /// `prefix` policy it is queued to go first.
     pub cold: bool,
+    /// The chain write it is part of.
+    pub class: WriteClass,
 }
 
 /// Whether the block at `index` of a chain of `count` blocks looks like a
@@ -217,6 +221,7 @@ impl Store {
             parent,
             now,
             cold: false,
+            class: WriteClass::default(),
         };
         self.insert_contents(slot, key, Contents::Bytes(&value), write)
     }
@@ -235,31 +240,20 @@ impl Store {
             parent,
             now,
             cold,
+            class,
         } = write;
         let index = self.index(slot);
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
-        let heap_len = if value.len() < SLAB_MIN {
-            value.len()
-        } else {
-            0
-        };
-        // What the index will be charged beyond what the key costs now.
-        let mut index_growth = 0;
+        // The block's parent stays while room is made for it: a chain
+        // written under pressure must not evict its own last block (under
+        // `prefix`, a block stored cold goes to the front, where the next
+        // block's write would meet it first).
         if self.budget != 0 {
-            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
-                + parent.as_ref().map_or(0, |p| p.len());
-            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
-            index_growth = new_charge.saturating_sub(old_charge);
-            if index_growth > 0 {
-                self.ensure_room(index_growth, Some(key))?;
-            }
+            self.recency.writing_parent.clone_from(&parent);
         }
-        let stored = match value {
-            // Always copied: a slice would pin the request's read buffer.
-            Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
-            Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
-            _ => Value::Slab(self.place_in_slab(value, key, index_growth)?),
-        };
+        let stored = self.room_and_place(index, key, value, expire_at, parent.as_ref());
+        self.recency.writing_parent = None;
+        let stored = stored?;
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
         entry.parent = parent;
@@ -267,8 +261,12 @@ impl Store {
         let cold =
             cold && self.policy == EvictionPolicy::Prefix && self.recency.tuning.cold_partial;
         // The write is a use, a cold block's not (0 marks a cold block
-        // never read); a block evicted lately comes back with its uses.
-        entry.uses = self.uses_of_new(key, cold);
+        // never read); a block evicted lately comes back with its uses; a
+        // block of a chain write of a class seldom read is stored cold.
+        let new = self.new_block(key, cold, class);
+        let cold = new.cold;
+        entry.uses = new.uses;
+        entry.class = new.class;
         // Its place in the queues, set before the index counts it.
         let level = self.queues_on().then(|| self.recency.place(&mut entry));
         let tick = entry.tick;
@@ -308,6 +306,41 @@ impl Store {
         Ok(old)
     }
 
+    /// Makes room for `key`'s new value (evicting by policy) and stores it:
+    /// small values on the heap, blocks in a slab slot.
+    fn room_and_place(
+        &mut self,
+        index: usize,
+        key: &[u8],
+        value: Contents,
+        expire_at: u64,
+        parent: Option<&Bytes>,
+    ) -> Result<Value, OutOfMemory> {
+        let heap_len = if value.len() < SLAB_MIN {
+            value.len()
+        } else {
+            0
+        };
+        // What the index will be charged beyond what the key costs now.
+        let mut index_growth = 0;
+        if self.budget != 0 {
+            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
+                + parent.as_ref().map_or(0, |p| p.len());
+            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
+            index_growth = new_charge.saturating_sub(old_charge);
+            if index_growth > 0 {
+                self.ensure_room(index_growth, Some(key))?;
+            }
+        }
+        let stored = match value {
+            // Always copied: a slice would pin the request's read buffer.
+            Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
+            Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
+            _ => Value::Slab(self.place_in_slab(value, key, index_growth)?),
+        };
+        Ok(stored)
+    }
+
     /// MSETBLOCK's write of one block: `1` stored, `0` already present and
     /// left unchanged (unless `write.replace`), `-1` not stored (no memory,
     /// or larger than this shard's whole budget).
@@ -345,6 +378,7 @@ impl Store {
             parent: write.parent,
             now,
             cold: write.cold,
+            class: write.class,
         };
         match self.insert_contents(slot, key, value, write) {
             Ok(_) => 1,

@@ -37,7 +37,7 @@ use hashbrown::HashMap;
 
 pub use entry::{Encoding, Entry, Queue, Value};
 use eviction::Recency;
-pub use eviction::{EvictionPolicy, PrefixTuning};
+pub use eviction::{EvictionPolicy, PrefixTuning, WriteClass};
 use keyspace::Contents;
 pub use keyspace::{partial_tail, BlockWrite, PrefixStep};
 pub use links::LinkEvent;
@@ -471,6 +471,7 @@ mod tests {
 #[cfg(test)]
 mod slab_tests {
     use super::*;
+    use crate::eviction::Classes;
     use crate::links::Route;
     use crate::slot::{key_slot, SLOTS};
 
@@ -634,6 +635,122 @@ mod slab_tests {
         }
         assert!(!has(&mut s, "tail"), "the cold block is the first victim");
         assert!(has(&mut s, "x0"), "older leaves stay");
+    }
+
+    /// Stores `keys` as one chain write of `class` (each block continues
+    /// the one before it).
+    fn put_chain(s: &mut Store, keys: &[String], class: WriteClass) {
+        let mut parent: Option<Bytes> = None;
+        for (i, k) in keys.iter().enumerate() {
+            let write = BlockWrite {
+                parent: parent.take(),
+                class,
+                ..BlockWrite::default()
+            };
+            let slot = key_slot(k.as_bytes());
+            s.insert_block(slot, k.as_bytes(), block(i as u32, 64 * 1024), write, 1000);
+            settle(s);
+            parent = Some(Bytes::from(k.clone()));
+        }
+    }
+
+    #[test]
+    fn a_class_of_chain_writes_seldom_read_is_stored_cold() {
+        let budget = 24 * 64 * 1024 + 64 * 1024;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        let (unread, read, back) = (
+            WriteClass::chain(4, false),
+            WriteClass::chain(2, false),
+            WriteClass::chain(1, true),
+        );
+        // Chains of four never read; chains of two read once each; single
+        // blocks that are evicted and written again while remembered (a
+        // fifth of the evictions come back).
+        for i in 0..3000 {
+            put_chain(
+                &mut s,
+                &(0..4).map(|j| format!("u{i}-{j}")).collect::<Vec<_>>(),
+                unread,
+            );
+            let pair: Vec<String> = (0..2).map(|j| format!("r{i}-{j}")).collect();
+            put_chain(&mut s, &pair, read);
+            for k in &pair {
+                s.read(key_slot(k.as_bytes()), k.as_bytes(), 1000, true);
+            }
+            put_chain(&mut s, &[format!("back{}", i % 16)], back);
+        }
+        let classes = &s.recency.classes;
+        let threshold = s.recency.tuning.class_threshold;
+        assert!(classes.cold(Classes::of(unread, false), threshold));
+        assert!(!classes.cold(Classes::of(read, false), threshold));
+        // One block in `class_probe` of a cold class is stored as usual
+        // and measured.
+        let keys: Vec<String> = (0..16).map(|j| format!("probe{j}")).collect();
+        put_chain(&mut s, &keys, unread);
+        let measured = keys
+            .iter()
+            .filter(|k| {
+                s.peek(key_slot(k.as_bytes()), k.as_bytes(), 1000)
+                    .is_some_and(|e| e.class != 0)
+            })
+            .count();
+        assert!(keys.iter().all(|k| has(&mut s, k)));
+        assert_eq!(measured, 16 / s.recency.tuning.class_probe as usize);
+        // Without probes: a new chain of the unread class goes before older
+        // blocks, from its tail.
+        s.set_prefix_tuning(PrefixTuning {
+            class_probe: u32::MAX,
+            ..s.recency.tuning
+        });
+        for j in 0..8 {
+            put(&mut s, &format!("p{j}"), block(j, 64 * 1024), None);
+        }
+        let chain: Vec<String> = (0..4).map(|j| format!("c{j}")).collect();
+        put_chain(&mut s, &chain, unread);
+        assert!(
+            chain.iter().all(|k| has(&mut s, k)),
+            "a chain being written keeps its blocks"
+        );
+        let mut j = 100;
+        for left in (0..4).rev() {
+            while chain.iter().filter(|k| has(&mut s, k)).count() > left {
+                put(&mut s, &format!("p{j}"), block(j, 64 * 1024), None);
+                j += 1;
+            }
+            let present: Vec<bool> = chain.iter().map(|k| has(&mut s, k)).collect();
+            assert!(
+                present[..left].iter().all(|&p| p),
+                "tail first: {present:?}"
+            );
+        }
+        assert!(
+            (0..8).all(|j| has(&mut s, &format!("p{j}"))),
+            "older blocks stay"
+        );
+        // Off: nothing is stored cold.
+        s.set_prefix_tuning(PrefixTuning {
+            class_threshold: 0.0,
+            ..s.recency.tuning
+        });
+        assert!(!s.recency.classes.cold(Classes::of(unread, false), 0.0));
+    }
+
+    #[test]
+    fn write_classes_bucket_chains_by_length() {
+        let c = WriteClass::chain;
+        assert_ne!(c(1, false), c(2, false));
+        assert_eq!(c(2, false), c(3, false));
+        assert_ne!(c(3, false), c(4, false));
+        assert_eq!(c(128, false), c(100_000, false));
+        assert_ne!(c(4, false), c(4, true));
+        assert_eq!(c(0, false), c(1, false));
+        assert_ne!(c(1, false), WriteClass::default());
+        let all: std::collections::HashSet<u8> = (1..300)
+            .flat_map(|n| [false, true].map(|r| Classes::of(c(n, r), true)))
+            .chain((1..300).flat_map(|n| [false, true].map(|r| Classes::of(c(n, r), false))))
+            .collect();
+        assert_eq!(all.len(), 32, "8 lengths x rooted x remembered");
+        assert!(all.iter().all(|&m| (1..=32).contains(&m)));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvtier_protocol::Reply;
 use kvtier_store::{
-    now_ms, partial_tail, BlockWrite, Fetched, InPrefix, PrefixStep, Store, Waiter,
+    now_ms, partial_tail, BlockWrite, Fetched, InPrefix, PrefixStep, Store, Waiter, WriteClass,
 };
 use tokio::sync::{oneshot, Notify};
 
@@ -207,6 +207,14 @@ impl SetOptions {
     fn cold(&self, i: usize, n: usize, len: usize, previous_len: Option<usize>) -> bool {
         self.chain && i + 1 == n && (self.partial || partial_tail(i, n, len, previous_len))
     }
+
+    /// The eviction policy's class of a write of `n` blocks.
+    fn class(&self, n: usize) -> WriteClass {
+        match self.chain {
+            true => WriteClass::chain(n, self.parent.is_some()),
+            false => WriteClass::default(),
+        }
+    }
 }
 
 fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
@@ -278,6 +286,7 @@ struct ChainRelay {
     total: usize,
     expire_at: u64,
     replace: bool,
+    class: WriteClass,
     done: oneshot::Sender<Vec<i64>>,
 }
 
@@ -302,6 +311,7 @@ impl ChainRelay {
                         parent,
                         replace: self.replace,
                         cold,
+                        class: self.class,
                     };
                     store.insert_block(slot, &key, value, write, now)
                 };
@@ -309,6 +319,10 @@ impl ChainRelay {
                 self.codes.push(code);
             }
         }
+        // The run's link events go out before the rest of the chain: the
+        // next run's owner learns that its blocks have children here before
+        // it stores (and may evict for) the blocks that follow.
+        shard.deliver_links();
         let next = self.runs.front().map(|(owner, _)| *owner);
         match next {
             Some(next) if !failed => {
@@ -363,6 +377,7 @@ async fn store_chain(
         total: key_indexes.len(),
         expire_at: opts.expire_at,
         replace: opts.replace,
+        class: opts.class(key_indexes.len()),
         done,
     };
     if first == shard.id {
@@ -898,6 +913,7 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
                 parent,
                 replace: opts.replace,
                 cold: opts.cold(i, n, value.len(), previous_len),
+                class: opts.class(n),
             };
             store.insert_block(args.slot(2 + 2 * i), key, value.clone(), write, now)
         };
