@@ -300,7 +300,7 @@ pub fn parse_admission(s: &str) -> Result<u64, String> {
         return Ok(0);
     }
     match s.parse::<u64>() {
-        Ok(n) if n <= u16::MAX as u64 => Ok(n),
+        Ok(n) if n <= u8::MAX as u64 => Ok(n),
         _ => Err(format!(
             "invalid spill admission '{s}' (all, or a read count)"
         )),

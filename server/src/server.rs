@@ -431,8 +431,8 @@ fn run_shard(
     });
 }
 
-fn spill_admission(config: &LiveConfig) -> u16 {
-    config.spill_admission.load(Relaxed).min(u16::MAX as u64) as u16
+fn spill_admission(config: &LiveConfig) -> u8 {
+    config.spill_admission.load(Relaxed).min(u8::MAX as u64) as u8
 }
 
 fn shard_budget(config: &LiveConfig, shards: usize) -> usize {

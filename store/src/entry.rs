@@ -197,8 +197,9 @@ pub struct Entry {
     pub(crate) uses: u8,
     /// The `prefix` policy's queue.
     pub(crate) queue: Queue,
-    /// Reads since the value was stored (spill admission, promotion).
-    pub(crate) reads: u16,
+    /// Reads since the value was stored (spill admission, promotion),
+    /// saturating at 255: one byte, so the entry stays within 112 bytes.
+    pub(crate) reads: u8,
     /// The key has (or had) a record in the spill tier: a delete or an
     /// overwrite must leave a tombstone there.
     pub(crate) on_disk: bool,

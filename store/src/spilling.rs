@@ -28,7 +28,7 @@ use super::{
 use crate::slot::key_slot;
 
 /// Reads of a spilled block after which it moves back to DRAM.
-pub const PROMOTE_AFTER: u16 = 2;
+pub const PROMOTE_AFTER: u8 = 2;
 /// Smaller values are not written to the spill tier: a record takes at
 /// least 4 KiB on disk and a whole disk read to fetch, so a 100-byte value
 /// would cost 40 times its size there. KV-cache blocks are far larger.
@@ -53,7 +53,7 @@ pub struct SpillConfig {
     /// This shard's index (segment ownership).
     pub shard: usize,
     /// Evicted blocks are written only if read at least this many times.
-    pub admission: u16,
+    pub admission: u8,
 }
 
 /// A value read from the store: in memory now, or on its way from disk.
@@ -914,7 +914,7 @@ impl Store {
     }
 
     /// Sets the spill admission (0: every evicted block).
-    pub fn set_spill_admission(&mut self, reads: u16) {
+    pub fn set_spill_admission(&mut self, reads: u8) {
         if let Some(spill) = &mut self.spill {
             spill.config.admission = reads;
         }
