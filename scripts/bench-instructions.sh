@@ -18,7 +18,8 @@
 # Environment: N (2000 requests per multi-key cell, 10x for single keys),
 # VALUE (bytes per block, default 2048).
 #
-# EVICTION=1 counts writes under eviction instead: SET and MSETBLOCK of one
+# EVICTION=1 counts writes under eviction instead: SET, MSETBLOCK and MSETBLOCK
+# CHAIN (a one-block chain write, which the `prefix` classes see) of one
 # 4 KiB value to random keys on a server (--threads 1, whole process) with
 # 32 MiB of maxmemory already full, so each write evicts, under `prefix`
 # and `allkeys-lru`, for this build and BASELINE_BIN (an older policy).
@@ -120,6 +121,7 @@ evicting_requests() {
     none) ;;
     set) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1 ;;
     msetblock) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" >/dev/null 2>&1 ;;
+    chain) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" CHAIN >/dev/null 2>&1 ;;
   esac
 }
 
@@ -137,14 +139,14 @@ if [[ ${EVICTION:-0} == 1 ]]; then
   builds=("this build|target/release/kvtier-server")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
   echo "instructions per write under eviction (callgrind, --threads 1, whole process, 4 KiB values, maxmemory 32mb full)"
-  echo "| build | policy | SET | MSETBLOCK 1 |"
-  echo "|---|---|---|---|"
+  echo "| build | policy | SET | MSETBLOCK 1 | MSETBLOCK 1 CHAIN |"
+  echo "|---|---|---|---|---|"
   for b in "${builds[@]}"; do
     IFS='|' read -r name bin <<<"$b"
     for policy in prefix allkeys-lru; do
       base=$(evicting "$bin" "$policy" none)
       row="| $name | $policy |"
-      for work in set msetblock; do
+      for work in set msetblock chain; do
         total=$(evicting "$bin" "$policy" "$work")
         row+=" $(per_op "$total" "$base" $((N * 5))) |"
       done

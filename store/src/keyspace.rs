@@ -248,7 +248,7 @@ impl Store {
         // written under pressure must not evict its own last block (under
         // `prefix`, a block stored cold goes to the front, where the next
         // block's write would meet it first).
-        if self.budget != 0 {
+        if self.budget != 0 && self.policy == EvictionPolicy::Prefix {
             self.recency.writing_parent.clone_from(&parent);
         }
         let stored = self.room_and_place(index, key, value, expire_at, parent.as_ref());
@@ -267,7 +267,9 @@ impl Store {
         let cold = new.cold;
         entry.uses = new.uses;
         entry.class = new.class;
-        // Its place in the queues, set before the index counts it.
+        // Its place in the queues, set before the index counts it (a cold
+        // block that was remembered with uses goes to the front of level 1:
+        // last of level 0's turn, first of level 1's; decisions.md).
         let level = self.queues_on().then(|| self.recency.place(&mut entry));
         let tick = entry.tick;
         let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {
