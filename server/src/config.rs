@@ -302,7 +302,7 @@ pub fn parse_admission(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {
         Ok(n) if n <= u8::MAX as u64 => Ok(n),
         _ => Err(format!(
-            "invalid spill admission '{s}' (all, or a read count)"
+            "invalid spill admission '{s}' (all, or a read count up to 255)"
         )),
     }
 }

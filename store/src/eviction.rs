@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use crate::entry::Queue;
 use crate::slot::key_slot;
-use crate::{now_ms, Entry, EvictReason, Store};
+use crate::{now_ms, Entry, EvictReason, Protect, Store};
 
 /// `maxmemory-policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,9 +370,6 @@ pub(crate) struct Recency {
     pub(crate) ghosts: Ghosts,
     /// How often each class of chain writes was read before eviction.
     pub(crate) classes: Classes,
-    /// The parent of the block being written, not evicted to make room
-    /// for it (a chain being written keeps its last block).
-    pub(crate) writing_parent: Option<Bytes>,
 }
 
 /// What a chain write (MSETBLOCK CHAIN) is, for the `prefix` policy: how
@@ -638,9 +635,9 @@ impl Store {
         }
     }
 
-    /// Remembers that `key`, which had `uses`, left the index by eviction
-    /// (not to the spill tier, where it keeps them), in the `prefix`
-    /// policy's ghost list.
+    /// Records that `key` (its entry `gone`) left the index by eviction
+    /// (not to the spill tier, where it keeps its uses): in the `prefix`
+    /// policy's ghost list with its uses, and in its class's counts.
     pub(crate) fn remember_evicted(&mut self, key: &[u8], gone: &Entry) {
         if self.policy != EvictionPolicy::Prefix || !self.queues_on() {
             return;
@@ -755,7 +752,7 @@ impl Store {
     /// `protect` are never chosen.
     pub(crate) fn prefix_victim(
         &mut self,
-        protect: Option<&[u8]>,
+        protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
         // 1. Orphans: unreachable by any prefix lookup. Held ones (and the
@@ -774,7 +771,7 @@ impl Store {
             if !e.orphan {
                 continue;
             }
-            if e.value.is_held() || Some(&key[..]) == protect || (dram_only && !e.value.in_dram()) {
+            if e.value.is_held() || protect.covers(&key) || (dram_only && !e.value.in_dram()) {
                 skipped.push((key, tick));
                 continue;
             }
@@ -808,7 +805,7 @@ impl Store {
     /// one queue is in recency order).
     pub(crate) fn lru_victim(
         &mut self,
-        protect: Option<&[u8]>,
+        protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
         self.queue_victim(0, false, protect, dram_only)
@@ -821,7 +818,7 @@ impl Store {
         &mut self,
         level: u8,
         parked: bool,
-        protect: Option<&[u8]>,
+        protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
         let mut passed = Vec::new();
@@ -854,10 +851,7 @@ impl Store {
                 victim = Some((slot, key, EvictReason::Leaf));
                 break;
             }
-            if e.value.is_held()
-                || Some(&key[..]) == protect
-                || self.recency.writing_parent.as_ref() == Some(&key)
-            {
+            if e.value.is_held() || protect.covers(&key) {
                 passed.push((key, tick));
                 if passed.len() > 64 {
                     break;
@@ -919,7 +913,7 @@ impl Store {
     /// `protect` are skipped).
     pub(crate) fn pick_victim(
         &mut self,
-        protect: Option<&[u8]>,
+        protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes)> {
         let now = now_ms();
@@ -933,7 +927,7 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| Some(&k[..]) != protect)?
+                .find(|(_, k)| !protect.covers(k))?
                 .clone();
             return Some((key_slot(&key), key));
         }
@@ -950,7 +944,7 @@ impl Store {
             let Some((index, key)) = self.random_entry() else {
                 break;
             };
-            if Some(&key[..]) == protect {
+            if protect.covers(&key) {
                 continue;
             }
             let entry = &self.maps[index][&key];
@@ -973,7 +967,7 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| Some(&k[..]) != protect)
+                .find(|(_, k)| !protect.covers(k))
                 .map(|(_, k)| (key_slot(k), k.clone())),
             None => None,
         }

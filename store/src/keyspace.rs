@@ -13,7 +13,9 @@ use crate::eviction::{self, EvictionPolicy, WriteClass};
 use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
-use crate::{InPrefix, OutOfMemory, Recency, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN};
+use crate::{
+    InPrefix, OutOfMemory, Protect, Recency, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
+};
 
 /// A value to store: its bytes, or (the policy simulator) only its size.
 #[derive(Clone, Copy)]
@@ -244,16 +246,33 @@ impl Store {
         } = write;
         let index = self.index(slot);
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
-        // The block's parent stays while room is made for it: a chain
-        // written under pressure must not evict its own last block (under
-        // `prefix`, a block stored cold goes to the front, where the next
-        // block's write would meet it first).
-        if self.budget != 0 && self.policy == EvictionPolicy::Prefix {
-            self.recency.writing_parent.clone_from(&parent);
+        let heap_len = if value.len() < SLAB_MIN {
+            value.len()
+        } else {
+            0
+        };
+        // Not evicted for this write: the key, and under `prefix` its parent.
+        let parent_kept = parent
+            .as_deref()
+            .filter(|_| self.policy == EvictionPolicy::Prefix);
+        let protect = Protect::write(key, parent_kept);
+        // What the index will be charged beyond what the key costs now.
+        let mut index_growth = 0;
+        if self.budget != 0 {
+            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
+                + parent.as_ref().map_or(0, |p| p.len());
+            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
+            index_growth = new_charge.saturating_sub(old_charge);
+            if index_growth > 0 {
+                self.ensure_room(index_growth, protect)?;
+            }
         }
-        let stored = self.room_and_place(index, key, value, expire_at, parent.as_ref());
-        self.recency.writing_parent = None;
-        let stored = stored?;
+        let stored = match value {
+            // Always copied: a slice would pin the request's read buffer.
+            Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
+            Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
+            _ => Value::Slab(self.place_in_slab(value, protect, index_growth)?),
+        };
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
         entry.parent = parent;
@@ -306,41 +325,6 @@ impl Store {
             }
         }
         Ok(old)
-    }
-
-    /// Makes room for `key`'s new value (evicting by policy) and stores it:
-    /// small values on the heap, blocks in a slab slot.
-    fn room_and_place(
-        &mut self,
-        index: usize,
-        key: &[u8],
-        value: Contents,
-        expire_at: u64,
-        parent: Option<&Bytes>,
-    ) -> Result<Value, OutOfMemory> {
-        let heap_len = if value.len() < SLAB_MIN {
-            value.len()
-        } else {
-            0
-        };
-        // What the index will be charged beyond what the key costs now.
-        let mut index_growth = 0;
-        if self.budget != 0 {
-            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
-                + parent.as_ref().map_or(0, |p| p.len());
-            let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
-            index_growth = new_charge.saturating_sub(old_charge);
-            if index_growth > 0 {
-                self.ensure_room(index_growth, Some(key))?;
-            }
-        }
-        let stored = match value {
-            // Always copied: a slice would pin the request's read buffer.
-            Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
-            Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
-            _ => Value::Slab(self.place_in_slab(value, key, index_growth)?),
-        };
-        Ok(stored)
     }
 
     /// MSETBLOCK's write of one block: `1` stored, `0` already present and
@@ -457,7 +441,7 @@ impl Store {
             // The expiry-set node is charged: make room for it like any
             // write. EXPIRE never fails for memory (as in Redis), so when
             // nothing can be evicted the budget is overdrawn by the node.
-            let _ = self.ensure_room(EXPIRE_OVERHEAD, Some(key));
+            let _ = self.ensure_room(EXPIRE_OVERHEAD, Protect::key(key));
         }
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
             return false;

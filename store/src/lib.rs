@@ -41,6 +41,7 @@ pub use eviction::{EvictionPolicy, PrefixTuning, WriteClass};
 use keyspace::Contents;
 pub use keyspace::{partial_tail, BlockWrite, PrefixStep};
 pub use links::LinkEvent;
+pub use memory::Protect;
 use meta::Meta;
 use slab::{ArenaStats, SlabArena};
 use spilling::SpillState;
@@ -300,7 +301,7 @@ impl Store {
         if queued != self.queues_on() {
             self.reset_queues();
         }
-        let _ = self.ensure_room(0, None);
+        let _ = self.ensure_room(0, Protect::NONE);
     }
 
     /// The eviction policy.
@@ -727,12 +728,18 @@ mod slab_tests {
             (0..8).all(|j| has(&mut s, &format!("p{j}"))),
             "older blocks stay"
         );
-        // Off: nothing is stored cold.
+        // Off: the same class is stored as usual again, every block
+        // measured (with the rule on and no probes, none would be).
         s.set_prefix_tuning(PrefixTuning {
             class_threshold: 0.0,
             ..s.recency.tuning
         });
-        assert!(!s.recency.classes.cold(Classes::of(unread, false), 0.0));
+        let keys: Vec<String> = (0..4).map(|j| format!("off{j}")).collect();
+        put_chain(&mut s, &keys, unread);
+        assert!(keys.iter().all(|k| {
+            s.peek(key_slot(k.as_bytes()), k.as_bytes(), 1000)
+                .is_some_and(|e| e.class != 0)
+        }));
     }
 
     #[test]

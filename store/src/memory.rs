@@ -8,6 +8,45 @@ use crate::slab::{self, NoRoom};
 use crate::slot::key_slot;
 use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store};
 
+/// The keys eviction must not choose for a write: the key being written
+/// and, under `prefix`, the block it continues (a chain written under
+/// pressure keeps its last block; a block stored cold goes to the front,
+/// where the next block's write would meet it first).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Protect<'a> {
+    key: Option<&'a [u8]>,
+    parent: Option<&'a [u8]>,
+}
+
+impl<'a> Protect<'a> {
+    /// Nothing protected.
+    pub const NONE: Protect<'static> = Protect {
+        key: None,
+        parent: None,
+    };
+
+    /// `key` alone.
+    pub fn key(key: &'a [u8]) -> Protect<'a> {
+        Protect {
+            key: Some(key),
+            parent: None,
+        }
+    }
+
+    /// `key` and, if given, `parent`.
+    pub(crate) fn write(key: &'a [u8], parent: Option<&'a [u8]>) -> Protect<'a> {
+        Protect {
+            key: Some(key),
+            parent,
+        }
+    }
+
+    /// Whether `key` must not be chosen.
+    pub(crate) fn covers(&self, key: &[u8]) -> bool {
+        self.key == Some(key) || self.parent == Some(key)
+    }
+}
+
 impl Store {
     /// A slab slot holding `value`, evicting (never `protect`) until one is
     /// free or a page fits the budget, with `index_growth` bytes of index
@@ -15,7 +54,7 @@ impl Store {
     pub(crate) fn place_in_slab(
         &mut self,
         value: Contents,
-        protect: &[u8],
+        protect: Protect,
         index_growth: usize,
     ) -> Result<slab::SlotRef, OutOfMemory> {
         // A value larger than the whole budget cannot fit however much is
@@ -43,11 +82,11 @@ impl Store {
             // were in; when that keeps missing this value's class, a whole
             // page is emptied for it (rebalancing).
             evictions += 1;
-            if evictions <= 64 && self.evict_one(Some(protect), true).is_some() {
+            if evictions <= 64 && self.evict_one(protect, true).is_some() {
                 continue;
             }
             let keep = (class != usize::MAX).then_some(class);
-            if !self.empty_a_page(keep, Some(protect)) {
+            if !self.empty_a_page(keep, protect) {
                 return Err(OutOfMemory);
             }
             evictions = 0;
@@ -57,7 +96,7 @@ impl Store {
     /// Evicts every value in the page best suited to be emptied (fewest
     /// values, none held) and unmaps it when the value needs a span.
     /// Returns whether it evicted anything.
-    pub(crate) fn empty_a_page(&mut self, keep: Option<usize>, protect: Option<&[u8]>) -> bool {
+    pub(crate) fn empty_a_page(&mut self, keep: Option<usize>, protect: Protect) -> bool {
         // Slots whose last holder just let go are free, not in use.
         self.arena.reclaim();
         let Some((page, slots)) = self.arena.page_to_empty(keep) else {
@@ -67,7 +106,7 @@ impl Store {
             .iter()
             .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
             .collect();
-        if keys.is_empty() || keys.iter().any(|k| Some(&k[..]) == protect) {
+        if keys.is_empty() || keys.iter().any(|k| protect.covers(k)) {
             return false;
         }
         for key in keys {
@@ -98,7 +137,7 @@ impl Store {
 
     /// Evicts by policy until `extra` more bytes fit the budget. `protect`
     /// is never chosen (the key being written).
-    pub fn ensure_room(&mut self, extra: usize, protect: Option<&[u8]>) -> Result<(), OutOfMemory> {
+    pub fn ensure_room(&mut self, extra: usize, protect: Protect) -> Result<(), OutOfMemory> {
         if self.budget == 0 {
             return Ok(());
         }
@@ -146,11 +185,7 @@ impl Store {
     /// Evicts one key by policy; `None` if nothing may go. With the spill
     /// tier on, a block in DRAM is written to disk and stays readable.
     /// `dram_only`: only keys whose value is in DRAM (a slot is needed).
-    pub(crate) fn evict_one(
-        &mut self,
-        protect: Option<&[u8]>,
-        dram_only: bool,
-    ) -> Option<EvictReason> {
+    pub(crate) fn evict_one(&mut self, protect: Protect, dram_only: bool) -> Option<EvictReason> {
         let (slot, key, reason) = if self.policy == EvictionPolicy::AllKeysLru {
             match self.lru_victim(protect, dram_only) {
                 Some(found) => found,

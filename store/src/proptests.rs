@@ -371,7 +371,7 @@ impl Run {
             }
             Op::Evict { kib } => {
                 let extra = kib as usize * 1024;
-                if self.store.ensure_room(extra, None).is_ok() && self.budget != 0 {
+                if self.store.ensure_room(extra, Protect::NONE).is_ok() && self.budget != 0 {
                     prop_assert!(
                         self.store.used_memory() + extra <= self.budget,
                         "ensure_room({extra}) succeeded with {} used of {}",
@@ -397,7 +397,7 @@ impl Run {
                     self.budget = self.initial_budget * percent as usize / 100;
                     self.store.set_budget(self.budget);
                     // set_budget evicts what it can; whether that sufficed:
-                    self.overdrawn = self.store.ensure_room(0, None).is_err();
+                    self.overdrawn = self.store.ensure_room(0, Protect::NONE).is_err();
                     if !self.overdrawn {
                         self.check_budget("after lowering the budget")?;
                     }

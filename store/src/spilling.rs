@@ -22,8 +22,8 @@ use super::spill::{
     aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
 };
 use super::{
-    Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Store, Value,
-    SLAB_MIN,
+    Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Protect, Store,
+    Value, SLAB_MIN,
 };
 use crate::slot::key_slot;
 
@@ -437,7 +437,7 @@ impl Store {
         let placed = if value.len() < SLAB_MIN {
             Value::Heap(Bytes::copy_from_slice(&value))
         } else {
-            match self.place_in_slab(Contents::Bytes(&value), key, 0) {
+            match self.place_in_slab(Contents::Bytes(&value), Protect::key(key), 0) {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
                     slot: slot_ref,
                     loc: loc.clone(),

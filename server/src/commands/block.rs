@@ -897,6 +897,7 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     };
     let mut codes = Vec::with_capacity(n);
     let mut failed = false;
+    let class = opts.class(n);
     for i in 0..n {
         let (key, value) = (&args[2 + 2 * i], &args[3 + 2 * i]);
         let parent = match (opts.chain, i) {
@@ -913,7 +914,7 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
                 parent,
                 replace: opts.replace,
                 cold: opts.cold(i, n, value.len(), previous_len),
-                class: opts.class(n),
+                class,
             };
             store.insert_block(args.slot(2 + 2 * i), key, value.clone(), write, now)
         };
