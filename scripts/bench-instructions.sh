@@ -117,11 +117,12 @@ evicting_requests() {
   local port=$1 value
   value=$(head -c 4096 /dev/zero | tr '\0' v)
   redis-benchmark -p "$port" -n 20000 -c 1 -P 16 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1
+  writes() { redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 "$@" >/dev/null 2>&1; }
   case $work in
     none) ;;
-    set) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 SET key:__rand_int__ "$value" >/dev/null 2>&1 ;;
-    msetblock) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" >/dev/null 2>&1 ;;
-    chain) redis-benchmark -p "$port" -n $((N * 5)) -c 1 -r 1000000 MSETBLOCK 1 key:__rand_int__ "$value" CHAIN >/dev/null 2>&1 ;;
+    set) writes SET key:__rand_int__ "$value" ;;
+    msetblock) writes MSETBLOCK 1 key:__rand_int__ "$value" ;;
+    chain) writes MSETBLOCK 1 key:__rand_int__ "$value" CHAIN ;;
   esac
 }
 
