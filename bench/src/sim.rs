@@ -66,8 +66,8 @@ pub struct SimArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// The `prefix` policy's parameters:
-    /// `levels=N,lifetime=F,cold=0|1,ghosts=F,classes=F,probe=N`
-    /// (defaults: the store's; `classes=0` turns the write classes off).
+    /// `levels=N,lifetime=F,cold=0|1,ghosts=F,classes=F,probe=N,guard=F`
+    /// (defaults: the store's; `classes=0` turns the write classes off, `guard=0` their guard).
     #[arg(long, default_value = "")]
     pub tune: String,
 }
@@ -87,6 +87,7 @@ fn tuning(spec: &str) -> std::io::Result<PrefixTuning> {
             "ghosts" => t.ghosts_per_block = v.parse().map_err(|_| bad())?,
             "classes" => t.class_threshold = v.parse().map_err(|_| bad())?,
             "probe" => t.class_probe = v.parse().map_err(|_| bad())?,
+            "guard" => t.class_guard = v.parse().map_err(|_| bad())?,
             _ => return Err(std::io::Error::other(format!("--tune: unknown {k}"))),
         }
     }
@@ -298,20 +299,26 @@ impl Cache for Shards {
         let now = self.now;
         let class = WriteClass::chain(ids.len(), parent.is_some());
         let mut parent = parent.map(|p| self.key(p).0);
-        let mut run_shard = None;
+        let mut run_shard: Option<usize> = None;
+        let mut decided = None;
         for (i, &id) in ids.iter().enumerate() {
             let (key, slot) = self.key(id);
             let s = self.shard_of(slot);
             // As the chain relay: one run of consecutive blocks per shard,
-            // the link events delivered when the run is stored.
-            if run_shard.is_some_and(|r| r != s) {
+            // the link events delivered when the run is stored, the call's
+            // decision passed on to the next run.
+            let continues = i > 0 && run_shard == Some(s);
+            if let Some(r) = run_shard.filter(|&r| r != s) {
                 self.deliver_links();
+                decided = self.stores[r].chain_decision();
             }
             run_shard = Some(s);
             let write = BlockWrite {
                 parent: parent.clone(),
                 cold: partial && i + 1 == ids.len(),
                 class,
+                continues,
+                decided,
                 ..BlockWrite::default()
             };
             let code = self.stores[s].insert_block_of_len(slot, &key, self.block_bytes, write, now);

@@ -202,9 +202,14 @@ pub struct PrefixTuning {
     /// is below this × the share of evicted blocks that are written again
     /// while the ghost list remembers them. 0: off.
     pub class_threshold: f32,
-    /// One block in this many of a cold class is stored as usual, so the
-    /// class's rate stays measured.
+    /// One chain write in this many of a cold class is stored as usual, so
+    /// the class's rate stays measured.
     pub class_probe: u32,
+    /// A class is stored cold only while it is also read less often than
+    /// this × the blocks of all classes measured (0: off): when evicted
+    /// blocks come back more often than any class is read, only the
+    /// classes read least go cold, not all of them.
+    pub class_guard: f32,
 }
 
 impl Default for PrefixTuning {
@@ -216,6 +221,7 @@ impl Default for PrefixTuning {
             ghosts_per_block: 4.0,
             class_threshold: 1.0,
             class_probe: 8,
+            class_guard: 1.0,
         }
     }
 }
@@ -402,14 +408,21 @@ const CLASSES: usize = 32;
 /// no class once warm (each turn's suffix is read by the next turn, 45–75%,
 /// and 4% of evicted blocks return at 25% DRAM); on the synthetic trace at
 /// 10% every class (73% of evicted blocks return, no class is read above
-/// 42%): a block is kept once it is read, as under a probation queue, and
-/// the probes keep measuring.
+/// 42%), so a class also has to be read less often than the blocks of all
+/// classes measured (the guard): there only the classes read least go
+/// cold. The decision is made once per chain write (the blocks of one call
+/// are read together or not at all): its first new block decides, and the
+/// chain relay carries the decision from shard to shard with the rest of
+/// the chain; one write in [`PrefixTuning::class_probe`] of a cold class
+/// is stored as usual, so its rate stays measured.
 #[derive(Default)]
 pub(crate) struct Classes {
     evicted: [u32; CLASSES],
     read: [u32; CLASSES],
+    /// The sums of `evicted` and `read`.
     total: u32,
-    /// Blocks of cold classes stored cold since the last probe.
+    total_read: u32,
+    /// Chain writes of cold classes stored cold since the last probe.
     skipped: u32,
     /// Blocks evicted, and blocks written again while the ghost list
     /// remembered them (halved with the rest).
@@ -418,6 +431,9 @@ pub(crate) struct Classes {
     /// A whole window was measured (before, the first evictions, of the
     /// blocks stored first, say little).
     warm: bool,
+    /// Whether the chain write being stored is stored cold (None: not
+    /// decided yet).
+    run: Option<bool>,
 }
 
 impl Classes {
@@ -432,13 +448,37 @@ impl Classes {
 
     /// Whether blocks of `class` (from [`Classes::of`]) are read so rarely
     /// that they should be stored cold.
-    pub(crate) fn cold(&self, class: u8, threshold: f32) -> bool {
+    pub(crate) fn cold(&self, class: u8, threshold: f32, guard: f32) -> bool {
         let c = class as usize - 1;
         if threshold <= 0.0 || !self.warm || self.evicted[c] < 32 {
             return false;
         }
         let rate = self.read[c] as f32 / self.evicted[c] as f32;
+        let all = self.total_read as f32 / self.total.max(1) as f32;
+        if guard > 0.0 && rate >= guard * all {
+            return false;
+        }
         rate < threshold * self.returns as f32 / self.evictions.max(1) as f32
+    }
+
+    /// Whether a chain write of blocks of `class` is stored cold: its class
+    /// is [`Classes::cold`], and the write is not one of the probes.
+    fn decide(&mut self, class: u8, tuning: &PrefixTuning) -> bool {
+        if !self.cold(class, tuning.class_threshold, tuning.class_guard) {
+            return false;
+        }
+        self.skipped += 1;
+        if self.skipped < tuning.class_probe.max(1) {
+            return true;
+        }
+        self.skipped = 0;
+        false
+    }
+
+    /// The next block written starts a run: of a chain write decided on
+    /// another shard (`decided`), or a write of its own (None).
+    pub(crate) fn new_run(&mut self, decided: Option<bool>) {
+        self.run = decided;
     }
 
     /// A measured block of `class` was evicted, read or not.
@@ -447,13 +487,25 @@ impl Classes {
         self.evicted[c] += 1;
         self.read[c] += u32::from(read);
         self.total += 1;
+        self.total_read += u32::from(read);
         if self.total as usize > window.max(1024) {
             for (e, r) in self.evicted.iter_mut().zip(&mut self.read) {
                 *e /= 2;
                 *r /= 2;
             }
             self.total = self.evicted.iter().sum();
+            self.total_read = self.read.iter().sum();
             self.warm = true;
+        }
+    }
+
+    /// `entry` leaves DRAM, for good or to the spill tier: if it is a
+    /// measured block, its class counts it, read or not, once (a block
+    /// dropped from disk later is not counted again).
+    pub(crate) fn left_dram(&mut self, entry: &mut Entry, window: usize) {
+        if entry.class != 0 {
+            self.evicted(entry.class, entry.reads > 0, window);
+            entry.class = 0;
         }
     }
 
@@ -637,28 +689,26 @@ impl Store {
 
     /// Records that `key` (its entry `gone`) left the index by eviction
     /// (not to the spill tier, where it keeps its uses): in the `prefix`
-    /// policy's ghost list with its uses, and in its class's counts.
-    pub(crate) fn remember_evicted(&mut self, key: &[u8], gone: &Entry) {
+    /// policy's ghost list with its uses, and in its class's counts (unless
+    /// it was counted as it moved to disk).
+    pub(crate) fn remember_evicted(&mut self, key: &[u8], mut gone: Entry) {
         if self.policy != EvictionPolicy::Prefix || !self.queues_on() {
             return;
         }
         let room = (self.meta.queued as f32 * self.recency.tuning.ghosts_per_block) as usize;
         self.recency.ghosts.remember(key, gone.uses, room);
         self.recency.classes.left(self.meta.queued);
-        if gone.class != 0 {
-            let window = self.meta.queued;
-            self.recency
-                .classes
-                .evicted(gone.class, gone.reads > 0, window);
-        }
+        self.recency.classes.left_dram(&mut gone, self.meta.queued);
     }
 
     /// How a block written now starts. Its uses: this write (0 for a cold
     /// one, which is not a use), plus the uses it had if the `prefix`
-    /// policy evicted it lately. Under `prefix`, a block of a chain write
+    /// policy evicted it lately. Under `prefix`, a chain write
     /// whose class of blocks is read less often than evicted blocks come
-    /// back ([`Classes`]) is stored cold, but for one in
-    /// [`PrefixTuning::class_probe`], which is stored as usual and measured.
+    /// back and than all classes ([`Classes`]) is stored cold, but for one
+    /// in [`PrefixTuning::class_probe`], which is stored as usual and
+    /// measured; the blocks after the first new block of a chain write
+    /// are stored as it was ([`Store::chain_decision`]).
     pub(crate) fn new_block(&mut self, key: &[u8], cold: bool, class: WriteClass) -> NewBlock {
         let remembered = match self.policy {
             EvictionPolicy::Prefix => self.recency.ghosts.recall(key),
@@ -685,16 +735,27 @@ impl Store {
         }
         let tuning = &self.recency.tuning;
         let classes = &mut self.recency.classes;
-        if classes.cold(class, tuning.class_threshold) {
-            classes.skipped += 1;
-            if classes.skipped < tuning.class_probe.max(1) {
-                block.cold = true;
-                return block;
+        let stored_cold = match classes.run {
+            Some(run) => run,
+            None => {
+                let decided = classes.decide(class, tuning);
+                classes.run = Some(decided);
+                decided
             }
-            classes.skipped = 0;
+        };
+        if stored_cold {
+            block.cold = true;
+            return block;
         }
         block.class = class;
         block
+    }
+
+    /// How the chain write being stored was decided (see
+    /// [`Store::new_block`]): to be passed on with the rest of the chain
+    /// when it continues on another shard ([`crate::BlockWrite::decided`]).
+    pub fn chain_decision(&self) -> Option<bool> {
+        self.recency.classes.run
     }
 }
 
@@ -1018,5 +1079,24 @@ mod tests {
         assert_eq!((g.recall(b"k3"), g.recall(b"k4")), (Some(4), Some(5)));
         assert_eq!(g.len(), 0);
         assert_eq!(g.bytes(), 4 * GHOST_WAYS);
+    }
+
+    #[test]
+    fn when_evicted_blocks_return_more_often_than_any_class_is_read_only_the_least_read_go_cold() {
+        let class = |n| Classes::of(WriteClass::chain(n, false), false);
+        let (often, seldom) = (class(64), class(4));
+        let mut c = Classes::default();
+        for i in 0..3000 {
+            // Read 30% and 10% of the time; 70% of evicted blocks return.
+            c.evicted(often, i % 10 < 3, 1024);
+            c.evicted(seldom, i % 10 < 1, 1024);
+            for _ in 0..2 {
+                c.left(1024);
+            }
+            c.returns += u32::from(i % 10 < 7) * 2;
+        }
+        assert!(c.cold(often, 1.0, 0.0) && c.cold(seldom, 1.0, 0.0));
+        assert!(!c.cold(often, 1.0, 1.0), "read more than the average");
+        assert!(c.cold(seldom, 1.0, 1.0));
     }
 }

@@ -641,11 +641,19 @@ mod slab_tests {
     /// Stores `keys` as one chain write of `class` (each block continues
     /// the one before it).
     fn put_chain(s: &mut Store, keys: &[String], class: WriteClass) {
+        put_run(s, keys, class, None);
+    }
+
+    /// Stores `keys` as a run of a chain write of `class`, `decided` on
+    /// another shard (None: the write starts here).
+    fn put_run(s: &mut Store, keys: &[String], class: WriteClass, decided: Option<bool>) {
         let mut parent: Option<Bytes> = None;
         for (i, k) in keys.iter().enumerate() {
             let write = BlockWrite {
                 parent: parent.take(),
                 class,
+                continues: i > 0,
+                decided,
                 ..BlockWrite::default()
             };
             let slot = key_slot(k.as_bytes());
@@ -681,22 +689,38 @@ mod slab_tests {
             put_chain(&mut s, &[format!("back{}", i % 16)], back);
         }
         let classes = &s.recency.classes;
-        let threshold = s.recency.tuning.class_threshold;
-        assert!(classes.cold(Classes::of(unread, false), threshold));
-        assert!(!classes.cold(Classes::of(read, false), threshold));
-        // One block in `class_probe` of a cold class is stored as usual
-        // and measured.
-        let keys: Vec<String> = (0..16).map(|j| format!("probe{j}")).collect();
-        put_chain(&mut s, &keys, unread);
-        let measured = keys
-            .iter()
-            .filter(|k| {
+        let t = s.recency.tuning;
+        assert!(classes.cold(Classes::of(unread, false), t.class_threshold, t.class_guard));
+        assert!(!classes.cold(Classes::of(read, false), t.class_threshold, t.class_guard));
+        // One chain write in `class_probe` of a cold class is stored as
+        // usual and measured, all its blocks; the others, none.
+        let mut measured = 0;
+        for i in 0..16 {
+            let keys: Vec<String> = (0..4).map(|j| format!("probe{i}-{j}")).collect();
+            put_chain(&mut s, &keys, unread);
+            assert!(keys.iter().all(|k| has(&mut s, k)));
+            let of_class = keys
+                .iter()
+                .filter(|k| {
+                    s.peek(key_slot(k.as_bytes()), k.as_bytes(), 1000)
+                        .is_some_and(|e| e.class != 0)
+                })
+                .count();
+            assert!(of_class == 0 || of_class == 4, "one decision per call");
+            measured += of_class / 4;
+        }
+        assert_eq!(measured, 16 / t.class_probe as usize);
+        // A run that continues a chain write decided on another shard is
+        // stored as decided there, whatever its class here.
+        for (decided, class, measured) in [(Some(true), read, false), (Some(false), unread, true)] {
+            let keys: Vec<String> = (0..3).map(|j| format!("{decided:?}{j}")).collect();
+            put_run(&mut s, &keys, class, decided);
+            assert!(keys.iter().all(|k| {
                 s.peek(key_slot(k.as_bytes()), k.as_bytes(), 1000)
-                    .is_some_and(|e| e.class != 0)
-            })
-            .count();
-        assert!(keys.iter().all(|k| has(&mut s, k)));
-        assert_eq!(measured, 16 / s.recency.tuning.class_probe as usize);
+                    .is_some_and(|e| (e.class != 0) == measured)
+            }));
+            assert_eq!(s.chain_decision(), decided);
+        }
         // Without probes: a new chain of the unread class goes before older
         // blocks, from its tail.
         s.set_prefix_tuning(PrefixTuning {

@@ -130,7 +130,7 @@ impl Store {
             return true;
         }
         if let Some(gone) = self.drop_entry(slot, key) {
-            self.remember_evicted(key, &gone);
+            self.remember_evicted(key, gone);
         }
         false
     }
@@ -214,7 +214,7 @@ impl Store {
         let kept = in_dram && self.spill_out(slot, &key, false);
         if !kept {
             let gone = self.drop_entry(slot, &key)?;
-            self.remember_evicted(&key, &gone);
+            self.remember_evicted(&key, gone);
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[reason as usize] += 1;
         }

@@ -565,6 +565,7 @@ impl Store {
             let loc = c.loc.clone();
             self.replace_value(slot, key, Value::Spilled(loc));
             if let Some(e) = self.maps[index].get_mut(key) {
+                self.recency.classes.left_dram(e, self.meta.queued);
                 e.reads = 0;
             }
             return true;
@@ -626,8 +627,9 @@ impl Store {
         spill.append(segment, offset, buf, Some(stored.clone()));
         self.replace_value(slot, key, Value::Writing(Box::new(InFlight { data, loc })));
         if let Some(e) = self.maps[index].get_mut(key) {
-            // From here on, reads count toward promotion and reclaim's
-            // second chance.
+            // Its class counts it as it leaves DRAM; from here on, reads
+            // count toward promotion and reclaim's second chance.
+            self.recency.classes.left_dram(e, self.meta.queued);
             e.reads = 0;
         }
         if dir.nearly_full() {

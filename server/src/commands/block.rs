@@ -287,6 +287,9 @@ struct ChainRelay {
     expire_at: u64,
     replace: bool,
     class: WriteClass,
+    /// How the eviction policy decided the call so far (passed from run
+    /// to run: the call is stored cold or not as a whole).
+    decided: Option<bool>,
     done: oneshot::Sender<Vec<i64>>,
 }
 
@@ -302,7 +305,7 @@ impl ChainRelay {
         {
             let mut store = shard.store.lock();
             let now = now_ms();
-            for (key, slot, value, parent, cold) in run {
+            for (i, (key, slot, value, parent, cold)) in run.into_iter().enumerate() {
                 let code = if failed {
                     -1
                 } else {
@@ -312,12 +315,15 @@ impl ChainRelay {
                         replace: self.replace,
                         cold,
                         class: self.class,
+                        continues: i > 0,
+                        decided: self.decided,
                     };
                     store.insert_block(slot, &key, value, write, now)
                 };
                 failed |= code < 0;
                 self.codes.push(code);
             }
+            self.decided = store.chain_decision();
         }
         // The run's link events go out before the rest of the chain: the
         // next run's owner learns that its blocks have children here before
@@ -378,6 +384,7 @@ async fn store_chain(
         expire_at: opts.expire_at,
         replace: opts.replace,
         class: opts.class(key_indexes.len()),
+        decided: None,
         done,
     };
     if first == shard.id {
@@ -915,6 +922,8 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
                 replace: opts.replace,
                 cold: opts.cold(i, n, value.len(), previous_len),
                 class,
+                continues: opts.chain && i > 0,
+                decided: None,
             };
             store.insert_block(args.slot(2 + 2 * i), key, value.clone(), write, now)
         };
