@@ -96,12 +96,18 @@ enum Op {
         ttl: Option<u16>,
         parent: Option<u8>,
     },
-    /// `insert_block`: MSETBLOCK (0 when present unless `replace`).
+    /// `insert_block`: MSETBLOCK (0 when present unless `replace`), of a
+    /// chain write of `chain` blocks (0: not a chain write), continuing
+    /// the block written before it or not, decided cold or not on
+    /// another shard (the `prefix` policy's classes of writes).
     Block {
         key: u8,
         size: Size,
         parent: Option<u8>,
         replace: bool,
+        chain: u8,
+        continues: bool,
+        decided: Option<bool>,
     },
     /// `read` (touches); `hold` keeps the value like a slow reply.
     Get { key: u8, hold: bool },
@@ -132,8 +138,19 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (key.clone(), size(), proptest::option::weighted(0.3, any::<u16>()), parent.clone())
             .prop_map(|(key, size, ttl, parent)| Op::Set { key, size, ttl, parent }),
-        4 => (key.clone(), size(), parent, any::<bool>())
-            .prop_map(|(key, size, parent, replace)| Op::Block { key, size, parent, replace }),
+        4 => (
+            (key.clone(), size(), parent, any::<bool>()),
+            (0..5u8, any::<bool>(), proptest::option::weighted(0.5, any::<bool>())),
+        )
+            .prop_map(|((key, size, parent, replace), (chain, continues, decided))| Op::Block {
+                key,
+                size,
+                parent,
+                replace,
+                chain,
+                continues,
+                decided,
+            }),
         6 => (key.clone(), any::<bool>()).prop_map(|(key, hold)| Op::Get { key, hold }),
         2 => key.clone().prop_map(|key| Op::Del { key }),
         2 => (key, proptest::option::weighted(0.8, 0..3000u16))
@@ -277,13 +294,23 @@ impl Run {
                 size,
                 parent,
                 replace,
+                chain,
+                continues,
+                decided,
             } => {
                 let k = key_name(key);
                 let v = self.next_value(size);
                 let present = self.live_in_model(&k);
+                let class = match chain {
+                    0 => WriteClass::default(),
+                    n => WriteClass::chain(n as usize, parent.is_some()),
+                };
                 let write = BlockWrite {
                     parent: parent.map(key_name),
                     replace,
+                    class,
+                    continues,
+                    decided,
                     ..BlockWrite::default()
                 };
                 let code = self
