@@ -96,18 +96,16 @@ enum Op {
         ttl: Option<u16>,
         parent: Option<u8>,
     },
-    /// `insert_block`: MSETBLOCK (0 when present unless `replace`), of a
-    /// chain write of `chain` blocks (0: not a chain write), continuing
-    /// the block written before it or not, decided cold or not on
-    /// another shard (the `prefix` policy's classes of writes).
+    /// `insert_block`: MSETBLOCK (0 when present unless `replace`). `call`:
+    /// of a chain write of so many blocks (0: not a chain write),
+    /// continuing the block written before it or not, decided cold or not
+    /// on another shard (the `prefix` policy's classes of writes).
     Block {
         key: u8,
         size: Size,
         parent: Option<u8>,
         replace: bool,
-        chain: u8,
-        continues: bool,
-        decided: Option<bool>,
+        call: (u8, bool, Option<bool>),
     },
     /// `read` (touches); `hold` keeps the value like a slow reply.
     Get { key: u8, hold: bool },
@@ -142,15 +140,7 @@ fn op() -> impl Strategy<Value = Op> {
             (key.clone(), size(), parent, any::<bool>()),
             (0..5u8, any::<bool>(), proptest::option::weighted(0.5, any::<bool>())),
         )
-            .prop_map(|((key, size, parent, replace), (chain, continues, decided))| Op::Block {
-                key,
-                size,
-                parent,
-                replace,
-                chain,
-                continues,
-                decided,
-            }),
+            .prop_map(|((key, size, parent, replace), call)| Op::Block { key, size, parent, replace, call }),
         6 => (key.clone(), any::<bool>()).prop_map(|(key, hold)| Op::Get { key, hold }),
         2 => key.clone().prop_map(|key| Op::Del { key }),
         2 => (key, proptest::option::weighted(0.8, 0..3000u16))
@@ -294,9 +284,7 @@ impl Run {
                 size,
                 parent,
                 replace,
-                chain,
-                continues,
-                decided,
+                call: (chain, continues, decided),
             } => {
                 let k = key_name(key);
                 let v = self.next_value(size);
