@@ -413,8 +413,10 @@ const CLASSES: usize = 32;
 /// cold. The decision is made once per chain write (the blocks of one call
 /// are read together or not at all): its first new block decides, and the
 /// chain relay carries the decision from shard to shard with the rest of
-/// the chain; one write in [`PrefixTuning::class_probe`] of a cold class
-/// is stored as usual, so its rate stays measured.
+/// the chain (the class of the first block decides, remembered or not, for
+/// all of them; across cluster nodes each node's part is a call of its
+/// own); one write in [`PrefixTuning::class_probe`] of a cold class is
+/// stored as usual, so its rate stays measured.
 #[derive(Default)]
 pub(crate) struct Classes {
     evicted: [u32; CLASSES],
@@ -454,8 +456,10 @@ impl Classes {
             return false;
         }
         let rate = self.read[c] as f32 / self.evicted[c] as f32;
+        // (When no measured block was read, none is read less than the
+        // rest: the guard has nothing to say.)
         let all = self.total_read as f32 / self.total.max(1) as f32;
-        if guard > 0.0 && rate >= guard * all {
+        if guard > 0.0 && self.total_read > 0 && rate >= guard * all {
             return false;
         }
         rate < threshold * self.returns as f32 / self.evictions.max(1) as f32
@@ -1098,5 +1102,13 @@ mod tests {
         assert!(c.cold(often, 1.0, 0.0) && c.cold(seldom, 1.0, 0.0));
         assert!(!c.cold(often, 1.0, 1.0), "read more than the average");
         assert!(c.cold(seldom, 1.0, 1.0));
+        // Nothing measured is read: the guard does not keep a class warm.
+        let mut none = Classes::default();
+        for _ in 0..3000 {
+            none.evicted(often, false, 1024);
+            none.left(1024);
+            none.returns += 1;
+        }
+        assert!(none.cold(often, 1.0, 1.0));
     }
 }

@@ -259,7 +259,8 @@ impl Spreading<'_> {
             Ok(o) => o,
             Err(e) => return e,
         };
-        // The options every node gets: expiry and REPLACE as sent.
+        // The options every node gets: expiry and REPLACE as sent (CHAIN,
+        // PARENT and PARTIAL are per run).
         let opts = &args[end..];
         let mut common = Vec::new();
         let mut i = 0;
@@ -270,6 +271,8 @@ impl Spreading<'_> {
             } else if is(&opts[i], "chain") {
                 let named = opts.get(i + 1).is_some_and(|w| is(w, "parent")) && i + 2 < opts.len();
                 i += if named { 3 } else { 1 };
+            } else if is(&opts[i], "partial") {
+                i += 1;
             } else {
                 common.push(opts[i].clone()); // REPLACE
                 i += 1;
@@ -291,18 +294,16 @@ impl Spreading<'_> {
             while end < n && self.view.owner(args.slot(2 + 2 * end)) == node {
                 end += 1;
             }
-            let mut sub = vec![args[0].clone(), Bytes::from((end - start).to_string())];
-            sub.extend_from_slice(&args[2 + 2 * start..2 + 2 * end]);
-            sub.extend_from_slice(&common);
-            sub.push(Bytes::from_static(b"CHAIN"));
-            if let Some(p) = &parent {
-                sub.push(Bytes::from_static(b"PARENT"));
-                sub.push(p.clone());
-            }
             let part = Part {
                 node,
                 positions: (start..end).collect(),
-                args: sub,
+                args: chain_run(
+                    &args[0],
+                    &args[2 + 2 * start..2 + 2 * end],
+                    &common,
+                    parent.as_ref(),
+                    parsed.partial && end == n,
+                ),
             };
             let reply = self
                 .run_parts(std::slice::from_ref(&part), false)
@@ -435,4 +436,63 @@ fn first_miss(n: usize, parts: &[Part], present: impl Fn(usize) -> usize) -> usi
         .filter_map(|(i, part)| part.positions.get(present(i)).copied())
         .min()
         .unwrap_or(n)
+}
+
+/// The MSETBLOCK CHAIN a node is sent for one run of a chain's blocks
+/// (`pairs`: keys and values): the options every node gets, the previous
+/// run's last block as PARENT, and PARTIAL only with the chain's last run
+/// (the request's final partial block is the chain's last, not each run's).
+fn chain_run(
+    cmd: &Bytes,
+    pairs: &[Bytes],
+    common: &[Bytes],
+    parent: Option<&Bytes>,
+    partial: bool,
+) -> Vec<Bytes> {
+    let mut sub = vec![cmd.clone(), Bytes::from((pairs.len() / 2).to_string())];
+    sub.extend_from_slice(pairs);
+    sub.extend_from_slice(common);
+    sub.push(Bytes::from_static(b"CHAIN"));
+    if let Some(p) = parent {
+        sub.push(Bytes::from_static(b"PARENT"));
+        sub.push(p.clone());
+    }
+    if partial {
+        sub.push(Bytes::from_static(b"PARTIAL"));
+    }
+    sub
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_last_run_of_a_chain_is_sent_partial() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let (cmd, pairs, common) = (
+            b("MSETBLOCK"),
+            [b("k2"), b("v2"), b("k3"), b("v")],
+            [b("EX"), b("9")],
+        );
+        let parent = b("k1");
+        let middle = chain_run(&cmd, &pairs, &common, Some(&parent), false);
+        let last = chain_run(&cmd, &pairs, &common, Some(&parent), true);
+        let words = |v: &[Bytes]| {
+            v.iter()
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            words(&middle),
+            "MSETBLOCK 2 k2 v2 k3 v EX 9 CHAIN PARENT k1"
+        );
+        assert_eq!(
+            words(&last),
+            "MSETBLOCK 2 k2 v2 k3 v EX 9 CHAIN PARENT k1 PARTIAL"
+        );
+        let first = chain_run(&cmd, &pairs[..2], &[], None, false);
+        assert_eq!(words(&first), "MSETBLOCK 1 k2 v2 CHAIN");
+    }
 }
