@@ -300,25 +300,24 @@ impl Cache for Shards {
         let class = WriteClass::chain(ids.len(), parent.is_some());
         let mut parent = parent.map(|p| self.key(p).0);
         let mut run_shard: Option<usize> = None;
-        let mut decided = None;
         for (i, &id) in ids.iter().enumerate() {
             let (key, slot) = self.key(id);
             let s = self.shard_of(slot);
             // As the chain relay: one run of consecutive blocks per shard,
             // the link events delivered when the run is stored, the call's
             // decision passed on to the next run.
-            let continues = i > 0 && run_shard == Some(s);
-            if let Some(r) = run_shard.filter(|&r| r != s) {
-                self.deliver_links();
-                decided = self.stores[r].chain_decision();
+            if run_shard != Some(s) {
+                let decided = run_shard.and_then(|r| self.stores[r].chain_decision());
+                if run_shard.is_some() {
+                    self.deliver_links();
+                }
+                self.stores[s].begin_chain(decided);
             }
             run_shard = Some(s);
             let write = BlockWrite {
                 parent: parent.clone(),
                 cold: partial && i + 1 == ids.len(),
                 class,
-                continues,
-                decided,
                 ..BlockWrite::default()
             };
             let code = self.stores[s].insert_block_of_len(slot, &key, self.block_bytes, write, now);

@@ -450,7 +450,8 @@ impl Classes {
 
     /// Whether blocks of `class` (from [`Classes::of`]) are read so rarely
     /// that they should be stored cold.
-    pub(crate) fn cold(&self, class: u8, threshold: f32, guard: f32) -> bool {
+    pub(crate) fn cold(&self, class: u8, tuning: &PrefixTuning) -> bool {
+        let (threshold, guard) = (tuning.class_threshold, tuning.class_guard);
         let c = class as usize - 1;
         if threshold <= 0.0 || !self.warm || self.evicted[c] < 32 {
             return false;
@@ -468,7 +469,7 @@ impl Classes {
     /// Whether a chain write of blocks of `class` is stored cold: its class
     /// is [`Classes::cold`], and the write is not one of the probes.
     fn decide(&mut self, class: u8, tuning: &PrefixTuning) -> bool {
-        if !self.cold(class, tuning.class_threshold, tuning.class_guard) {
+        if !self.cold(class, tuning) {
             return false;
         }
         self.skipped += 1;
@@ -477,12 +478,6 @@ impl Classes {
         }
         self.skipped = 0;
         false
-    }
-
-    /// The next block written starts a run: of a chain write decided on
-    /// another shard (`decided`), or a write of its own (None).
-    pub(crate) fn new_run(&mut self, decided: Option<bool>) {
-        self.run = decided;
     }
 
     /// A measured block of `class` was evicted, read or not.
@@ -712,7 +707,7 @@ impl Store {
     /// back and than all classes ([`Classes`]) is stored cold, but for one
     /// in [`PrefixTuning::class_probe`], which is stored as usual and
     /// measured; the blocks after the first new block of a chain write
-    /// are stored as it was ([`Store::chain_decision`]).
+    /// are stored as it was ([`Store::begin_chain`]).
     pub(crate) fn new_block(&mut self, key: &[u8], cold: bool, class: WriteClass) -> NewBlock {
         let remembered = match self.policy {
             EvictionPolicy::Prefix => self.recency.ghosts.recall(key),
@@ -755,9 +750,16 @@ impl Store {
         block
     }
 
-    /// How the chain write being stored was decided (see
-    /// [`Store::new_block`]): to be passed on with the rest of the chain
-    /// when it continues on another shard ([`crate::BlockWrite::decided`]).
+    /// Starts storing a run of a chain write's blocks (MSETBLOCK CHAIN: the
+    /// blocks the call stores on this store, one after another): as
+    /// `decided` by the call's earlier runs on other stores, or (None) by
+    /// the run's first new block of a measured class ([`Store::new_block`]).
+    pub fn begin_chain(&mut self, decided: Option<bool>) {
+        self.recency.classes.run = decided;
+    }
+
+    /// How the chain write being stored was decided so far: passed to
+    /// [`Store::begin_chain`] of the store of its next run.
     pub fn chain_decision(&self) -> Option<bool> {
         self.recency.classes.run
     }
@@ -1099,9 +1101,14 @@ mod tests {
             }
             c.returns += u32::from(i % 10 < 7) * 2;
         }
-        assert!(c.cold(often, 1.0, 0.0) && c.cold(seldom, 1.0, 0.0));
-        assert!(!c.cold(often, 1.0, 1.0), "read more than the average");
-        assert!(c.cold(seldom, 1.0, 1.0));
+        let guard = |class_guard| PrefixTuning {
+            class_threshold: 1.0,
+            class_guard,
+            ..PrefixTuning::default()
+        };
+        assert!(c.cold(often, &guard(0.0)) && c.cold(seldom, &guard(0.0)));
+        assert!(!c.cold(often, &guard(1.0)), "read more than the average");
+        assert!(c.cold(seldom, &guard(1.0)));
         // Nothing measured is read: the guard does not keep a class warm.
         let mut none = Classes::default();
         for _ in 0..3000 {
@@ -1109,6 +1116,6 @@ mod tests {
             none.left(1024);
             none.returns += 1;
         }
-        assert!(none.cold(often, 1.0, 1.0));
+        assert!(none.cold(often, &guard(1.0)));
     }
 }

@@ -59,16 +59,9 @@ pub struct BlockWrite {
     /// Not expected to be read again (see [`partial_tail`]): under the
     /// `prefix` policy it is queued to go first.
     pub cold: bool,
-    /// The chain write it is part of.
+    /// The chain write it is part of (its run of blocks on this store
+    /// starts with [`Store::begin_chain`]).
     pub class: WriteClass,
-    /// The block before it in the same call was its parent, stored by this
-    /// store just before it (a chain's blocks after the first of a run on
-    /// one shard): it is stored cold or not as the call's first new block
-    /// was.
-    pub continues: bool,
-    /// For the first block of a run: how an earlier run of the same call,
-    /// on another shard, was decided ([`Store::chain_decision`] there).
-    pub decided: Option<bool>,
 }
 
 /// Whether the block at `index` of a chain of `count` blocks looks like a
@@ -357,9 +350,6 @@ impl Store {
         write: BlockWrite,
         now: u64,
     ) -> i64 {
-        if !write.continues {
-            self.recency.classes.new_run(write.decided);
-        }
         if !write.replace && self.peek(slot, key, now).is_some() {
             self.relink(slot, key, write.parent.as_deref());
             return 0;

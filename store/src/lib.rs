@@ -648,12 +648,11 @@ mod slab_tests {
     /// another shard (None: the write starts here).
     fn put_run(s: &mut Store, keys: &[String], class: WriteClass, decided: Option<bool>) {
         let mut parent: Option<Bytes> = None;
+        s.begin_chain(decided);
         for (i, k) in keys.iter().enumerate() {
             let write = BlockWrite {
                 parent: parent.take(),
                 class,
-                continues: i > 0,
-                decided,
                 ..BlockWrite::default()
             };
             let slot = key_slot(k.as_bytes());
@@ -690,8 +689,8 @@ mod slab_tests {
         }
         let classes = &s.recency.classes;
         let t = s.recency.tuning;
-        assert!(classes.cold(Classes::of(unread, false), t.class_threshold, t.class_guard));
-        assert!(!classes.cold(Classes::of(read, false), t.class_threshold, t.class_guard));
+        assert!(classes.cold(Classes::of(unread, false), &t));
+        assert!(!classes.cold(Classes::of(read, false), &t));
         // One chain write in `class_probe` of a cold class is stored as
         // usual and measured, all its blocks; the others, none.
         let mut measured = 0;

@@ -12,7 +12,7 @@ use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store};
 /// and, under `prefix`, the block it continues (a chain written under
 /// pressure keeps its last block; a block stored cold goes to the front,
 /// where the next block's write would meet it first).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Protect<'a> {
     key: Option<&'a [u8]>,
     parent: Option<&'a [u8]>,

@@ -96,17 +96,18 @@ enum Op {
         ttl: Option<u16>,
         parent: Option<u8>,
     },
-    /// `insert_block`: MSETBLOCK (0 when present unless `replace`). `call`:
-    /// of a chain write of so many blocks (0: not a chain write),
-    /// continuing the block written before it or not, decided cold or not
-    /// on another shard (the `prefix` policy's classes of writes).
+    /// `insert_block`: MSETBLOCK (0 when present unless `replace`), of a
+    /// chain write of `chain` blocks (0: not a chain write).
     Block {
         key: u8,
         size: Size,
         parent: Option<u8>,
         replace: bool,
-        call: (u8, bool, Option<bool>),
+        chain: u8,
     },
+    /// A run of a chain write starts, decided cold or not on another shard
+    /// or not yet (the `prefix` policy's classes of writes).
+    BeginChain { decided: Option<bool> },
     /// `read` (touches); `hold` keeps the value like a slow reply.
     Get { key: u8, hold: bool },
     /// DEL.
@@ -136,11 +137,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (key.clone(), size(), proptest::option::weighted(0.3, any::<u16>()), parent.clone())
             .prop_map(|(key, size, ttl, parent)| Op::Set { key, size, ttl, parent }),
-        4 => (
-            (key.clone(), size(), parent, any::<bool>()),
-            (0..5u8, any::<bool>(), proptest::option::weighted(0.5, any::<bool>())),
-        )
-            .prop_map(|((key, size, parent, replace), call)| Op::Block { key, size, parent, replace, call }),
+        4 => (key.clone(), size(), parent, any::<bool>(), 0..5u8)
+            .prop_map(|(key, size, parent, replace, chain)| Op::Block { key, size, parent, replace, chain }),
+        1 => proptest::option::weighted(0.5, any::<bool>())
+            .prop_map(|decided| Op::BeginChain { decided }),
         6 => (key.clone(), any::<bool>()).prop_map(|(key, hold)| Op::Get { key, hold }),
         2 => key.clone().prop_map(|key| Op::Del { key }),
         2 => (key, proptest::option::weighted(0.8, 0..3000u16))
@@ -284,7 +284,7 @@ impl Run {
                 size,
                 parent,
                 replace,
-                call: (chain, continues, decided),
+                chain,
             } => {
                 let k = key_name(key);
                 let v = self.next_value(size);
@@ -297,8 +297,6 @@ impl Run {
                     parent: parent.map(key_name),
                     replace,
                     class,
-                    continues,
-                    decided,
                     ..BlockWrite::default()
                 };
                 let code = self
@@ -402,6 +400,7 @@ impl Run {
                     self.held.remove(i);
                 }
             }
+            Op::BeginChain { decided } => self.store.begin_chain(decided),
             Op::Links => self.settle(),
             Op::Clear => {
                 self.store.clear();

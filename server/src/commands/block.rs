@@ -305,7 +305,8 @@ impl ChainRelay {
         {
             let mut store = shard.store.lock();
             let now = now_ms();
-            for (i, (key, slot, value, parent, cold)) in run.into_iter().enumerate() {
+            store.begin_chain(self.decided);
+            for (key, slot, value, parent, cold) in run {
                 let code = if failed {
                     -1
                 } else {
@@ -315,8 +316,6 @@ impl ChainRelay {
                         replace: self.replace,
                         cold,
                         class: self.class,
-                        continues: i > 0,
-                        decided: self.decided,
                     };
                     store.insert_block(slot, &key, value, write, now)
                 };
@@ -905,6 +904,9 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let mut codes = Vec::with_capacity(n);
     let mut failed = false;
     let class = opts.class(n);
+    if opts.chain {
+        store.begin_chain(None);
+    }
     for i in 0..n {
         let (key, value) = (&args[2 + 2 * i], &args[3 + 2 * i]);
         let parent = match (opts.chain, i) {
@@ -922,8 +924,6 @@ fn msetblock_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
                 replace: opts.replace,
                 cold: opts.cold(i, n, value.len(), previous_len),
                 class,
-                continues: opts.chain && i > 0,
-                decided: None,
             };
             store.insert_block(args.slot(2 + 2 * i), key, value.clone(), write, now)
         };
