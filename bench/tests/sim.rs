@@ -60,36 +60,58 @@ fn sim_agrees_with_a_replay_through_the_server() {
         );
         let (lru, belady) = (rate(&report, "lru"), rate(&report, "belady"));
         assert!(lru < belady, "MIN beats LRU: {lru} vs {belady}");
-        let server = Server::kvtier(&[
-            "--threads",
-            "2",
-            "--maxmemory",
-            &budget.to_string(),
-            "--maxmemory-policy",
-            policy,
-        ]);
-        let json = dir.file(&format!("trace-{policy}.json"));
-        let run = bench(&[
-            "trace",
-            &trace.display().to_string(),
-            "--target",
-            &server.addr,
-            "--block-bytes",
-            BLOCK,
-            "--concurrency",
-            "1",
-            "--limit",
-            LIMIT,
-            "--json",
-            &json.display().to_string(),
-        ]);
-        assert!(run.output.status.success(), "{}", run.stderr());
-        let replayed = f(&read_json(&json), "block_hit_rate");
+        // The server is not deterministic to the last block: a read of a
+        // key another shard owns is answered on the connection's thread,
+        // and may come before or after that shard applies link events
+        // still in its mailbox, which moves a few victims (0.0376-0.0412
+        // over twelve runs of this slice, most of them equal to the
+        // simulator's 0.0398). The median of five fresh servers is compared.
+        let mut runs: Vec<f64> = (0..5)
+            .map(|i| {
+                replay(
+                    &trace,
+                    policy,
+                    budget,
+                    &dir.file(&format!("trace-{policy}-{i}.json")),
+                )
+            })
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        let replayed = runs[2];
         let simulated = rate(&report, policy);
         assert!(
             (replayed - simulated).abs() <= 0.002,
-            "{policy}: server {replayed}, sim {simulated}"
+            "{policy}: server {replayed} (median of {runs:?}), sim {simulated}"
         );
         assert!(simulated > 0.0 && simulated < 1.0, "{simulated}");
     }
+}
+
+/// The block hit rate of `trace` replayed through a fresh kvtier-server
+/// (two shards, `budget` bytes of maxmemory under `policy`).
+fn replay(trace: &std::path::Path, policy: &str, budget: u64, json: &std::path::Path) -> f64 {
+    let server = Server::kvtier(&[
+        "--threads",
+        "2",
+        "--maxmemory",
+        &budget.to_string(),
+        "--maxmemory-policy",
+        policy,
+    ]);
+    let run = bench(&[
+        "trace",
+        &trace.display().to_string(),
+        "--target",
+        &server.addr,
+        "--block-bytes",
+        BLOCK,
+        "--concurrency",
+        "1",
+        "--limit",
+        LIMIT,
+        "--json",
+        &json.display().to_string(),
+    ]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    f(&read_json(json), "block_hit_rate")
 }
