@@ -160,9 +160,16 @@ impl Conn {
         Ok(Conn {
             stream,
             rbuf: BytesMut::with_capacity(READ_AHEAD),
-            // Values up to 1 MiB are cut out of the read buffer (reads of
-            // up to READ_AHEAD each); bigger ones get their own buffer.
-            parser: ReplyParser::with_big_bulk(1 << 20),
+            // Small values are cut out of the read buffer (reads of up to
+            // READ_AHEAD each); from 64 KiB on a value is read into a buffer
+            // of its own, recycled from earlier replies, as a connector
+            // reads a block into its destination. Cut out of the read
+            // buffer instead, a 4 MiB reply's values held every 1 MiB
+            // chunk of it until the reply was dropped, so each reply got
+            // fresh chunks from the allocator, which the kernel zeroed and
+            // mapped again: ~190 page faults per 64 × 64 KiB reply, 2.2
+            // against 3.3 GB/s.
+            parser: ReplyParser::new(),
         })
     }
 
