@@ -60,29 +60,25 @@ fn sim_agrees_with_a_replay_through_the_server() {
         );
         let (lru, belady) = (rate(&report, "lru"), rate(&report, "belady"));
         assert!(lru < belady, "MIN beats LRU: {lru} vs {belady}");
-        // The server is not deterministic to the last block: a read of a
-        // key another shard owns is answered on the connection's thread,
-        // and may come before or after that shard applies link events
-        // still in its mailbox, which moves a few victims (0.0376-0.0412
-        // over twelve runs of this slice, most of them equal to the
-        // simulator's 0.0398). The median of five fresh servers is compared.
-        let mut runs: Vec<f64> = (0..5)
-            .map(|i| {
-                replay(
-                    &trace,
-                    policy,
-                    budget,
-                    &dir.file(&format!("trace-{policy}-{i}.json")),
-                )
-            })
-            .collect();
-        runs.sort_by(f64::total_cmp);
-        let replayed = runs[2];
+        // Two fresh servers, each within 0.002 of the simulator (they are
+        // equal to it here). Before link events were applied ahead of the
+        // next request (`Shard::settle_links`, and a direct read of another
+        // shard's store waiting behind the link events queued for it), the
+        // server moved a few victims by timing: 0.0364-0.0424 on this
+        // slice against the simulator's 0.0398.
         let simulated = rate(&report, policy);
-        assert!(
-            (replayed - simulated).abs() <= 0.002,
-            "{policy}: server {replayed} (median of {runs:?}), sim {simulated}"
-        );
+        for i in 0..2 {
+            let replayed = replay(
+                &trace,
+                policy,
+                budget,
+                &dir.file(&format!("trace-{policy}-{i}.json")),
+            );
+            assert!(
+                (replayed - simulated).abs() <= 0.002,
+                "{policy}: server {replayed} (run {i}), sim {simulated}"
+            );
+        }
         assert!(simulated > 0.0 && simulated < 1.0, "{simulated}");
     }
 }

@@ -36,6 +36,10 @@ pub struct Shared {
     /// Each shard's store, for reads taken without waking its thread
     /// ([`Shard::with_store`](crate::shard::Shard::with_store)).
     pub stores: StoreCells,
+    /// Link events posted to each shard and not yet applied there: a read
+    /// of that shard's store from another thread waits behind them in the
+    /// mailbox instead ([`Shard::read_now`](crate::shard::Shard::read_now)).
+    pub links_queued: Vec<AtomicUsize>,
     /// Settings CONFIG SET can change.
     pub config: LiveConfig,
     /// When the server started.
@@ -214,6 +218,7 @@ impl Server {
             shards,
             mailboxes: senders,
             stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
+            links_queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             ticks: (0..shards).map(|_| Arc::default()).collect(),
             config: live,
             started: Instant::now(),

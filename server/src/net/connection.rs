@@ -276,6 +276,9 @@ impl<S: ClientIo> Connection<S> {
             let mut batch = Batch::default();
             let mut fatal = None;
             let mut cut_short = false;
+            if self.client.shard.links_queued_here() {
+                self.client.shard.settle_links().await;
+            }
             self.clock = mono_ns();
             self.note_reader();
             self.now_ms = kvtier_store::ms_at(self.clock);

@@ -20,6 +20,7 @@ pub mod slot;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use kvtier_cluster::hot::{Copies, HotCounter};
@@ -269,6 +270,13 @@ impl Shard {
             Some(cell) if target != self.id => cell,
             _ => return Err(read),
         };
+        // Link events already posted there come first (they were sent
+        // before the reply of the write that made them, so the client's
+        // next read must see them applied): through the mailbox, behind
+        // them. A read that overtook them would move victims by timing.
+        if self.shared.links_queued[target].load(Acquire) > 0 {
+            return Err(read);
+        }
         let Some(mut store) = cell.try_lock() else {
             return Err(read);
         };
@@ -280,6 +288,28 @@ impl Shard {
         }
         self.stats.borrow_mut().direct_reads += 1;
         Ok(result)
+    }
+
+    /// Lets this shard's mailbox apply the link events posted to it before
+    /// a connection here runs its next commands: they were sent before the
+    /// reply of the write that made them, so the client's next request must
+    /// find them applied (whether the connection task or the mailbox task
+    /// ran first would otherwise move victims by timing). Yields at most a
+    /// few times: a shard whose mailbox is slow to drain still serves.
+    pub async fn settle_links(&self) {
+        for _ in 0..SETTLE_YIELDS {
+            if !self.links_queued_here() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Whether link events posted to this shard wait in its mailbox (the
+    /// connection's check before [`Shard::settle_links`]: one load).
+    #[inline]
+    pub fn links_queued_here(&self) -> bool {
+        self.shared.links_queued[self.id].load(Acquire) > 0
     }
 
     /// Delivers the link changes this shard's store recorded (see
@@ -311,13 +341,19 @@ impl Shard {
                     if target == self.id {
                         self.store.lock().apply_link(event);
                     } else {
-                        let _ = self.post(
+                        let queued = &self.shared.links_queued[target];
+                        queued.fetch_add(1, Release);
+                        let posted = self.post(
                             target,
                             Box::new(move |s: &Shard| {
                                 s.store.lock().apply_link(event);
                                 s.deliver_links();
+                                s.shared.links_queued[s.id].fetch_sub(1, Release);
                             }),
                         );
+                        if posted.is_err() {
+                            queued.fetch_sub(1, Release);
+                        }
                     }
                 }
             }
@@ -344,6 +380,10 @@ impl Shard {
         Ok(out)
     }
 }
+
+/// Most turns a connection gives the mailbox to apply queued link events
+/// ([`Shard::settle_links`]).
+const SETTLE_YIELDS: usize = 16;
 
 /// Longest stretch of mailbox jobs before the shard's connections get a
 /// turn (short jobs run back to back; a long command's steps do not).
