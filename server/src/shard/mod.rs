@@ -274,7 +274,7 @@ impl Shard {
         // before the reply of the write that made them, so the client's
         // next read must see them applied): through the mailbox, behind
         // them. A read that overtook them would move victims by timing.
-        if self.shared.links_queued[target].load(Acquire) > 0 {
+        if self.links_queued_at(target) {
             return Err(read);
         }
         let Some(mut store) = cell.try_lock() else {
@@ -309,7 +309,13 @@ impl Shard {
     /// connection's check before [`Shard::settle_links`]: one load).
     #[inline]
     pub fn links_queued_here(&self) -> bool {
-        self.shared.links_queued[self.id].load(Acquire) > 0
+        self.links_queued_at(self.id)
+    }
+
+    /// Whether link events posted to shard `target` wait in its mailbox.
+    #[inline]
+    fn links_queued_at(&self, target: usize) -> bool {
+        self.shared.links_queued[target].load(Acquire) > 0
     }
 
     /// Delivers the link changes this shard's store recorded (see
