@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use kvtier_cluster::hot::{Copies, HotCounter};
 use kvtier_cluster::peer::PeerPool;
 use kvtier_cluster::topology::View;
-use kvtier_store::links::Route;
+use kvtier_store::links::{LinkEvent, Route};
 use kvtier_store::Store;
 use tokio::sync::{mpsc, oneshot};
 
@@ -321,7 +321,9 @@ impl Shard {
     /// Delivers the link changes this shard's store recorded (see
     /// [`kvtier_store::links`]) to the stores they concern: applied here
     /// when the key is this shard's, posted to the owner otherwise, to every
-    /// shard for a departed parent.
+    /// shard for a departed parent. A round's events for one shard go in one
+    /// mailbox job, in the order they were recorded (the simulator's order:
+    /// all of a round's events before what they cascade into).
     pub fn deliver_links(&self) {
         {
             let mut store = self.store.lock();
@@ -335,6 +337,7 @@ impl Shard {
             if events.is_empty() {
                 return;
             }
+            let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
             for event in events {
                 let targets = match event.route() {
                     // A parent on another node is not tracked (it is
@@ -342,25 +345,37 @@ impl Shard {
                     Route::Key(key) if !self.node_owns(key) => Vec::new(),
                     _ => event.targets(self.id, self.count()),
                 };
-                for target in targets {
-                    let event = event.clone();
-                    if target == self.id {
-                        self.store.lock().apply_link(event);
-                    } else {
-                        let queued = &self.shared.links_queued[target];
-                        queued.fetch_add(1, Release);
-                        let posted = self.post(
-                            target,
-                            Box::new(move |s: &Shard| {
-                                s.store.lock().apply_link(event);
-                                s.deliver_links();
-                                s.shared.links_queued[s.id].fetch_sub(1, Release);
-                            }),
-                        );
-                        if posted.is_err() {
-                            queued.fetch_sub(1, Release);
-                        }
+                if let Some((&last, rest)) = targets.split_last() {
+                    for &target in rest {
+                        batches[target].push(event.clone());
                     }
+                    batches[last].push(event);
+                }
+            }
+            for (target, batch) in batches.into_iter().enumerate() {
+                if batch.is_empty() {
+                    continue;
+                }
+                if target == self.id {
+                    let mut store = self.store.lock();
+                    batch.into_iter().for_each(|e| store.apply_link(e));
+                    continue;
+                }
+                let queued = &self.shared.links_queued[target];
+                queued.fetch_add(1, Release);
+                let posted = self.post(
+                    target,
+                    Box::new(move |s: &Shard| {
+                        {
+                            let mut store = s.store.lock();
+                            batch.into_iter().for_each(|e| store.apply_link(e));
+                        }
+                        s.deliver_links();
+                        s.shared.links_queued[s.id].fetch_sub(1, Release);
+                    }),
+                );
+                if posted.is_err() {
+                    queued.fetch_sub(1, Release);
                 }
             }
         }
