@@ -23,6 +23,9 @@
 # 4 KiB value to random keys on a server (--threads 1, whole process) with
 # 32 MiB of maxmemory already full, so each write evicts, under `prefix`
 # and `allkeys-lru`, for this build and BASELINE_BIN (an older policy).
+# CHAIN64=1 adds a column: a 64-block chain write (MSETBLOCK 64 ... CHAIN,
+# N writes) on --threads 2, where a chain's blocks alternate between the
+# shards and each write sends link events to the other shard.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -123,16 +126,20 @@ evicting_requests() {
     set) writes SET key:__rand_int__ "$value" ;;
     msetblock) writes MSETBLOCK 1 key:__rand_int__ "$value" ;;
     chain) writes MSETBLOCK 1 key:__rand_int__ "$value" CHAIN ;;
+    chain64)
+      local args=(MSETBLOCK 64)
+      for _ in $(seq 64); do args+=(key:__rand_int__ "$value"); done
+      redis-benchmark -p "$port" -n "$N" -c 1 -r 100000000 "${args[@]}" CHAIN >/dev/null 2>&1 ;;
   esac
 }
 
-# evicting BIN POLICY WORKLOAD -> total instructions (see EVICTION above)
+# evicting BIN POLICY WORKLOAD [THREADS] -> total instructions (see EVICTION above)
 evicting() {
-  local bin=$1 policy=$2 work=$3 port
+  local bin=$1 policy=$2 work=$3 threads=${4:-1} port
   port=$(free_port)
   local POLL; POLL=$(poll_off "$bin")
   # shellcheck disable=SC2086
-  counted "$WORK/ev.$port" "$port" evicting_requests "$bin" --port "$port" --threads 1 \
+  counted "$WORK/ev.$port" "$port" evicting_requests "$bin" --port "$port" --threads "$threads" \
     --metrics-addr none --hz 1 $POLL --maxmemory 32mb --maxmemory-policy "$policy"
 }
 
@@ -140,8 +147,14 @@ if [[ ${EVICTION:-0} == 1 ]]; then
   builds=("this build|target/release/kvtier-server")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
   echo "instructions per write under eviction (callgrind, --threads 1, whole process, 4 KiB values, maxmemory 32mb full)"
-  echo "| build | policy | SET | MSETBLOCK 1 | MSETBLOCK 1 CHAIN |"
-  echo "|---|---|---|---|---|"
+  chain64=${CHAIN64:-0}
+  if [[ $chain64 == 1 ]]; then
+    echo "| build | policy | SET | MSETBLOCK 1 | MSETBLOCK 1 CHAIN | MSETBLOCK 64 CHAIN, t=2 |"
+    echo "|---|---|---|---|---|---|"
+  else
+    echo "| build | policy | SET | MSETBLOCK 1 | MSETBLOCK 1 CHAIN |"
+    echo "|---|---|---|---|---|"
+  fi
   for b in "${builds[@]}"; do
     IFS='|' read -r name bin <<<"$b"
     for policy in prefix allkeys-lru; do
@@ -151,6 +164,11 @@ if [[ ${EVICTION:-0} == 1 ]]; then
         total=$(evicting "$bin" "$policy" "$work")
         row+=" $(per_op "$total" "$base" $((N * 5))) |"
       done
+      if [[ $chain64 == 1 ]]; then
+        base=$(evicting "$bin" "$policy" none 2)
+        total=$(evicting "$bin" "$policy" chain64 2)
+        row+=" $(per_op "$total" "$base" "$N") |"
+      fi
       echo "$row"
     done
   done
