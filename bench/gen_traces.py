@@ -197,9 +197,7 @@ class Trace:
     def emit(self, t: float, ctx: Context, output_length: int) -> None:
         """Records a request at time ``t`` (seconds) with prompt ``ctx``."""
         segs = None if ctx.segments is None else ctx.segments.copy()
-        self.requests.append(
-            Request(t, len(self.requests), ctx.tokens, output_length, ctx.hash_ids(), segs)
-        )
+        self.requests.append(Request(t, len(self.requests), ctx.tokens, output_length, ctx.hash_ids(), segs))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1262,9 +1260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("workload", nargs="*", default=[*WORKLOADS, "mix"])
     s = sub.add_parser("stats", help="summary of an existing trace")
     s.add_argument("file")
-    s.add_argument(
-        "--capacity", help="LRU and MIN hit rates at these capacity fractions, e.g. 0.05,0.1,0.25"
-    )
+    s.add_argument("--capacity", help="LRU and MIN hit rates at these capacity fractions, e.g. 0.05,0.1,0.25")
     c = sub.add_parser("check", help="structural invariants of an existing trace")
     c.add_argument("file")
     st = sub.add_parser("standard", help="write the standard set (docs/traces.md)")
@@ -1300,9 +1296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             print("python3 bench/gen_traces.py " + " ".join(std.argv()), file=sys.stderr)
             t0 = time.monotonic()
-            reqs = generate(
-                std.workload, std.requests, None, std.seed, std.rate, parse_sets(std.sets)
-            )
+            reqs = generate(std.workload, std.requests, None, std.seed, std.rate, parse_sets(std.sets))
             print(f"gen_traces: generated in {time.monotonic() - t0:.1f} s", file=sys.stderr)
             path = os.path.join(a.out_dir, f"{std.name}.jsonl")
             with open(path, "w", encoding="utf-8") as f:
@@ -1315,9 +1309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reqs = timed(
         f"{a.cmd} generated",
-        lambda: generate(
-            a.cmd, a.requests, a.sessions, a.seed, a.rate, parse_sets(a.set), record=False
-        ),
+        lambda: generate(a.cmd, a.requests, a.sessions, a.seed, a.rate, parse_sets(a.set), record=False),
     )
     if a.output:
         with open(a.output, "w", encoding="utf-8") as f:

@@ -2,7 +2,8 @@
 # The connector tests (scripts/test.sh runs this): builds or reuses the cached
 # venv (tests/connectors/venv.sh: torch, lmcache 0.5.6, sglang), installs the
 # kvtier package from clients/python into it, checks formatting, lint and
-# types (ruff, mypy), then runs pytest against $KVTIER_BIN.
+# types (ruff, mypy) of it, of these tests and of bench/'s Python, then runs
+# pytest against $KVTIER_BIN.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -19,8 +20,9 @@ py=$venv/bin/python
 "$py" -c 'import kvtier, sys; print("kvtier", kvtier.__version__, "from", kvtier.__file__)'
 
 config=clients/python/pyproject.toml
-"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors
-"$venv/bin/ruff" check --config "$config" clients/python tests/connectors
+"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors bench
+"$venv/bin/ruff" check --config "$config" clients/python tests/connectors bench
+"$venv/bin/mypy" --strict bench/gen_traces.py bench/trace_signals.py
 (cd clients/python && "$venv/bin/mypy" kvtier)
 (cd tests/connectors && MYPYPATH=$ROOT/clients/python "$venv/bin/mypy" --config-file "$ROOT/$config" .)
 
