@@ -11,8 +11,9 @@ a request's hits are the leading run of its blocks that are present):
    far and how long ago (log2 of requests) it was last used: the two
    signals a policy that ranks by recency and frequency has.
 2. For blocks at their first use, the same share by what the server sees
-   at write time: whether the request's first block is new, how often the
-   block it follows was used.
+   at write time (whether the request's first block is new, how often the
+   block it follows was used) and, beside it, by the request's output
+   length, which a server does not see.
 3. Bounds at CAPACITY (a fraction of the unique blocks): exact LRU;
    Belady's MIN, with its hits split by which use of a block they are;
    a cache that knows each block's total count from the start and keeps
@@ -36,9 +37,11 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 
 
-def load(path: str) -> list[list[int]]:
+def load(path: str) -> tuple[list[list[int]], list[int]]:
+    """Each request's blocks, and its output length (which a server never sees)."""
     with open(path) as f:
-        return [json.loads(line)["hash_ids"] for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r["hash_ids"] for r in rows], [int(r.get("output_length", 0)) for r in rows]
 
 
 def uses_by_request(reqs: list[list[int]]) -> dict[int, list[int]]:
@@ -52,11 +55,12 @@ def uses_by_request(reqs: list[list[int]]) -> dict[int, list[int]]:
 def return_table(
     reqs: list[list[int]], horizon: int, bucket: Callable[[int], int]
 ) -> dict[tuple[int, int], tuple[int, int]]:
-    """(use-count bucket, log2 age) -> (samples, used again within horizon)."""
+    """(use-count bucket, log2 age) -> (samples, used again within horizon),
+    sampled every 40 requests (the same moments for every block)."""
     table: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
     last = len(reqs) - horizon
     for uses in uses_by_request(reqs).values():
-        for t in range(uses[0], last, 40):
+        for t in range(-(-uses[0] // 40) * 40, last, 40):
             k = bisect.bisect_right(uses, t)
             age = t - uses[k - 1]
             cell = table[(bucket(k), int(math.log2(age + 1)))]
@@ -65,19 +69,24 @@ def return_table(
     return {key: (n, p) for key, (n, p) in table.items()}
 
 
-def first_use_signals(reqs: list[list[int]], horizon: int) -> None:
+def first_use_signals(reqs: list[list[int]], outputs: list[int], horizon: int) -> None:
     at = uses_by_request(reqs)
     seen: Counter[int] = Counter()
     table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for i, ids in enumerate(reqs):
+    for i, ids in enumerate(reqs[: len(reqs) - horizon]):
         root = "request new from its first block" if seen[ids[0]] == 0 else "request continues a known prefix"
+        output = "under 128" if outputs[i] < 128 else "128 or more"
         for j, b in enumerate(ids):
             if seen[b]:
                 continue
             uses = at[b]
             again = len(uses) > 1 and uses[1] - i <= horizon
             parent = "-" if j == 0 else ("3+" if seen[ids[j - 1]] >= 3 else str(seen[ids[j - 1]]))
-            for key in (("request", root), ("uses of the block before", parent)):
+            for key in (
+                ("request", root),
+                ("uses of the block before", parent),
+                ("output tokens (not seen by a server)", output),
+            ):
                 table[key][0] += 1
                 table[key][1] += again
         seen.update(set(ids))
@@ -154,7 +163,14 @@ def by_table(reqs: list[list[int]], cap: int, horizon: int, levels: int) -> floa
     def bucket(k: int) -> int:
         return min(k, levels) - 1
 
-    table = {key: (p + 0.5) / (n + 1) for key, (n, p) in return_table(reqs, horizon, bucket).items()}
+    counts = return_table(reqs, horizon, bucket)
+    table = {key: (p + 0.5) / (n + 1) for key, (n, p) in counts.items()}
+    # A (uses, age) class never sampled is ranked at its row's rate.
+    row: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for (q, _), (n, p) in counts.items():
+        row[q][0] += n
+        row[q][1] += p
+    rate = {q: (p + 0.5) / (n + 1) for q, (n, p) in row.items()}
     queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(levels)]
     level: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -173,7 +189,10 @@ def by_table(reqs: list[list[int]], cap: int, horizon: int, levels: int) -> floa
                 while len(level) >= cap:
                     heads = [(q, next(iter(queues[q]))) for q in range(levels) if queues[q]]
                     q, victim = min(
-                        heads, key=lambda h: table.get((h[0], int(math.log2(i - last[h[1]] + 1))), 0.0)
+                        heads,
+                        key=lambda h: table.get(
+                            (h[0], int(math.log2(i - last[h[1]] + 1))), rate.get(h[0], 0.0)
+                        ),
                     )
                     del queues[q][victim]
                     del level[victim]
@@ -189,7 +208,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=float, default=0.1, help="fraction of the unique blocks")
     ap.add_argument("--horizon", type=int, default=150, help="requests")
     args = ap.parse_args()
-    reqs = load(args.trace)
+    reqs, outputs = load(args.trace)
     unique = len({b for ids in reqs for b in ids})
     cap = int(unique * args.capacity)
     print(f"{args.trace}: {len(reqs)} requests, {sum(map(len, reqs))} block uses, {unique} unique blocks")
@@ -210,7 +229,7 @@ def main() -> None:
         print(f"{c if c < 8 else '8+':>4}  " + " ".join(cells))
 
     print(f"\n2. blocks at their first use, used again within {args.horizon} requests")
-    first_use_signals(reqs, args.horizon)
+    first_use_signals(reqs, outputs, args.horizon)
 
     print(f"\n3. block hit rates at {args.capacity:g} of the unique blocks ({cap} blocks)")
     base = lru(reqs, cap)

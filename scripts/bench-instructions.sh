@@ -24,8 +24,8 @@
 # 32 MiB of maxmemory already full, so each write evicts, under `prefix`
 # and `allkeys-lru`, for this build and BASELINE_BIN (an older policy).
 # CHAIN64=1 adds a column: a 64-block chain write (MSETBLOCK 64 ... CHAIN,
-# N writes) on --threads 2, where a chain's blocks alternate between the
-# shards and each write sends link events to the other shard.
+# N writes) on --threads 2, where a chain's blocks fall at random on the
+# two shards and each change of shard sends link events across.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -146,7 +146,7 @@ evicting() {
 if [[ ${EVICTION:-0} == 1 ]]; then
   builds=("this build|target/release/kvtier-server")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
-  echo "instructions per write under eviction (callgrind, --threads 1, whole process, 4 KiB values, maxmemory 32mb full)"
+  echo "instructions per write under eviction (callgrind, --threads 1 unless marked t=2, whole process, 4 KiB values, maxmemory 32mb full)"
   chain64=${CHAIN64:-0}
   if [[ $chain64 == 1 ]]; then
     echo "| build | policy | SET | MSETBLOCK 1 | MSETBLOCK 1 CHAIN | MSETBLOCK 64 CHAIN, t=2 |"
