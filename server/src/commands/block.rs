@@ -37,7 +37,7 @@ use super::{
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::Access;
-use crate::shard::Shard;
+use crate::shard::{LinkRound, Shard, ShardJob};
 
 const BASE: CommandSpec = CommandSpec {
     arity: -3,
@@ -324,24 +324,39 @@ impl ChainRelay {
             }
             self.decided = store.chain_decision();
         }
-        // The run's link events go out before the rest of the chain: the
-        // next run's owner learns that its blocks have children here before
-        // it stores (and may evict for) the blocks that follow.
-        shard.deliver_links();
+        // The run's link events, and what they cascade into on any shard,
+        // are applied before the rest of the chain is stored (the next
+        // run's owner learns that its blocks have children here before it
+        // stores, and may evict for, the blocks that follow) and before the
+        // reply (the client's next request meets them applied): the next
+        // step waits for the round, as the simulator's next run does.
         let next = self.runs.front().map(|(owner, _)| *owner);
-        match next {
-            Some(next) if !failed => {
-                // Through the mailbox even when the next step is this
-                // shard's: what is queued meanwhile runs in between. If the
-                // next shard is gone, dropping the relay drops `done` and
-                // the caller sees the shutdown.
-                let _ = shard.post(next, Box::new(move |s: &Shard| self.step(s)));
-            }
+        let finishing = failed || next.is_none();
+        let (target, then): (usize, ShardJob) = match next {
+            // Through the mailbox even when the next step is this shard's:
+            // what is queued meanwhile runs in between. If the next shard
+            // is gone, dropping the relay drops `done` and the caller sees
+            // the shutdown.
+            Some(next) if !failed => (next, Box::new(move |s: &Shard| self.step(s))),
             _ => {
                 // A block that could not be stored ends the chain: the
                 // blocks after it would be unreachable.
                 self.codes.resize(self.total, -1);
-                let _ = self.done.send(self.codes);
+                let (done, codes) = (self.done, self.codes);
+                let finish = Box::new(move |_: &Shard| {
+                    let _ = done.send(codes);
+                });
+                (shard.id, finish)
+            }
+        };
+        let round = LinkRound::new(Arc::clone(&shard.shared), target, then);
+        shard.deliver_links_held(Some(&round));
+        // Nothing in flight: the next step is posted, the reply sent, now.
+        if let Some((target, then)) = LinkRound::take_if_last(round) {
+            if finishing {
+                then(shard);
+            } else {
+                let _ = shard.post(target, then);
             }
         }
     }

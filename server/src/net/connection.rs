@@ -922,7 +922,10 @@ impl<S: ClientIo> Connection<S> {
     async fn finish(&mut self, mut batch: Batch) {
         self.send_remote(&mut batch).await;
         self.take_time();
-        self.client.shard.deliver_links();
+        // The replies go out once the link events the batch recorded here
+        // are applied on every shard: the client's next request reads after
+        // them, as the simulator's does.
+        self.client.shard.links_applied().await;
     }
 
     fn count_error(&self, reply: &Reply) {

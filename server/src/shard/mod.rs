@@ -40,6 +40,43 @@ pub type ShardJob = Box<dyn FnOnce(&Shard) + Send>;
 /// The sending half of a shard's mailbox.
 pub type Mailbox = mpsc::UnboundedSender<ShardJob>;
 
+/// One round of link events in flight, and what waits for it (see
+/// [`Shard::deliver_links_held`]): held by every job that applies the
+/// round's events and by every job their cascades post; when the last
+/// holder drops it, `then` goes to its shard's mailbox. A chain write's
+/// next run, and its reply, wait so for the run's link events to be
+/// applied on every shard, as the simulator applies them.
+pub struct LinkRound {
+    shared: Arc<Shared>,
+    then: Mutex<Option<(usize, ShardJob)>>,
+}
+
+impl LinkRound {
+    /// A round after which `job` runs on shard `target`.
+    pub fn new(shared: Arc<Shared>, target: usize, job: ShardJob) -> Arc<LinkRound> {
+        Arc::new(LinkRound {
+            shared,
+            then: Mutex::new(Some((target, job))),
+        })
+    }
+
+    /// The job that waits, if nothing else holds the round any more (it is
+    /// then no longer posted on drop).
+    pub fn take_if_last(round: Arc<LinkRound>) -> Option<(usize, ShardJob)> {
+        let mut round = Arc::into_inner(round)?;
+        round.then.get_mut().ok()?.take()
+    }
+}
+
+impl Drop for LinkRound {
+    fn drop(&mut self) {
+        if let Some((target, job)) = self.then.get_mut().ok().and_then(Option::take) {
+            // A shard gone drops the job, and what waits with it.
+            let _ = self.shared.mailboxes[target].send(job);
+        }
+    }
+}
+
 /// A shard's store, locked by whoever runs on it: its own thread for every
 /// command, another shard's thread for a read taken without waking it
 /// (see [`Shard::with_store`]). Uncontended on the owner's path: one atomic
@@ -190,7 +227,9 @@ impl Shard {
     }
 
     /// Runs `f` on shard `target` and returns its result: inline when the
-    /// target is this shard, through its mailbox otherwise.
+    /// target is this shard, through its mailbox otherwise, once the link
+    /// events `f` recorded there are applied on every shard
+    /// ([`Shard::after_links`]).
     pub fn call<R, F>(&self, target: usize, f: F) -> impl Future<Output = Result<R, ShardGone>>
     where
         R: Send + 'static,
@@ -204,7 +243,10 @@ impl Shard {
             let sent = self.post(
                 target,
                 Box::new(move |shard: &Shard| {
-                    let _ = tx.send(f(shard));
+                    let result = f(shard);
+                    shard.after_links(Box::new(move |_: &Shard| {
+                        let _ = tx.send(result);
+                    }));
                 }),
             );
             Ok(sent.map(|_| rx))
@@ -325,6 +367,41 @@ impl Shard {
     /// mailbox job, in the order they were recorded (the simulator's order:
     /// all of a round's events before what they cascade into).
     pub fn deliver_links(&self) {
+        self.deliver_links_held(None);
+    }
+
+    /// Delivers this shard's link events, then runs `then` here once they,
+    /// and what they cascade into on any shard, are applied: at once when
+    /// there are none (one store lock), else when the last job of the round
+    /// is done ([`LinkRound`]).
+    pub fn after_links(&self, then: ShardJob) {
+        if !self.store.lock().has_deferred_work() {
+            return then(self);
+        }
+        let round = LinkRound::new(Arc::clone(&self.shared), self.id, then);
+        self.deliver_links_held(Some(&round));
+        if let Some((_, then)) = LinkRound::take_if_last(round) {
+            then(self);
+        }
+    }
+
+    /// [`Shard::after_links`] for a connection of this shard: returns once
+    /// the link events its commands recorded here are applied everywhere,
+    /// so its replies go out after them.
+    pub async fn links_applied(&self) {
+        if !self.store.lock().has_deferred_work() {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.after_links(Box::new(move |_: &Shard| {
+            let _ = tx.send(());
+        }));
+        let _ = rx.await;
+    }
+
+    /// [`Shard::deliver_links`], each job posted (and each job its cascades
+    /// post, on whichever shard) holding `round`.
+    pub fn deliver_links_held(&self, round: Option<&Arc<LinkRound>>) {
         {
             let mut store = self.store.lock();
             if !store.has_deferred_work() {
@@ -363,6 +440,7 @@ impl Shard {
                 }
                 let queued = &self.shared.links_queued[target];
                 queued.fetch_add(1, Release);
+                let round = round.cloned();
                 let posted = self.post(
                     target,
                     Box::new(move |s: &Shard| {
@@ -370,8 +448,9 @@ impl Shard {
                             let mut store = s.store.lock();
                             batch.into_iter().for_each(|e| store.apply_link(e));
                         }
-                        s.deliver_links();
+                        s.deliver_links_held(round.as_ref());
                         s.shared.links_queued[s.id].fetch_sub(1, Release);
+                        drop(round);
                     }),
                 );
                 if posted.is_err() {
