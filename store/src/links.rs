@@ -98,6 +98,13 @@ impl LinkEvent {
     }
 }
 impl Store {
+    /// Whether the order in which link events are applied can move a
+    /// victim: only the `prefix` policy ranks by child counts and orphan
+    /// marks, and only with a budget to evict for.
+    pub fn ranks_by_links(&self) -> bool {
+        self.policy == EvictionPolicy::Prefix && self.budget != 0
+    }
+
     /// Whether something waits for the owner shard's next
     /// `take_link_events` / `flush_spill`: link changes to deliver or spill
     /// writes to send. A read run from another thread checks this and

@@ -37,7 +37,7 @@ use super::{
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::Access;
-use crate::shard::{LinkRound, Shard, ShardJob};
+use crate::shard::{AfterLinks, Shard};
 
 const BASE: CommandSpec = CommandSpec {
     arity: -3,
@@ -330,35 +330,25 @@ impl ChainRelay {
         // stores, and may evict for, the blocks that follow) and before the
         // reply (the client's next request meets them applied): the next
         // step waits for the round, as the simulator's next run does.
-        let next = self.runs.front().map(|(owner, _)| *owner);
-        let finishing = failed || next.is_none();
-        let (target, then): (usize, ShardJob) = match next {
+        let then = match self.runs.front() {
             // Through the mailbox even when the next step is this shard's:
             // what is queued meanwhile runs in between. If the next shard
             // is gone, dropping the relay drops `done` and the caller sees
             // the shutdown.
-            Some(next) if !failed => (next, Box::new(move |s: &Shard| self.step(s))),
+            Some(&(next, _)) if !failed => {
+                AfterLinks::Post(next, Box::new(move |s: &Shard| self.step(s)))
+            }
             _ => {
                 // A block that could not be stored ends the chain: the
                 // blocks after it would be unreachable.
                 self.codes.resize(self.total, -1);
                 let (done, codes) = (self.done, self.codes);
-                let finish = Box::new(move |_: &Shard| {
+                AfterLinks::Run(Box::new(move || {
                     let _ = done.send(codes);
-                });
-                (shard.id, finish)
+                }))
             }
         };
-        let round = LinkRound::new(Arc::clone(&shard.shared), target, then);
-        shard.deliver_links_held(Some(&round));
-        // Nothing in flight: the next step is posted, the reply sent, now.
-        if let Some((target, then)) = LinkRound::take_if_last(round) {
-            if finishing {
-                then(shard);
-            } else {
-                let _ = shard.post(target, then);
-            }
-        }
+        shard.deliver_links_then(then);
     }
 }
 

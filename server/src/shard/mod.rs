@@ -40,29 +40,52 @@ pub type ShardJob = Box<dyn FnOnce(&Shard) + Send>;
 /// The sending half of a shard's mailbox.
 pub type Mailbox = mpsc::UnboundedSender<ShardJob>;
 
+/// What waits for a round of link events ([`LinkRound`]).
+pub enum AfterLinks {
+    /// A job for a shard's mailbox (a chain write's next run).
+    Post(usize, ShardJob),
+    /// Run where the round ends, on whichever thread that is (a reply sent
+    /// on its channel: no mailbox hop in between).
+    Run(Box<dyn FnOnce() + Send>),
+}
+
+impl AfterLinks {
+    /// Runs or posts it now.
+    fn go(self, shared: &Shared) {
+        match self {
+            // A shard gone drops the job, and what waits with it.
+            AfterLinks::Post(target, job) => {
+                let _ = shared.mailboxes[target].send(job);
+            }
+            AfterLinks::Run(f) => f(),
+        }
+    }
+}
+
 /// One round of link events in flight, and what waits for it (see
 /// [`Shard::deliver_links_held`]): held by every job that applies the
-/// round's events and by every job their cascades post; when the last
-/// holder drops it, `then` goes to its shard's mailbox. A chain write's
-/// next run, and its reply, wait so for the run's link events to be
-/// applied on every shard, as the simulator applies them.
+/// round's events and by every job their cascades post, on any shard; the
+/// last holder to drop it lets `then` go. A write's reply, and a chain
+/// write's next run, wait so for the link events the write recorded to be
+/// applied on every shard, as the simulator applies them before the next
+/// request (and the next run).
 pub struct LinkRound {
     shared: Arc<Shared>,
-    then: Mutex<Option<(usize, ShardJob)>>,
+    then: Mutex<Option<AfterLinks>>,
 }
 
 impl LinkRound {
-    /// A round after which `job` runs on shard `target`.
-    pub fn new(shared: Arc<Shared>, target: usize, job: ShardJob) -> Arc<LinkRound> {
+    /// A round after which `then` goes.
+    pub fn new(shared: Arc<Shared>, then: AfterLinks) -> Arc<LinkRound> {
         Arc::new(LinkRound {
             shared,
-            then: Mutex::new(Some((target, job))),
+            then: Mutex::new(Some(then)),
         })
     }
 
-    /// The job that waits, if nothing else holds the round any more (it is
-    /// then no longer posted on drop).
-    pub fn take_if_last(round: Arc<LinkRound>) -> Option<(usize, ShardJob)> {
+    /// What waits, if nothing else holds the round any more (it then no
+    /// longer goes on drop).
+    pub fn take_if_last(round: Arc<LinkRound>) -> Option<AfterLinks> {
         let mut round = Arc::into_inner(round)?;
         round.then.get_mut().ok()?.take()
     }
@@ -70,9 +93,8 @@ impl LinkRound {
 
 impl Drop for LinkRound {
     fn drop(&mut self) {
-        if let Some((target, job)) = self.then.get_mut().ok().and_then(Option::take) {
-            // A shard gone drops the job, and what waits with it.
-            let _ = self.shared.mailboxes[target].send(job);
+        if let Some(then) = self.then.get_mut().ok().and_then(Option::take) {
+            then.go(&self.shared);
         }
     }
 }
@@ -244,7 +266,7 @@ impl Shard {
                 target,
                 Box::new(move |shard: &Shard| {
                     let result = f(shard);
-                    shard.after_links(Box::new(move |_: &Shard| {
+                    shard.after_links(Box::new(move || {
                         let _ = tx.send(result);
                     }));
                 }),
@@ -370,18 +392,30 @@ impl Shard {
         self.deliver_links_held(None);
     }
 
-    /// Delivers this shard's link events, then runs `then` here once they,
-    /// and what they cascade into on any shard, are applied: at once when
-    /// there are none (one store lock), else when the last job of the round
-    /// is done ([`LinkRound`]).
-    pub fn after_links(&self, then: ShardJob) {
+    /// Delivers this shard's link events, then runs `then` once they, and
+    /// what they cascade into on any shard, are applied: here and at once
+    /// when there are none (one store lock), else where the last job of the
+    /// round ends ([`LinkRound`]).
+    pub fn after_links(&self, then: Box<dyn FnOnce() + Send>) {
         if !self.store.lock().has_deferred_work() {
-            return then(self);
+            return then();
         }
-        let round = LinkRound::new(Arc::clone(&self.shared), self.id, then);
+        self.deliver_links_then(AfterLinks::Run(then));
+    }
+
+    /// Delivers this shard's link events in a [`LinkRound`] after which
+    /// `then` goes (now, if nothing was posted).
+    pub fn deliver_links_then(&self, then: AfterLinks) {
+        // Under any other policy, or with no budget to evict for, the order
+        // moves nothing: nothing waits.
+        if !self.store.lock().ranks_by_links() {
+            self.deliver_links();
+            return then.go(&self.shared);
+        }
+        let round = LinkRound::new(Arc::clone(&self.shared), then);
         self.deliver_links_held(Some(&round));
-        if let Some((_, then)) = LinkRound::take_if_last(round) {
-            then(self);
+        if let Some(then) = LinkRound::take_if_last(round) {
+            then.go(&self.shared);
         }
     }
 
@@ -393,7 +427,7 @@ impl Shard {
             return;
         }
         let (tx, rx) = oneshot::channel();
-        self.after_links(Box::new(move |_: &Shard| {
+        self.after_links(Box::new(move || {
             let _ = tx.send(());
         }));
         let _ = rx.await;
