@@ -386,8 +386,10 @@ impl Shard {
     /// [`kvtier_store::links`]) to the stores they concern: applied here
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent. A round's events for one shard go in one
-    /// mailbox job, in the order they were recorded (the simulator's order:
-    /// all of a round's events before what they cascade into).
+    /// mailbox job, in the order they were recorded. (The simulator applies
+    /// all of a round's events before what they cascade into; here what
+    /// another shard's job cascades into may reach a shard first. The
+    /// replays of docs/benchmarks.md still equal the simulator's.)
     pub fn deliver_links(&self) {
         self.deliver_links_held(None);
     }
