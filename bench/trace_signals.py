@@ -31,17 +31,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
-import json
 import math
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 
-
-def load(path: str) -> tuple[list[list[int]], list[int]]:
-    """Each request's blocks, and its output length (which a server never sees)."""
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [r["hash_ids"] for r in rows], [int(r.get("output_length", 0)) for r in rows]
+from gen_traces import load, lru_hit_rate
 
 
 def uses_by_request(reqs: list[list[int]]) -> dict[int, list[int]]:
@@ -92,24 +86,6 @@ def first_use_signals(reqs: list[list[int]], outputs: list[int], horizon: int) -
         seen.update(set(ids))
     for (name, value), (n, p) in sorted(table.items()):
         print(f"  {name} = {value}: {n} blocks, {p / n:.3f} used again")
-
-
-def lru(reqs: list[list[int]], cap: int) -> float:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for ids in reqs:
-        n = 0
-        while n < len(ids) and ids[n] in cache:
-            n += 1
-        hits += n
-        for b in ids:
-            if b in cache:
-                cache.move_to_end(b)
-                continue
-            while len(cache) >= cap:
-                cache.popitem(last=False)
-            cache[b] = None
-    return hits / sum(map(len, reqs))
 
 
 def belady(reqs: list[list[int]], cap: int) -> tuple[float, Counter[int]]:
@@ -208,7 +184,9 @@ def main() -> None:
     ap.add_argument("--capacity", type=float, default=0.1, help="fraction of the unique blocks")
     ap.add_argument("--horizon", type=int, default=150, help="requests")
     args = ap.parse_args()
-    reqs, outputs = load(args.trace)
+    rows = load(args.trace)
+    reqs = [r.hash_ids for r in rows]
+    outputs = [r.output_length for r in rows]
     unique = len({b for ids in reqs for b in ids})
     cap = int(unique * args.capacity)
     print(f"{args.trace}: {len(reqs)} requests, {sum(map(len, reqs))} block uses, {unique} unique blocks")
@@ -232,7 +210,7 @@ def main() -> None:
     first_use_signals(reqs, outputs, args.horizon)
 
     print(f"\n3. block hit rates at {args.capacity:g} of the unique blocks ({cap} blocks)")
-    base = lru(reqs, cap)
+    base = lru_hit_rate(rows, cap)
     best, by_use = belady(reqs, cap)
     uses = sum(by_use.values()) / best if best else 1.0
 
