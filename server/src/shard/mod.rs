@@ -71,6 +71,8 @@ impl AfterLinks {
 /// request (and the next run).
 pub struct LinkRound {
     shared: Arc<Shared>,
+    /// Taken with `get_mut` only, by the one owner left: the `Mutex` is
+    /// there to make the round `Sync`, never locked.
     then: Mutex<Option<AfterLinks>>,
 }
 
@@ -251,7 +253,7 @@ impl Shard {
     /// Runs `f` on shard `target` and returns its result: inline when the
     /// target is this shard, through its mailbox otherwise, once the link
     /// events `f` recorded there are applied on every shard
-    /// ([`Shard::after_links`]).
+    /// ([`Shard::deliver_links_then`]).
     pub fn call<R, F>(&self, target: usize, f: F) -> impl Future<Output = Result<R, ShardGone>>
     where
         R: Send + 'static,
@@ -266,9 +268,9 @@ impl Shard {
                 target,
                 Box::new(move |shard: &Shard| {
                     let result = f(shard);
-                    shard.after_links(Box::new(move || {
+                    shard.deliver_links_then(AfterLinks::Run(Box::new(move || {
                         let _ = tx.send(result);
-                    }));
+                    })));
                 }),
             );
             Ok(sent.map(|_| rx))
@@ -394,23 +396,20 @@ impl Shard {
         self.deliver_links_held(None);
     }
 
-    /// Delivers this shard's link events, then runs `then` once they, and
-    /// what they cascade into on any shard, are applied: here and at once
-    /// when there are none (one store lock), else where the last job of the
-    /// round ends ([`LinkRound`]).
-    pub fn after_links(&self, then: Box<dyn FnOnce() + Send>) {
-        if !self.store.lock().has_deferred_work() {
-            return then();
-        }
-        self.deliver_links_then(AfterLinks::Run(then));
-    }
-
-    /// Delivers this shard's link events in a [`LinkRound`] after which
-    /// `then` goes (now, if nothing was posted).
+    /// Delivers this shard's link events; `then` goes once they, and what
+    /// they cascade into on any shard, are applied ([`LinkRound`]: where
+    /// the round's last job ends). At once, after one store lock, when
+    /// there are none; right after posting them when their order cannot
+    /// move a victim (any policy but `prefix`, or no budget to evict for).
     pub fn deliver_links_then(&self, then: AfterLinks) {
-        // Under any other policy, or with no budget to evict for, the order
-        // moves nothing: nothing waits.
-        if !self.store.lock().ranks_by_links() {
+        let (deferred, ordered) = {
+            let store = self.store.lock();
+            (store.has_deferred_work(), store.ranks_by_links())
+        };
+        if !deferred {
+            return then.go(&self.shared);
+        }
+        if !ordered {
             self.deliver_links();
             return then.go(&self.shared);
         }
@@ -421,17 +420,18 @@ impl Shard {
         }
     }
 
-    /// [`Shard::after_links`] for a connection of this shard: returns once
-    /// the link events its commands recorded here are applied everywhere,
-    /// so its replies go out after them.
+    /// [`Shard::deliver_links_then`] for a connection of this shard:
+    /// returns once the link events its commands recorded here are applied
+    /// everywhere, so its replies go out after them. (The check first, so a
+    /// batch with nothing to deliver costs one lock and no channel.)
     pub async fn links_applied(&self) {
         if !self.store.lock().has_deferred_work() {
             return;
         }
         let (tx, rx) = oneshot::channel();
-        self.after_links(Box::new(move || {
+        self.deliver_links_then(AfterLinks::Run(Box::new(move || {
             let _ = tx.send(());
-        }));
+        })));
         let _ = rx.await;
     }
 
