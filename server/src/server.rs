@@ -133,6 +133,65 @@ impl SpillTier {
 }
 
 impl Shared {
+    /// The state `shards` shards share (one mailbox sender each), for a
+    /// server on `port`: the live settings, ACL and cluster membership
+    /// built from `config`.
+    pub fn new(
+        config: &Config,
+        port: u16,
+        mailboxes: Vec<Mailbox>,
+        spill: Option<SpillTier>,
+        tls: Option<Arc<crate::tls::Tls>>,
+    ) -> io::Result<Arc<Shared>> {
+        let shards = mailboxes.len();
+        let acl = crate::acl::Acl::new(
+            &crate::commands::table().catalog,
+            &config.requirepass,
+            config.aclfile.clone(),
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        acl.log_max_len.store(config.acllog_max_len, Relaxed);
+        let peer_tls = {
+            let tls = tls.clone().filter(|t| t.cluster);
+            move || tls.as_ref().and_then(|t| t.peer_config())
+        };
+        let live = LiveConfig::new(config, acl, tls, shards, port);
+        let cluster = Cluster::new(&cluster_settings(config), live.peer_login(), peer_tls)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map(Arc::new);
+        let (shutdown, _) = watch::channel(false);
+        Ok(Arc::new(Shared {
+            shards,
+            mailboxes,
+            stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
+            links_queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+            ticks: (0..shards).map(|_| Arc::default()).collect(),
+            config: live,
+            started: Instant::now(),
+            started_unix: kvtier_store::now_ms() / 1000,
+            run_id: run_id(),
+            port,
+            executable: std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            config_file: config
+                .config_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            next_client_id: AtomicU64::new(1),
+            connected: AtomicUsize::new(0),
+            seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+            client_query_bytes: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
+            memory_peak: AtomicU64::new(0),
+            active_expire: AtomicBool::new(true),
+            spill,
+            cluster,
+            shutdown,
+        }))
+    }
+
     /// Starts a graceful shutdown of every shard.
     pub fn request_shutdown(&self) {
         self.shutdown.send_replace(true);
@@ -185,20 +244,9 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
-        let acl = crate::acl::Acl::new(
-            &crate::commands::table().catalog,
-            &config.requirepass,
-            config.aclfile.clone(),
-        )
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        acl.log_max_len.store(config.acllog_max_len, Relaxed);
         let tls = crate::tls::Tls::new(config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
-        let peer_tls = {
-            let tls = tls.clone().filter(|t| t.cluster);
-            move || tls.as_ref().and_then(|t| t.peer_config())
-        };
         let tls_listeners = match tls.as_ref().filter(|t| t.port != 0) {
             Some(t) => {
                 let tls_addr = SocketAddr::new(addr.ip(), t.port);
@@ -208,42 +256,7 @@ impl Server {
             }
             None => (0..shards).map(|_| None).collect(),
         };
-        let live = LiveConfig::new(config, acl, tls, shards, addr.port());
-        let cluster = Cluster::new(&cluster_settings(config), live.peer_login(), peer_tls)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
-            .map(Arc::new);
-        let (shutdown, _) = watch::channel(false);
-        let started_unix = kvtier_store::now_ms() / 1000;
-        let shared = Arc::new(Shared {
-            shards,
-            mailboxes: senders,
-            stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
-            links_queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
-            ticks: (0..shards).map(|_| Arc::default()).collect(),
-            config: live,
-            started: Instant::now(),
-            started_unix,
-            run_id: run_id(),
-            port: addr.port(),
-            executable: std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            config_file: config
-                .config_file
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            next_client_id: AtomicU64::new(1),
-            connected: AtomicUsize::new(0),
-            seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
-            client_query_bytes: AtomicU64::new(0),
-            blocked: AtomicU64::new(0),
-            memory_peak: AtomicU64::new(0),
-            active_expire: AtomicBool::new(true),
-            spill,
-            cluster,
-            shutdown,
-        });
+        let shared = Shared::new(config, addr.port(), senders, spill, tls)?;
         let cpus = allowed_cpus();
         let mut threads = Vec::with_capacity(shards);
         // The shards' timers run there (their runtimes have no time driver).

@@ -260,6 +260,8 @@ struct Batch {
     entries: Vec<Entry>,
     remote: Vec<Vec<Remote>>,
     remote_count: usize,
+    /// The shard's round mark when the batch began (see `finish`).
+    rounds_from: u64,
 }
 
 impl<S: ClientIo> Connection<S> {
@@ -279,6 +281,7 @@ impl<S: ClientIo> Connection<S> {
             if self.client.shard.links_queued_here() {
                 self.client.shard.settle_links().await;
             }
+            batch.rounds_from = self.client.shard.round_mark();
             self.clock = mono_ns();
             self.note_reader();
             self.now_ms = kvtier_store::ms_at(self.clock);
@@ -924,8 +927,11 @@ impl<S: ClientIo> Connection<S> {
         self.take_time();
         // The replies go out once the link events the batch recorded here
         // are applied on every shard: the client's next request reads after
-        // them, as the simulator's does.
-        self.client.shard.links_applied().await;
+        // them, as the simulator's does. Whatever took them while the batch
+        // waited for other shards (the mailbox, the cron, another
+        // connection) is waited for too.
+        let mark = batch.rounds_from;
+        self.client.shard.links_applied(mark).await;
     }
 
     fn count_error(&self, reply: &Reply) {

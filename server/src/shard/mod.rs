@@ -63,39 +63,52 @@ impl AfterLinks {
 }
 
 /// One round of link events in flight, and what waits for it (see
-/// [`Shard::deliver_links_held`]): held by every job that applies the
+/// [`Shard::deliver_links_then`]): held by every job that applies the
 /// round's events and by every job their cascades post, on any shard; the
-/// last holder to drop it lets `then` go. A write's reply, and a chain
+/// last holder to drop it lets what waits go. A write's reply, and a chain
 /// write's next run, wait so for the link events the write recorded to be
 /// applied on every shard, as the simulator applies them before the next
-/// request (and the next run).
+/// request (and the next run). Every delivery under an order that matters
+/// opens one, whoever asked for it (a mailbox job's aftermath, the cron):
+/// the events it takes may be a connection's, which then joins it
+/// ([`Shard::links_applied`]).
 pub struct LinkRound {
     shared: Arc<Shared>,
-    /// Taken with `get_mut` only, by the one owner left: the `Mutex` is
-    /// there to make the round `Sync`, never locked.
-    then: Mutex<Option<AfterLinks>>,
+    /// What waits: locked only to join a round in flight, and by the last
+    /// owner (`get_mut`).
+    then: Mutex<Vec<AfterLinks>>,
 }
 
 impl LinkRound {
-    /// A round after which `then` goes.
-    pub fn new(shared: Arc<Shared>, then: AfterLinks) -> Arc<LinkRound> {
+    /// A round after which `then` (if any) goes.
+    pub fn new(shared: Arc<Shared>, then: Option<AfterLinks>) -> Arc<LinkRound> {
         Arc::new(LinkRound {
             shared,
-            then: Mutex::new(Some(then)),
+            then: Mutex::new(then.into_iter().collect()),
         })
     }
 
-    /// What waits, if nothing else holds the round any more (it then no
-    /// longer goes on drop).
-    pub fn take_if_last(round: Arc<LinkRound>) -> Option<AfterLinks> {
-        let mut round = Arc::into_inner(round)?;
-        round.then.get_mut().ok()?.take()
+    /// Makes `then` wait for this round too (the caller holds it, so it has
+    /// not ended).
+    pub fn join(&self, then: AfterLinks) {
+        self.then
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(then);
+    }
+
+    /// What goes when `round` ends: it holds `round` until then (a round
+    /// used as a latch over several others).
+    fn hold(round: &Arc<LinkRound>) -> AfterLinks {
+        let round = Arc::clone(round);
+        AfterLinks::Run(Box::new(move || drop(round)))
     }
 }
 
 impl Drop for LinkRound {
     fn drop(&mut self) {
-        if let Some(then) = self.then.get_mut().ok().and_then(Option::take) {
+        let then = std::mem::take(self.then.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for then in then {
             then.go(&self.shared);
         }
     }
@@ -183,6 +196,11 @@ pub struct Shard {
     /// This shard itself, for a job that starts a task needing it (a
     /// connection handed over by another shard's accept loop).
     me: std::rc::Weak<Shard>,
+    /// Rounds of link events that took events from this store and may be
+    /// in flight, by [`Shard::round_mark`] (dead ones pruned as more come).
+    rounds: RefCell<Vec<(u64, std::sync::Weak<LinkRound>)>>,
+    /// Rounds noted in `rounds` so far.
+    round_seq: Cell<u64>,
 }
 
 impl Shard {
@@ -207,6 +225,8 @@ impl Shard {
             last_reader: Cell::new((0, 0)),
             purged_loss: Cell::new(0),
             me,
+            rounds: RefCell::new(Vec::new()),
+            round_seq: Cell::new(0),
         }
     }
 
@@ -393,7 +413,7 @@ impl Shard {
     /// another shard's job cascades into may reach a shard first. The
     /// replays of docs/benchmarks.md still equal the simulator's.)
     pub fn deliver_links(&self) {
-        self.deliver_links_held(None);
+        self.deliver_links_or_then(None);
     }
 
     /// Delivers this shard's link events; `then` goes once they, and what
@@ -402,53 +422,92 @@ impl Shard {
     /// there are none; right after posting them when their order cannot
     /// move a victim (any policy but `prefix`, or no budget to evict for).
     pub fn deliver_links_then(&self, then: AfterLinks) {
-        let (deferred, ordered) = {
-            let store = self.store.lock();
-            (store.has_deferred_work(), store.ranks_by_links())
-        };
-        if !deferred {
-            return then.go(&self.shared);
-        }
-        if !ordered {
-            self.deliver_links();
-            return then.go(&self.shared);
-        }
-        let round = LinkRound::new(Arc::clone(&self.shared), then);
-        self.deliver_links_held(Some(&round));
-        if let Some(then) = LinkRound::take_if_last(round) {
-            then.go(&self.shared);
+        self.deliver_links_or_then(Some(then));
+    }
+
+    fn deliver_links_or_then(&self, then: Option<AfterLinks>) {
+        match self.prepare_delivery() {
+            Some(true) => {
+                let round = LinkRound::new(Arc::clone(&self.shared), then);
+                self.send_link_events(Some(&round));
+            }
+            Some(false) => {
+                self.send_link_events(None);
+                then.into_iter().for_each(|t| t.go(&self.shared));
+            }
+            None => then.into_iter().for_each(|t| t.go(&self.shared)),
         }
     }
 
-    /// [`Shard::deliver_links_then`] for a connection of this shard:
-    /// returns once the link events its commands recorded here are applied
-    /// everywhere, so its replies go out after them. (The check first, so a
-    /// batch with nothing to deliver costs one lock and no channel.)
-    pub async fn links_applied(&self) {
-        if !self.store.lock().has_deferred_work() {
+    /// Where this shard's rounds stand: [`Shard::links_applied`] with this
+    /// mark waits for every round opened here after it.
+    pub fn round_mark(&self) -> u64 {
+        self.round_seq.get()
+    }
+
+    /// For a connection of this shard: returns once the link events its
+    /// commands recorded here since `mark` ([`Shard::round_mark`]) are
+    /// applied everywhere, so its replies go out after them. Those still
+    /// here are delivered in a round of their own; those another delivery
+    /// took meanwhile (while the connection awaited another shard, the
+    /// mailbox or the cron ran here) are in a round opened since `mark`,
+    /// which it joins. (A batch that never waited, with nothing to
+    /// deliver, costs one lock and no channel.)
+    pub async fn links_applied(&self, mark: u64) {
+        let joined: Vec<Arc<LinkRound>> = if self.round_seq.get() == mark {
+            Vec::new()
+        } else {
+            let rounds = self.rounds.borrow();
+            rounds
+                .iter()
+                .filter(|(seq, _)| *seq > mark)
+                .filter_map(|(_, round)| round.upgrade())
+                .collect()
+        };
+        if joined.is_empty() && !self.store.lock().has_deferred_work() {
             return;
         }
         let (tx, rx) = oneshot::channel();
-        self.deliver_links_then(AfterLinks::Run(Box::new(move || {
-            let _ = tx.send(());
-        })));
+        let all = LinkRound::new(
+            Arc::clone(&self.shared),
+            Some(AfterLinks::Run(Box::new(move || {
+                let _ = tx.send(());
+            }))),
+        );
+        for round in joined {
+            round.join(LinkRound::hold(&all));
+        }
+        self.deliver_links_then(LinkRound::hold(&all));
+        drop(all);
         let _ = rx.await;
     }
 
-    /// [`Shard::deliver_links`], each job posted (and each job its cascades
-    /// post, on whichever shard) holding `round`.
-    pub fn deliver_links_held(&self, round: Option<&Arc<LinkRound>>) {
-        {
-            let mut store = self.store.lock();
-            if !store.has_deferred_work() {
-                return;
-            }
-            store.flush_spill();
+    /// Whether this shard's store has link events (or spill writes) to
+    /// deliver, with the spill writes flushed, and if so whether their
+    /// order can move a victim ([`Store::ranks_by_links`]): one lock.
+    fn prepare_delivery(&self) -> Option<bool> {
+        let mut store = self.store.lock();
+        if !store.has_deferred_work() {
+            return None;
         }
+        store.flush_spill();
+        Some(store.ranks_by_links())
+    }
+
+    /// Sends the link events this shard's store holds to the stores they
+    /// concern, each job posted (and each job its cascades post, on
+    /// whichever shard) holding `round`. A round that takes events here is
+    /// noted, for the connections whose events they may be.
+    fn send_link_events(&self, round: Option<&Arc<LinkRound>>) {
+        let mut noted = false;
         loop {
             let events = self.store.lock().take_link_events();
             if events.is_empty() {
                 return;
+            }
+            if let (Some(round), false) = (round, noted) {
+                self.note_round(round);
+                noted = true;
             }
             let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
             for event in events {
@@ -484,7 +543,9 @@ impl Shard {
                             let mut store = s.store.lock();
                             batch.into_iter().for_each(|e| store.apply_link(e));
                         }
-                        s.deliver_links_held(round.as_ref());
+                        if s.prepare_delivery().is_some() {
+                            s.send_link_events(round.as_ref());
+                        }
                         s.shared.links_queued[s.id].fetch_sub(1, Release);
                         drop(round);
                     }),
@@ -494,6 +555,15 @@ impl Shard {
                 }
             }
         }
+    }
+
+    /// Notes that `round` took link events from this shard's store.
+    fn note_round(&self, round: &Arc<LinkRound>) {
+        let seq = self.round_seq.get() + 1;
+        self.round_seq.set(seq);
+        let mut rounds = self.rounds.borrow_mut();
+        rounds.retain(|(_, r)| r.strong_count() > 0);
+        rounds.push((seq, Arc::downgrade(round)));
     }
 
     /// Runs `f` on every shard in parallel; results in shard order.
@@ -556,5 +626,149 @@ pub fn pin_to_core(core: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(core, &mut set);
         let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+
+    use bytes::Bytes;
+    use clap::Parser;
+    use kvtier_store::{BlockWrite, EvictionPolicy};
+
+    use super::*;
+    use crate::config::Config;
+    use crate::shard::slot::{key_slot, shard_slots, slot_shard};
+
+    /// Two shards on this thread under `prefix` with a budget; their
+    /// mailboxes are run by hand.
+    fn two_shards() -> (Vec<Rc<Shard>>, Vec<mpsc::UnboundedReceiver<ShardJob>>) {
+        let config = Config::parse_from(["kvtier-server"]);
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..2).map(|_| mpsc::unbounded_channel()).unzip();
+        let shared = Shared::new(&config, 0, senders, None, None).unwrap();
+        let shards = (0..2)
+            .map(|id| {
+                let store = Store::new(shard_slots(id, 2), 1 << 20, EvictionPolicy::Prefix);
+                Rc::new_cyclic(|me| Shard::new(id, Arc::clone(&shared), store, me.clone()))
+            })
+            .collect();
+        (shards, receivers)
+    }
+
+    /// A key of shard `shard` (of two).
+    fn key_of(shard: usize, skip: usize) -> Bytes {
+        (0..)
+            .map(|i| Bytes::from(format!("k{i}")))
+            .filter(|k| slot_shard(key_slot(k), 2) == shard)
+            .nth(skip)
+            .unwrap()
+    }
+
+    /// Stores `child` on shard 0 naming `parent` (of shard 1, absent): a
+    /// link event for shard 1, which answers with one for shard 0 (the
+    /// child is an orphan).
+    fn store_child(shard: &Shard, child: &Bytes, parent: &Bytes) {
+        let write = BlockWrite {
+            parent: Some(parent.clone()),
+            ..BlockWrite::default()
+        };
+        let value = Bytes::from_static(b"block");
+        let code = shard
+            .store
+            .lock()
+            .insert_block(key_slot(child), child, value, write, 0);
+        assert!(code >= 0);
+        assert!(shard.store.lock().has_deferred_work());
+    }
+
+    fn run_jobs(shard: &Shard, rx: &mut mpsc::UnboundedReceiver<ShardJob>) -> usize {
+        let mut ran = 0;
+        while let Ok(job) = rx.try_recv() {
+            job(shard);
+            ran += 1;
+        }
+        ran
+    }
+
+    /// The review's case: a batch's own-shard write, whose link events a
+    /// delivery that no reply waits for (the cron, a mailbox job's
+    /// aftermath) takes while the batch waits for another shard. The
+    /// batch's replies still wait for those events to be applied.
+    #[test]
+    fn a_batch_waits_for_its_events_taken_by_another_delivery() {
+        let (shards, mut rx) = two_shards();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mark = shards[0].round_mark();
+        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
+        // The cron's delivery: the event is posted to shard 1.
+        shards[0].deliver_links();
+        assert!(!shards[0].store.lock().has_deferred_work());
+        let mut applied = pin!(shards[0].links_applied(mark));
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        // What it cascaded into, back on shard 0, is waited for too.
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
+        assert!(applied.as_mut().poll(&mut cx).is_ready());
+    }
+
+    /// A round opened before the batch began holds none of its events:
+    /// nothing to wait for.
+    #[test]
+    fn a_batch_does_not_wait_for_rounds_before_it() {
+        let (shards, mut rx) = two_shards();
+        let mut cx = Context::from_waker(Waker::noop());
+        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
+        shards[0].deliver_links();
+        let mark = shards[0].round_mark();
+        let mut applied = pin!(shards[0].links_applied(mark));
+        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
+    }
+
+    /// Events still here are delivered in the batch's own round, and those
+    /// another delivery took are joined: the replies wait for both.
+    #[test]
+    fn a_batch_waits_for_its_own_round_and_the_rounds_it_joins() {
+        let (shards, mut rx) = two_shards();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mark = shards[0].round_mark();
+        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
+        shards[0].deliver_links();
+        let taken = rx[1].try_recv().unwrap();
+        store_child(&shards[0], &key_of(0, 1), &key_of(1, 1));
+        let mut applied = pin!(shards[0].links_applied(mark));
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        // The batch's own round, cascades included: applied; the other
+        // still in flight.
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        taken(&shards[1]);
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
+        assert!(applied.as_mut().poll(&mut cx).is_ready());
+    }
+
+    /// Under a policy whose order cannot move a victim nothing waits.
+    #[test]
+    fn nothing_waits_when_order_does_not_matter() {
+        let (shards, mut rx) = two_shards();
+        let mut cx = Context::from_waker(Waker::noop());
+        shards[0]
+            .store
+            .lock()
+            .set_policy(EvictionPolicy::AllKeysLru);
+        let mark = shards[0].round_mark();
+        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
+        shards[0].deliver_links();
+        let mut applied = pin!(shards[0].links_applied(mark));
+        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
     }
 }
