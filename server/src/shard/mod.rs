@@ -74,9 +74,10 @@ impl AfterLinks {
 /// ([`Shard::links_applied`]).
 pub struct LinkRound {
     shared: Arc<Shared>,
-    /// What waits: locked only to join a round in flight, and by the last
-    /// owner (`get_mut`).
-    then: Mutex<Vec<AfterLinks>>,
+    /// What waits: the one it was opened for, then any that joined it.
+    /// Locked only to join a round in flight; the last owner takes it with
+    /// `get_mut`.
+    then: Mutex<(Option<AfterLinks>, Vec<AfterLinks>)>,
 }
 
 impl LinkRound {
@@ -84,7 +85,7 @@ impl LinkRound {
     pub fn new(shared: Arc<Shared>, then: Option<AfterLinks>) -> Arc<LinkRound> {
         Arc::new(LinkRound {
             shared,
-            then: Mutex::new(then.into_iter().collect()),
+            then: Mutex::new((then, Vec::new())),
         })
     }
 
@@ -94,6 +95,7 @@ impl LinkRound {
         self.then
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .1
             .push(then);
     }
 
@@ -107,8 +109,9 @@ impl LinkRound {
 
 impl Drop for LinkRound {
     fn drop(&mut self) {
-        let then = std::mem::take(self.then.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for then in then {
+        let (first, joined) =
+            std::mem::take(self.then.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for then in first.into_iter().chain(joined) {
             then.go(&self.shared);
         }
     }
