@@ -9,6 +9,8 @@
 #                           commas for spaces), default below
 #   BASELINE_BIN=path      an older kvtier-server build, run with its
 #                           defaults as target "kvtier-base"
+#   BASELINE_FLAGS=...      flags for it (commas for spaces), e.g. the
+#                           --maxmemory of the configurations compared
 # Extra arguments go to `kvtier-bench latency` (e.g. --rounds 3 --ops get).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -33,7 +35,9 @@ for c in $CONFIGS; do
 done
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   port=$(free_port)
-  "$BASELINE_BIN" --port "$port" --metrics-addr none >/dev/null 2>&1 & PIDS+=($!)
+  bflags=${BASELINE_FLAGS:-}
+  # shellcheck disable=SC2086
+  "$BASELINE_BIN" --port "$port" --metrics-addr none ${bflags//,/ } >/dev/null 2>&1 & PIDS+=($!)
   TARGETS+=(--target "kvtier-base=127.0.0.1:$port")
   PORTS+=" $port"
 fi

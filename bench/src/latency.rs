@@ -14,6 +14,11 @@
 //! * `prefixlen`: `PREFIXLEN` of a 64-key chain (Redis: `EXISTS k1..k64`);
 //! * `mgetprefix-64`, `mgetprefix-64k`, `mgetprefix-2m`: `MGETPREFIX` of
 //!   64 × 64 B, 64 × 64 KiB and 32 × 2 MiB (Redis: `MGET` of the same keys);
+//! * `msetblock-chain`: a prefill worker's store of a 64-block chain,
+//!   `MSETBLOCK 64 × 4 KiB ... CHAIN REPLACE`, rotating over 256 chains
+//!   (64 MiB: with a smaller `--maxmemory` on the server every write
+//!   evicts, and under `prefix` sends link events across shards; Redis:
+//!   `MSET` of the same keys);
 //! * `tcp`: no server — two raw loopback TCP streams inside this process,
 //!   the wire's ceiling for the large fetches: one between two 4 MiB
 //!   buffers used again and again (warm in the cache), one between 64 MiB
@@ -71,6 +76,10 @@ pub enum Op {
     /// MGETPREFIX of 32 × 2 MiB (Redis: MGET).
     #[value(name = "mgetprefix-2m")]
     Mgetprefix2m,
+    /// MSETBLOCK of a 64 × 4 KiB chain, CHAIN REPLACE, over 256 chains
+    /// (Redis: MSET).
+    #[value(name = "msetblock-chain")]
+    MsetblockChain,
     /// A raw loopback TCP stream, no server (GB/s only).
     Tcp,
 }
@@ -91,6 +100,11 @@ const READ_AHEAD: usize = 1 << 20;
 
 /// Keys the single-key operations rotate over.
 const SINGLE_KEYS: usize = 64;
+
+/// Chains `msetblock-chain` rotates over, of 64 blocks of 4 KiB.
+const WRITE_CHAINS: usize = 256;
+const WRITE_BLOCKS: usize = 64;
+const WRITE_BLOCK_BYTES: usize = 4096;
 
 impl Op {
     /// (blocks, bytes per block) of a multi-key operation.
@@ -260,6 +274,29 @@ fn requests(op: Op, target: &Target) -> Vec<Vec<u8>> {
             };
             vec![encode(&args)]
         }
+        Op::MsetblockChain => {
+            let value = Bytes::from(vec![b'w'; WRITE_BLOCK_BYTES]);
+            (0..WRITE_CHAINS)
+                .map(|c| {
+                    let mut args = if redis {
+                        vec![Bytes::from("MSET")]
+                    } else {
+                        vec![
+                            Bytes::from("MSETBLOCK"),
+                            Bytes::from(WRITE_BLOCKS.to_string()),
+                        ]
+                    };
+                    for i in 0..WRITE_BLOCKS {
+                        args.push(Bytes::from(format!("lat:w:{c}:{i}")));
+                        args.push(value.clone());
+                    }
+                    if !redis {
+                        args.extend([Bytes::from("CHAIN"), Bytes::from("REPLACE")]);
+                    }
+                    encode(&args)
+                })
+                .collect()
+        }
         Op::Tcp => Vec::new(),
     }
 }
@@ -275,6 +312,11 @@ fn check(op: Op, reply: &Reply) -> io::Result<()> {
                 && items
                     .iter()
                     .all(|v| matches!(v, Reply::Bulk(b) if b.len() == len))
+        }
+        (Op::MsetblockChain, Reply::Status(s)) => s == "OK",
+        (Op::MsetblockChain, Reply::Array(codes)) => {
+            codes.len() == WRITE_BLOCKS
+                && codes.iter().all(|c| matches!(c, Reply::Int(n) if *n >= 0))
         }
         _ => false,
     };

@@ -923,6 +923,28 @@ mod slab_tests {
     }
 
     #[test]
+    fn a_page_emptied_of_small_values_goes_to_the_blocks() {
+        // A few small values (one page of their class), then chains of
+        // 4 KiB blocks past the budget: once eviction has taken the small
+        // values, their empty page must make way for the blocks' class.
+        let budget = 32 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        for i in 0..64 {
+            assert_eq!(put(&mut s, &format!("one{i}"), block(i, 64), None), 1);
+        }
+        for c in 0..200 {
+            let mut parent: Option<String> = None;
+            for i in 0..64 {
+                let key = format!("w{c}:{i}");
+                let code = put(&mut s, &key, block(i, 4096), parent.as_deref());
+                assert_eq!(code, 1, "chain {c}, block {i}");
+                parent = Some(key);
+            }
+            assert!(s.used_memory() <= budget);
+        }
+    }
+
+    #[test]
     fn pages_move_to_a_new_block_size() {
         let budget = 16 << 20;
         let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::AllKeysLru);

@@ -86,7 +86,10 @@ impl Store {
                 continue;
             }
             let keep = (class != usize::MAX).then_some(class);
-            if !self.empty_a_page(keep, protect) {
+            // No page of another class to empty (every page is this
+            // class's already, the other values evicted): evicting by
+            // policy goes on, now among this class's values.
+            if !self.empty_a_page(keep, protect) && self.evict_one(protect, true).is_none() {
                 return Err(OutOfMemory);
             }
             evictions = 0;
