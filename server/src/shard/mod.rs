@@ -687,6 +687,14 @@ mod tests {
         assert!(shard.store.lock().has_deferred_work());
     }
 
+    /// [`store_child`], then the cron's delivery: the event is posted to
+    /// shard 1, nothing left here.
+    fn taken_by_cron(shard: &Shard, n: usize) {
+        store_child(shard, &key_of(0, n), &key_of(1, n));
+        shard.deliver_links();
+        assert!(!shard.store.lock().has_deferred_work());
+    }
+
     fn run_jobs(shard: &Shard, rx: &mut mpsc::UnboundedReceiver<ShardJob>) -> usize {
         let mut ran = 0;
         while let Ok(job) = rx.try_recv() {
@@ -705,10 +713,7 @@ mod tests {
         let (shards, mut rx) = two_shards();
         let mut cx = Context::from_waker(Waker::noop());
         let mark = shards[0].round_mark();
-        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
-        // The cron's delivery: the event is posted to shard 1.
-        shards[0].deliver_links();
-        assert!(!shards[0].store.lock().has_deferred_work());
+        taken_by_cron(&shards[0], 0);
         let mut applied = pin!(shards[0].links_applied(mark));
         assert!(applied.as_mut().poll(&mut cx).is_pending());
         assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
@@ -724,8 +729,7 @@ mod tests {
     fn a_batch_does_not_wait_for_rounds_before_it() {
         let (shards, mut rx) = two_shards();
         let mut cx = Context::from_waker(Waker::noop());
-        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
-        shards[0].deliver_links();
+        taken_by_cron(&shards[0], 0);
         let mark = shards[0].round_mark();
         let mut applied = pin!(shards[0].links_applied(mark));
         assert!(applied.as_mut().poll(&mut cx).is_ready());
@@ -740,8 +744,7 @@ mod tests {
         let (shards, mut rx) = two_shards();
         let mut cx = Context::from_waker(Waker::noop());
         let mark = shards[0].round_mark();
-        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
-        shards[0].deliver_links();
+        taken_by_cron(&shards[0], 0);
         let taken = rx[1].try_recv().unwrap();
         store_child(&shards[0], &key_of(0, 1), &key_of(1, 1));
         let mut applied = pin!(shards[0].links_applied(mark));
@@ -767,8 +770,7 @@ mod tests {
             .lock()
             .set_policy(EvictionPolicy::AllKeysLru);
         let mark = shards[0].round_mark();
-        store_child(&shards[0], &key_of(0, 0), &key_of(1, 0));
-        shards[0].deliver_links();
+        taken_by_cron(&shards[0], 0);
         let mut applied = pin!(shards[0].links_applied(mark));
         assert!(applied.as_mut().poll(&mut cx).is_ready());
         assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
