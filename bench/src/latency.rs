@@ -381,7 +381,12 @@ fn run_cell(target: &Target, op: Op, clients: usize, seconds: f64) -> io::Result
                 barrier.wait();
                 let start = Instant::now();
                 let mut n = 0u64;
-                let mut next = id;
+                // Chain writes: clients spread over the chains, so each
+                // writes chains the others wrote least recently.
+                let mut next = match op {
+                    Op::MsetblockChain => id * requests.len() / clients,
+                    _ => id,
+                };
                 while start.elapsed() < run_for {
                     let request = &requests[next % requests.len()];
                     next += 1;

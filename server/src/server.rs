@@ -133,17 +133,9 @@ impl SpillTier {
 }
 
 impl Shared {
-    /// The state `shards` shards share (one mailbox sender each), for a
-    /// server on `port`: the live settings, ACL and cluster membership
-    /// built from `config`.
-    pub fn new(
-        config: &Config,
-        port: u16,
-        mailboxes: Vec<Mailbox>,
-        spill: Option<SpillTier>,
-        tls: Option<Arc<crate::tls::Tls>>,
-    ) -> io::Result<Arc<Shared>> {
-        let shards = mailboxes.len();
+    /// The users `config` names (`--requirepass`, `--aclfile`): checked
+    /// first, before the TLS settings and the listeners.
+    pub fn acl_of(config: &Config) -> io::Result<crate::acl::Acl> {
         let acl = crate::acl::Acl::new(
             &crate::commands::table().catalog,
             &config.requirepass,
@@ -151,6 +143,21 @@ impl Shared {
         )
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         acl.log_max_len.store(config.acllog_max_len, Relaxed);
+        Ok(acl)
+    }
+
+    /// The state `shards` shards share (one mailbox sender each), for a
+    /// server on `port`: the live settings and cluster membership built
+    /// from `config`, with `acl` ([`Shared::acl_of`]).
+    pub fn new(
+        config: &Config,
+        port: u16,
+        mailboxes: Vec<Mailbox>,
+        spill: Option<SpillTier>,
+        tls: Option<Arc<crate::tls::Tls>>,
+        acl: crate::acl::Acl,
+    ) -> io::Result<Arc<Shared>> {
+        let shards = mailboxes.len();
         let peer_tls = {
             let tls = tls.clone().filter(|t| t.cluster);
             move || tls.as_ref().and_then(|t| t.peer_config())
@@ -244,6 +251,7 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
+        let acl = Shared::acl_of(config)?;
         let tls = crate::tls::Tls::new(config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
@@ -256,7 +264,7 @@ impl Server {
             }
             None => (0..shards).map(|_| None).collect(),
         };
-        let shared = Shared::new(config, addr.port(), senders, spill, tls)?;
+        let shared = Shared::new(config, addr.port(), senders, spill, tls, acl)?;
         let cpus = allowed_cpus();
         let mut threads = Vec::with_capacity(shards);
         // The shards' timers run there (their runtimes have no time driver).

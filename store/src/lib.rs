@@ -923,13 +923,16 @@ mod slab_tests {
     }
 
     #[test]
-    fn a_page_emptied_of_small_values_goes_to_the_blocks() {
-        // A few small values (one page of their class), then chains of
-        // 4 KiB blocks past the budget: once eviction has taken the small
-        // values, their empty page must make way for the blocks' class.
+    fn heap_values_evicted_first_do_not_refuse_blocks() {
+        // Small values (on the heap, below the slab's minimum), then chains
+        // of 4 KiB blocks past the budget: a block write's first evictions
+        // take the small values, the least recently used, which free too
+        // little for a new page, and every page is the blocks' class
+        // already (none of another class to empty): eviction must go on
+        // to the blocks rather than refuse the write.
         let budget = 32 << 20;
         let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
-        for i in 0..64 {
+        for i in 0..200 {
             assert_eq!(put(&mut s, &format!("one{i}"), block(i, 64), None), 1);
         }
         for c in 0..200 {

@@ -87,8 +87,10 @@ impl Store {
             }
             let keep = (class != usize::MAX).then_some(class);
             // No page of another class to empty (every page is this
-            // class's already, the other values evicted): evicting by
-            // policy goes on, now among this class's values.
+            // class's already; what policy took were heap values or other
+            // classes' slots): evicting by policy goes on, as Redis evicts
+            // until a write fits or nothing may go. It ends: each eviction
+            // takes a value out of DRAM, and held values are never chosen.
             if !self.empty_a_page(keep, protect) && self.evict_one(protect, true).is_none() {
                 return Err(OutOfMemory);
             }

@@ -432,6 +432,7 @@ impl Shard {
         match self.prepare_delivery() {
             Some(true) => {
                 let round = LinkRound::new(Arc::clone(&self.shared), then);
+                self.note_round(&round);
                 self.send_link_events(Some(&round));
             }
             Some(false) => {
@@ -499,18 +500,12 @@ impl Shard {
 
     /// Sends the link events this shard's store holds to the stores they
     /// concern, each job posted (and each job its cascades post, on
-    /// whichever shard) holding `round`. A round that takes events here is
-    /// noted, for the connections whose events they may be.
+    /// whichever shard) holding `round`.
     fn send_link_events(&self, round: Option<&Arc<LinkRound>>) {
-        let mut noted = false;
         loop {
             let events = self.store.lock().take_link_events();
             if events.is_empty() {
                 return;
-            }
-            if let (Some(round), false) = (round, noted) {
-                self.note_round(round);
-                noted = true;
             }
             let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
             for event in events {
@@ -542,12 +537,24 @@ impl Shard {
                 let posted = self.post(
                     target,
                     Box::new(move |s: &Shard| {
+                        // What was already waiting here (a connection's
+                        // writes) goes in a round of its own: a batch that
+                        // joins it does not wait for this round's
+                        // cascades, which may go on from shard to shard.
+                        s.deliver_links();
                         {
                             let mut store = s.store.lock();
                             batch.into_iter().for_each(|e| store.apply_link(e));
                         }
-                        if s.prepare_delivery().is_some() {
-                            s.send_link_events(round.as_ref());
+                        match &round {
+                            Some(round) => {
+                                if s.prepare_delivery().is_some() {
+                                    s.send_link_events(Some(round));
+                                }
+                            }
+                            // Whether order matters is this shard's to say
+                            // (a policy changed on one shard first).
+                            None => s.deliver_links(),
                         }
                         s.shared.links_queued[s.id].fetch_sub(1, Release);
                         drop(round);
@@ -560,7 +567,10 @@ impl Shard {
         }
     }
 
-    /// Notes that `round` took link events from this shard's store.
+    /// Notes that `round` takes the link events waiting in this shard's
+    /// store, which may be a connection's (see [`Shard::links_applied`]).
+    /// A cascade job's round is not noted where it runs: what was waiting
+    /// there goes first, in a round of its own.
     fn note_round(&self, round: &Arc<LinkRound>) {
         let seq = self.round_seq.get() + 1;
         self.round_seq.set(seq);
@@ -651,7 +661,8 @@ mod tests {
         let config = Config::parse_from(["kvtier-server"]);
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..2).map(|_| mpsc::unbounded_channel()).unzip();
-        let shared = Shared::new(&config, 0, senders, None, None).unwrap();
+        let acl = Shared::acl_of(&config).unwrap();
+        let shared = Shared::new(&config, 0, senders, None, None, acl).unwrap();
         let shards = (0..2)
             .map(|id| {
                 let store = Store::new(shard_slots(id, 2), 1 << 20, EvictionPolicy::Prefix);
@@ -749,15 +760,54 @@ mod tests {
         store_child(&shards[0], &key_of(0, 1), &key_of(1, 1));
         let mut applied = pin!(shards[0].links_applied(mark));
         assert!(applied.as_mut().poll(&mut cx).is_pending());
-        // The batch's own round, cascades included: applied; the other
+        // The round it joined, cascade included: applied; its own round
         // still in flight.
-        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        taken(&shards[1]);
         assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
         assert!(applied.as_mut().poll(&mut cx).is_pending());
-        taken(&shards[1]);
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
         assert!(applied.as_mut().poll(&mut cx).is_pending());
         assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
         assert!(applied.as_mut().poll(&mut cx).is_ready());
+    }
+
+    /// A batch on shard 1 whose events a cascade from shard 0's round
+    /// takes: the cascade job sends them in a round of their own, noted on
+    /// shard 1, which the batch joins; it does not wait for the cascade's
+    /// own events.
+    #[test]
+    fn a_batch_joins_the_round_a_cascade_took_its_events_in() {
+        let (shards, mut rx) = two_shards();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mark = shards[1].round_mark();
+        // The batch's write on shard 1: a child whose parent is shard 0's.
+        let child = key_of(1, 5);
+        let write = BlockWrite {
+            parent: Some(key_of(0, 5)),
+            ..BlockWrite::default()
+        };
+        let value = Bytes::from_static(b"block");
+        let code = shards[1]
+            .store
+            .lock()
+            .insert_block(key_slot(&child), &child, value, write, 0);
+        assert!(code >= 0);
+        // Shard 0's round reaches shard 1 and takes the batch's event.
+        taken_by_cron(&shards[0], 0);
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert!(!shards[1].store.lock().has_deferred_work());
+        let mut applied = pin!(shards[1].links_applied(mark));
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        // Shard 0 holds two jobs: the batch's event (its own round), then
+        // the cascade's answer (shard 0's round).
+        let batch_job = rx[0].try_recv().unwrap();
+        batch_job(&shards[0]);
+        // The batch's event cascades too (its parent is absent: an orphan,
+        // back on shard 1).
+        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
     }
 
     /// Under a policy whose order cannot move a victim nothing waits.
