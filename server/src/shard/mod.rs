@@ -429,7 +429,14 @@ impl Shard {
     }
 
     fn deliver_links_or_then(&self, then: Option<AfterLinks>) {
-        match self.prepare_delivery() {
+        self.deliver_prepared(self.prepare_delivery(), then);
+    }
+
+    /// Delivers what [`Shard::prepare_delivery`] found (`ordered`), in a
+    /// round noted here when the order can move a victim; `then` goes once
+    /// it is applied.
+    fn deliver_prepared(&self, ordered: Option<bool>, then: Option<AfterLinks>) {
+        match ordered {
             Some(true) => {
                 let round = LinkRound::new(Arc::clone(&self.shared), then);
                 self.note_round(&round);
@@ -455,8 +462,8 @@ impl Shard {
     /// here are delivered in a round of their own; those another delivery
     /// took meanwhile (while the connection awaited another shard, the
     /// mailbox or the cron ran here) are in a round opened since `mark`,
-    /// which it joins. (A batch that never waited, with nothing to
-    /// deliver, costs one lock and no channel.)
+    /// which it joins. (A batch with nothing to wait for costs one lock
+    /// and no channel.)
     pub async fn links_applied(&self, mark: u64) {
         let joined: Vec<Arc<LinkRound>> = if self.round_seq.get() == mark {
             Vec::new()
@@ -468,34 +475,31 @@ impl Shard {
                 .filter_map(|(_, round)| round.upgrade())
                 .collect()
         };
-        if joined.is_empty() && !self.store.lock().has_deferred_work() {
-            return;
+        let ordered = self.prepare_delivery();
+        if joined.is_empty() && ordered != Some(true) {
+            // Nothing to wait for: events whose order cannot move a
+            // victim go without a round.
+            return self.deliver_prepared(ordered, None);
         }
         let (tx, rx) = oneshot::channel();
-        let all = LinkRound::new(
-            Arc::clone(&self.shared),
-            Some(AfterLinks::Run(Box::new(move || {
-                let _ = tx.send(());
-            }))),
-        );
-        for round in joined {
-            round.join(LinkRound::hold(&all));
+        let mut then = AfterLinks::Run(Box::new(move || {
+            let _ = tx.send(());
+        }));
+        if !joined.is_empty() {
+            // A latch over the joined rounds and the batch's own.
+            let all = LinkRound::new(Arc::clone(&self.shared), Some(then));
+            for round in joined {
+                round.join(LinkRound::hold(&all));
+            }
+            then = LinkRound::hold(&all);
         }
-        self.deliver_links_then(LinkRound::hold(&all));
-        drop(all);
+        self.deliver_prepared(ordered, Some(then));
         let _ = rx.await;
     }
 
-    /// Whether this shard's store has link events (or spill writes) to
-    /// deliver, with the spill writes flushed, and if so whether their
-    /// order can move a victim ([`Store::ranks_by_links`]): one lock.
+    /// [`prepare`] for this shard's store: one lock.
     fn prepare_delivery(&self) -> Option<bool> {
-        let mut store = self.store.lock();
-        if !store.has_deferred_work() {
-            return None;
-        }
-        store.flush_spill();
-        Some(store.ranks_by_links())
+        prepare(&mut self.store.lock())
     }
 
     /// Sends the link events this shard's store holds to the stores they
@@ -537,24 +541,26 @@ impl Shard {
                 let posted = self.post(
                     target,
                     Box::new(move |s: &Shard| {
-                        // What was already waiting here (a connection's
-                        // writes) goes in a round of its own: a batch that
-                        // joins it does not wait for this round's
-                        // cascades, which may go on from shard to shard.
-                        s.deliver_links();
-                        {
+                        let ordered = {
                             let mut store = s.store.lock();
-                            batch.into_iter().for_each(|e| store.apply_link(e));
-                        }
-                        match &round {
-                            Some(round) => {
-                                if s.prepare_delivery().is_some() {
-                                    s.send_link_events(Some(round));
-                                }
+                            // What was already waiting here (a connection's
+                            // writes) goes in a round of its own: a batch
+                            // that joins it does not wait for this round's
+                            // cascades, which may go on from shard to shard.
+                            if store.has_deferred_work() {
+                                drop(store);
+                                s.deliver_links();
+                                store = s.store.lock();
                             }
+                            batch.into_iter().for_each(|e| store.apply_link(e));
+                            prepare(&mut store)
+                        };
+                        match (&round, ordered) {
+                            (_, None) => {}
+                            (Some(round), Some(_)) => s.send_link_events(Some(round)),
                             // Whether order matters is this shard's to say
                             // (a policy changed on one shard first).
-                            None => s.deliver_links(),
+                            (None, ordered) => s.deliver_prepared(ordered, None),
                         }
                         s.shared.links_queued[s.id].fetch_sub(1, Release);
                         drop(round);
@@ -598,6 +604,17 @@ impl Shard {
         }
         Ok(out)
     }
+}
+
+/// Whether `store` has link events (or spill writes) to deliver, with the
+/// spill writes flushed, and if so whether their order can move a victim
+/// ([`Store::ranks_by_links`]).
+fn prepare(store: &mut Store) -> Option<bool> {
+    if !store.has_deferred_work() {
+        return None;
+    }
+    store.flush_spill();
+    Some(store.ranks_by_links())
 }
 
 /// Most turns a connection gives the mailbox to apply queued link events
@@ -681,9 +698,9 @@ mod tests {
             .unwrap()
     }
 
-    /// Stores `child` on shard 0 naming `parent` (of shard 1, absent): a
-    /// link event for shard 1, which answers with one for shard 0 (the
-    /// child is an orphan).
+    /// Stores `child` on `shard` naming `parent` (of the other shard,
+    /// absent): a link event for the other shard, which answers with one
+    /// back (the child is an orphan).
     fn store_child(shard: &Shard, child: &Bytes, parent: &Bytes) {
         let write = BlockWrite {
             parent: Some(parent.clone()),
@@ -706,6 +723,23 @@ mod tests {
         assert!(!shard.store.lock().has_deferred_work());
     }
 
+    /// Polls `f` once: whether it is done.
+    fn ready<F: Future>(f: std::pin::Pin<&mut F>) -> bool {
+        f.poll(&mut Context::from_waker(Waker::noop())).is_ready()
+    }
+
+    /// Runs the one job waiting on shard `on`; then whether `applied` is
+    /// done.
+    fn after_job<F: Future>(
+        shards: &[Rc<Shard>],
+        rx: &mut [mpsc::UnboundedReceiver<ShardJob>],
+        on: usize,
+        applied: std::pin::Pin<&mut F>,
+    ) -> bool {
+        assert_eq!(run_jobs(&shards[on], &mut rx[on]), 1);
+        ready(applied)
+    }
+
     fn run_jobs(shard: &Shard, rx: &mut mpsc::UnboundedReceiver<ShardJob>) -> usize {
         let mut ran = 0;
         while let Ok(job) = rx.try_recv() {
@@ -722,16 +756,13 @@ mod tests {
     #[test]
     fn a_batch_waits_for_its_events_taken_by_another_delivery() {
         let (shards, mut rx) = two_shards();
-        let mut cx = Context::from_waker(Waker::noop());
         let mark = shards[0].round_mark();
         taken_by_cron(&shards[0], 0);
         let mut applied = pin!(shards[0].links_applied(mark));
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert!(!ready(applied.as_mut()));
         // What it cascaded into, back on shard 0, is waited for too.
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
-        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert!(!after_job(&shards, &mut rx, 1, applied.as_mut()));
+        assert!(after_job(&shards, &mut rx, 0, applied.as_mut()));
     }
 
     /// A round opened before the batch began holds none of its events:
@@ -739,11 +770,10 @@ mod tests {
     #[test]
     fn a_batch_does_not_wait_for_rounds_before_it() {
         let (shards, mut rx) = two_shards();
-        let mut cx = Context::from_waker(Waker::noop());
         taken_by_cron(&shards[0], 0);
         let mark = shards[0].round_mark();
         let mut applied = pin!(shards[0].links_applied(mark));
-        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert!(ready(applied.as_mut()));
         assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
         assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
     }
@@ -753,22 +783,18 @@ mod tests {
     #[test]
     fn a_batch_waits_for_its_own_round_and_the_rounds_it_joins() {
         let (shards, mut rx) = two_shards();
-        let mut cx = Context::from_waker(Waker::noop());
         let mark = shards[0].round_mark();
         taken_by_cron(&shards[0], 0);
         let taken = rx[1].try_recv().unwrap();
         store_child(&shards[0], &key_of(0, 1), &key_of(1, 1));
         let mut applied = pin!(shards[0].links_applied(mark));
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert!(!ready(applied.as_mut()));
         // The round it joined, cascade included: applied; its own round
         // still in flight.
         taken(&shards[1]);
-        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
-        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert!(!after_job(&shards, &mut rx, 0, applied.as_mut()));
+        assert!(!after_job(&shards, &mut rx, 1, applied.as_mut()));
+        assert!(after_job(&shards, &mut rx, 0, applied.as_mut()));
     }
 
     /// A batch on shard 1 whose events a cascade from shard 0's round
@@ -778,35 +804,23 @@ mod tests {
     #[test]
     fn a_batch_joins_the_round_a_cascade_took_its_events_in() {
         let (shards, mut rx) = two_shards();
-        let mut cx = Context::from_waker(Waker::noop());
         let mark = shards[1].round_mark();
         // The batch's write on shard 1: a child whose parent is shard 0's.
-        let child = key_of(1, 5);
-        let write = BlockWrite {
-            parent: Some(key_of(0, 5)),
-            ..BlockWrite::default()
-        };
-        let value = Bytes::from_static(b"block");
-        let code = shards[1]
-            .store
-            .lock()
-            .insert_block(key_slot(&child), &child, value, write, 0);
-        assert!(code >= 0);
+        store_child(&shards[1], &key_of(1, 5), &key_of(0, 5));
         // Shard 0's round reaches shard 1 and takes the batch's event.
         taken_by_cron(&shards[0], 0);
         assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
         assert!(!shards[1].store.lock().has_deferred_work());
         let mut applied = pin!(shards[1].links_applied(mark));
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
+        assert!(!ready(applied.as_mut()));
         // Shard 0 holds two jobs: the batch's event (its own round), then
         // the cascade's answer (shard 0's round).
         let batch_job = rx[0].try_recv().unwrap();
         batch_job(&shards[0]);
         // The batch's event cascades too (its parent is absent: an orphan,
         // back on shard 1).
-        assert!(applied.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
-        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert!(!ready(applied.as_mut()));
+        assert!(after_job(&shards, &mut rx, 1, applied.as_mut()));
         assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
     }
 
@@ -814,7 +828,6 @@ mod tests {
     #[test]
     fn nothing_waits_when_order_does_not_matter() {
         let (shards, mut rx) = two_shards();
-        let mut cx = Context::from_waker(Waker::noop());
         shards[0]
             .store
             .lock()
@@ -822,7 +835,7 @@ mod tests {
         let mark = shards[0].round_mark();
         taken_by_cron(&shards[0], 0);
         let mut applied = pin!(shards[0].links_applied(mark));
-        assert!(applied.as_mut().poll(&mut cx).is_ready());
+        assert!(ready(applied.as_mut()));
         assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
         assert_eq!(run_jobs(&shards[0], &mut rx[0]), 1);
     }
