@@ -14,7 +14,11 @@
 # references), SIM_BLOCK (1MiB), CONFIRM_CAP (0.1), REPLAY_BLOCK (64KiB:
 # the server replays move every byte), THREADS (nproc), SPILL_TRACES
 # ("conv-1 synthetic"), BASELINE_BIN (an older kvtier-server: its `prefix`
-# replayed beside this build's in the confirm part), OUT (markdown file).
+# replayed beside this build's in the confirm part, and the cost part's
+# baseline), REPS (5), COST_SECS (5), COST_MEM (256mb), COST_THREADS
+# ("1 THREADS": the servers' --threads) and COST_CMDS ("SET MSETBLOCK
+# CHAIN64") for the cost part,
+# OUT (markdown file).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -38,7 +42,8 @@ if [[ ! -f $TRACE_DIR/conv-1.jsonl ]]; then
 fi
 [[ -f $TRACE_DIR/synthetic.jsonl ]] || cp ../shared/traces/mooncake_synthetic_trace.jsonl "$TRACE_DIR/synthetic.jsonl"
 PID=""; TMP=$(mktemp -d)
-trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT
+COST_PIDS=()
+trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; kill "${COST_PIDS[@]}" 2>/dev/null || true; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT
 report=""
 say() { echo "$1"; report+="$1"$'\n'; }
 
@@ -138,41 +143,85 @@ if [[ " $PARTS " == *" spill "* ]]; then
   say ""
 fi
 if [[ " $PARTS " == *" cost "* && -n $BASELINE_BIN ]]; then
-  # Writes under eviction, this build against BASELINE_BIN (same flags,
-  # alternately, REPS times): every write evicts once the 256 MiB are full.
-  REPS=${REPS:-3}; COST_N=${COST_N:-1000000}
+  # Writes under eviction, this build against BASELINE_BIN (same flags). One
+  # server per build and policy, filled past maxmemory first, so every
+  # measured write evicts; the servers take turns REPS times (each rep starts
+  # with the next one), each measured run sized by a calibration run to last
+  # about COST_SECS. Reported: the median ops/s, the ratio, the baseline's own
+  # spread ((max - min) / median: the noise band) and the server's CPU time
+  # per write (from /proc, user + system; the client shares the two cores, so
+  # this is the steadier figure, and the only one that moves while the
+  # client is the limit). WORSE: more than 5% slower, or 5% more CPU per
+  # write, beyond the baseline's band.
+  REPS=${REPS:-5}; COST_SECS=${COST_SECS:-5}; COST_MEM=${COST_MEM:-256mb}
+  COST_THREADS=${COST_THREADS:-"1 $THREADS"}; COST_CMDS=${COST_CMDS:-"SET MSETBLOCK CHAIN64"}
   value=$(head -c 4096 /dev/zero | tr '\0' v)
-  say "## Writes under eviction: this build against BASELINE_BIN, maxmemory 256mb, --threads $THREADS"
+  chain=(MSETBLOCK 64)
+  for _ in $(seq 64); do chain+=("key:__rand_int__" "$value"); done
+  chain+=(CHAIN)
+  hz=$(getconf CLK_TCK)
+  # bench PORT N CMD -> "ops/s" (50 clients; -P 16 for one-block writes,
+  # -P 1 for the 64-block chain: 12.8 MB in flight). One client thread: with
+  # --threads redis-benchmark ends a run on a 250 ms tick, which quantizes a
+  # 5 s run's rate by 5%.
+  bench() {
+    local port=$1 n=$2 cmd=$3 args pipe=16
+    case $cmd in
+      SET) args=(SET "key:__rand_int__" "$value");;
+      MSETBLOCK) args=(MSETBLOCK 1 "key:__rand_int__" "$value");;
+      CHAIN64) args=("${chain[@]}"); pipe=1;;
+    esac
+    redis-benchmark -p "$port" -n "$n" -c 50 -P "$pipe" -r 1000000 -q "${args[@]}" 2>/dev/null \
+      | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
+  }
+  ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+  say "## Writes under eviction: this build against BASELINE_BIN, maxmemory $COST_MEM"
   say ""
-  say "| command (4 KiB values, -P 16, 50 clients, 1M random keys) | policy | new ops/s | base ops/s | new/base | base spread |"
-  say "|---|---|---|---|---|---|"
-  for p in prefix allkeys-lru; do
-    for cmd in SET MSETBLOCK; do
-      new=(); base=()
-      for _ in $(seq "$REPS"); do
-        for which in new base; do
-          bin=target/release/kvtier-server; [[ $which == base ]] && bin=$BASELINE_BIN
-          port=$(free_port)
-          "$bin" --port "$port" --threads "$THREADS" --metrics-addr none --maxmemory 256mb \
-            --maxmemory-policy "$p" >/dev/null 2>&1 &
-          PID=$!
-          for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-          args=(SET "key:__rand_int__" "$value")
-          [[ $cmd == MSETBLOCK ]] && args=(MSETBLOCK 1 "key:__rand_int__" "$value")
-          rps=$(redis-benchmark -p "$port" -n "$COST_N" -c 50 -P 16 -r 1000000 -q --threads 2 "${args[@]}" 2>/dev/null \
-            | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}')
-          kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-          [[ $which == new ]] && new+=("$rps") || base+=("$rps")
+  say "4 KiB values to random keys of 1M, 50 clients (-P 16; the chain -P 1), $REPS turns of about ${COST_SECS} s each."
+  say ""
+  say "| command | policy | --threads | new ops/s | base ops/s | new/base | base spread | new CPU µs/op | base CPU µs/op | CPU new/base | base CPU spread | |"
+  say "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  for t in $COST_THREADS; do for p in ${COST_POLICIES:-prefix allkeys-lru}; do
+    declare -A port_of=() pid_of=()
+    for which in new base; do
+      bin=target/release/kvtier-server; [[ $which == base ]] && bin=$BASELINE_BIN
+      port=$(free_port)
+      "$bin" --port "$port" --threads "$t" --metrics-addr none --maxmemory "$COST_MEM" \
+        --maxmemory-policy "$p" >/dev/null 2>&1 &
+      pid_of[$which]=$!; port_of[$which]=$port; COST_PIDS+=($!)
+      for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      bench "$port" 200000 SET >/dev/null  # 800 MB of writes: full, evicting
+    done
+    for cmd in $COST_CMDS; do
+      declare -A rps=() cpu=()
+      n=$(( $(bench "${port_of[new]}" 2000 "$cmd" | awk '{printf "%d", $1}') * COST_SECS ))
+      (( n < 2000 )) && n=2000
+      for rep in $(seq "$REPS"); do
+        order=(new base); (( rep % 2 == 0 )) && order=(base new)
+        for which in "${order[@]}"; do
+          t0=$(ticks "${pid_of[$which]}")
+          r=$(bench "${port_of[$which]}" "$n" "$cmd")
+          t1=$(ticks "${pid_of[$which]}")
+          rps[$which]+="$r "
+          cpu[$which]+="$(awk -v t="$((t1 - t0))" -v n="$n" -v hz="$hz" 'BEGIN {printf "%.3f", t * 1e6 / hz / n}') "
         done
       done
-      read -r n b s < <(python3 -c "
+      row=$(python3 -c "
 import statistics, sys
-n = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
-mn, mb = statistics.median(n), statistics.median(b)
-print(f'{mn:.0f} {mb:.0f} {(max(b) - min(b)) / mb * 100:.0f}')" "${new[*]}" "${base[*]}")
-      say "| $cmd | $p | $n | $b | $(python3 -c "print(f'{$n / $b:.3f}x')") | ±$s% |"
+n, b, cn, cb = ([float(x) for x in a.split()] for a in sys.argv[1:5])
+mn, mb, mcn, mcb = (statistics.median(v) for v in (n, b, cn, cb))
+band = (max(b) - min(b)) / mb
+cband = (max(cb) - min(cb)) / mcb
+worse = 'WORSE' if mn / mb < 0.95 - band or mcn / mcb > 1.05 + cband else 'ok'
+print(f'{mn:.0f} | {mb:.0f} | {mn / mb:.3f}x | ±{band * 50:.0f}% | {mcn:.2f} | {mcb:.2f} | {mcn / mcb:.3f}x | ±{cband * 50:.0f}% | {worse}')" \
+        "${rps[new]}" "${rps[base]}" "${cpu[new]}" "${cpu[base]}")
+      name=$cmd; [[ $cmd == CHAIN64 ]] && name="MSETBLOCK 64 CHAIN"
+      say "| $name | $p | $t | $row |"
+      unset rps cpu
     done
-  done
+    kill "${pid_of[new]}" "${pid_of[base]}"; wait 2>/dev/null || true; COST_PIDS=()
+    unset port_of pid_of
+  done; done
   say ""
 fi
 say "Command: \`PARTS=\"$PARTS\" scripts/bench-eviction.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores, commit $(git rev-parse --short HEAD)."

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Args;
+use kvtier_store::links;
 use kvtier_store::slot::{key_slot, shard_slots, slot_shard};
 use kvtier_store::{
     BlockWrite, EvictReason, EvictionPolicy, InPrefix, PrefixStep, PrefixTuning, Store, WriteClass,
@@ -242,20 +243,8 @@ impl Shards {
     /// Delivers the chain-link events every store recorded, as
     /// `Shard::deliver_links` does.
     fn deliver_links(&mut self) {
-        loop {
-            let mut moved = false;
-            for s in 0..self.stores.len() {
-                for event in self.stores[s].take_link_events() {
-                    moved = true;
-                    for t in event.targets(s, self.stores.len()) {
-                        self.stores[t].apply_link(event.clone());
-                    }
-                }
-            }
-            if !moved {
-                return;
-            }
-        }
+        let mut stores: Vec<&mut Store> = self.stores.iter_mut().collect();
+        links::deliver_all(&mut stores, |_| true);
     }
 }
 

@@ -60,6 +60,9 @@ pub struct ShardStats {
     /// Reads of another shard's keys run on this thread, without waking
     /// the owner (see `Shard::with_store`).
     pub direct_reads: u64,
+    /// Chain writes over several shards stored whole on this thread, every
+    /// store held, instead of relayed (see `Shard::lock_all_stores`).
+    pub direct_writes: u64,
     /// Jobs this shard sent to another shard's mailbox and awaited.
     pub mailbox_calls: u64,
     /// Microseconds connections spent polling before the thread slept
@@ -94,6 +97,7 @@ impl ShardStats {
             blocked_clients: 0,
             blocked_clients_refused: 0,
             direct_reads: 0,
+            direct_writes: 0,
             mailbox_calls: 0,
             idle_poll_us: 0,
             idle_poll_hits: 0,
@@ -152,6 +156,7 @@ impl ShardStats {
         self.errors.clear();
         self.total_error_replies = 0;
         self.direct_reads = 0;
+        self.direct_writes = 0;
         self.mailbox_calls = 0;
         self.idle_poll_us = 0;
         self.idle_poll_hits = 0;

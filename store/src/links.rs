@@ -97,6 +97,35 @@ impl LinkEvent {
         }
     }
 }
+/// Delivers the link events every store of `stores` (shard `i` at index
+/// `i`) recorded, and what they cascade into, until none is left: each
+/// store's events in turn, applied by the stores they concern at once. What
+/// the shards' rounds of mailbox jobs do, on one thread, for a caller that
+/// holds every store (the simulator; a chain write stored directly).
+/// `keep` filters the events (a parent on another node is not tracked).
+pub fn deliver_all<S>(stores: &mut [S], keep: impl Fn(&LinkEvent) -> bool)
+where
+    S: std::ops::DerefMut<Target = Store>,
+{
+    loop {
+        let mut moved = false;
+        for from in 0..stores.len() {
+            for event in stores[from].take_link_events() {
+                moved = true;
+                if !keep(&event) {
+                    continue;
+                }
+                for t in event.targets(from, stores.len()) {
+                    stores[t].apply_link(event.clone());
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
 impl Store {
     /// Whether the order in which link events are applied can move a
     /// victim: only the `prefix` policy ranks by child counts and orphan

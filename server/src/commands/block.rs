@@ -37,7 +37,7 @@ use super::{
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::Access;
-use crate::shard::{AfterLinks, Shard};
+use crate::shard::{AfterLinks, AllStores, Shard};
 
 const BASE: CommandSpec = CommandSpec {
     arity: -3,
@@ -294,6 +294,48 @@ struct ChainRelay {
 }
 
 impl ChainRelay {
+    /// Stores one run in its owner's `store`, the call's eviction decision
+    /// carried in and out; false if a block could not be stored (the rest
+    /// of the run gets -1).
+    fn store_run(&mut self, store: &mut Store, run: Vec<ChainBlock>) -> bool {
+        let mut failed = false;
+        let now = now_ms();
+        store.begin_chain(self.decided);
+        for (key, slot, value, parent, cold) in run {
+            let code = if failed {
+                -1
+            } else {
+                let write = BlockWrite {
+                    expire_at: self.expire_at,
+                    parent,
+                    replace: self.replace,
+                    cold,
+                    class: self.class,
+                };
+                store.insert_block(slot, &key, value, write, now)
+            };
+            failed |= code < 0;
+            self.codes.push(code);
+        }
+        self.decided = store.chain_decision();
+        !failed
+    }
+
+    /// Stores the whole chain on this thread with every store held: each
+    /// run's link events and their cascades are applied before the next
+    /// run, as the relay's rounds are, without a hop.
+    fn store_all(mut self, stores: &mut AllStores<'_>) -> Vec<i64> {
+        while let Some((owner, run)) = self.runs.pop_front() {
+            let stored = self.store_run(stores.get(owner), run);
+            stores.deliver_links();
+            if !stored {
+                break;
+            }
+        }
+        self.codes.resize(self.total, -1);
+        self.codes
+    }
+
     /// Stores the first run on this shard, then hands the rest to the
     /// owner of the next run directly (or finishes).
     fn step(mut self, shard: &Shard) {
@@ -301,29 +343,7 @@ impl ChainRelay {
             let _ = self.done.send(self.codes);
             return;
         };
-        let mut failed = false;
-        {
-            let mut store = shard.store.lock();
-            let now = now_ms();
-            store.begin_chain(self.decided);
-            for (key, slot, value, parent, cold) in run {
-                let code = if failed {
-                    -1
-                } else {
-                    let write = BlockWrite {
-                        expire_at: self.expire_at,
-                        parent,
-                        replace: self.replace,
-                        cold,
-                        class: self.class,
-                    };
-                    store.insert_block(slot, &key, value, write, now)
-                };
-                failed |= code < 0;
-                self.codes.push(code);
-            }
-            self.decided = store.chain_decision();
-        }
+        let failed = !self.store_run(&mut shard.store.lock(), run);
         // The run's link events, and what they cascade into on any shard,
         // are applied before the rest of the chain is stored (the next
         // run's owner learns that its blocks have children here before it
@@ -356,6 +376,8 @@ impl ChainRelay {
 /// shard is stored in one step, and that shard passes the rest of the chain
 /// straight to the next run's owner, so a reader can never see block i
 /// without block i-1, at the cost of one one-way hop per change of shard.
+/// A chain of one step's size whose owners are all idle is stored here
+/// instead, every store held, in the same order and with no hop.
 async fn store_chain(
     shard: &Rc<Shard>,
     args: &Args,
@@ -391,6 +413,14 @@ async fn store_chain(
         decided: None,
         done,
     };
+    if relay.runs.len() > 1 && relay.total <= BLOCKS_PER_STEP {
+        if let Some(mut stores) = shard.lock_all_stores() {
+            let codes = relay.store_all(&mut stores);
+            drop(stores);
+            shard.stats.borrow_mut().direct_writes += 1;
+            return Some(codes);
+        }
+    }
     if first == shard.id {
         relay.step(shard);
     } else {

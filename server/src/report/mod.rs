@@ -96,6 +96,8 @@ pub struct ShardReport {
     pub command_stats: Vec<CommandStat>,
     /// Reads of other shards' keys taken without waking their thread.
     pub direct_reads: u64,
+    /// Chain writes over shards stored whole on this thread.
+    pub direct_writes: u64,
     /// Jobs sent to other shards' mailboxes and awaited.
     pub mailbox_calls: u64,
     /// Microseconds connections spent polling before the thread slept.
@@ -139,6 +141,7 @@ impl ShardReport {
             error_replies: stats.total_error_replies,
             command_stats: stats.commands.clone(),
             direct_reads: stats.direct_reads,
+            direct_writes: stats.direct_writes,
             mailbox_calls: stats.mailbox_calls,
             idle_poll_us: stats.idle_poll_us,
             idle_poll_hits: stats.idle_poll_hits,

@@ -41,6 +41,11 @@ pub const DIRECT_READS: Metric = Metric::counter(
     "kvtier_cross_shard_direct_reads_total",
     "Reads of another shard's keys run on the connection's own thread (no wake-up of the owner), by shard.",
 );
+/// Chain writes over shards stored whole on the caller's thread.
+pub const DIRECT_WRITES: Metric = Metric::counter(
+    "kvtier_cross_shard_direct_writes_total",
+    "MSETBLOCK CHAIN calls over several shards stored whole on the connection's own thread (no hop), by shard.",
+);
 /// Jobs sent to another shard's mailbox and awaited.
 pub const MAILBOX_CALLS: Metric = Metric::counter(
     "kvtier_cross_shard_calls_total",
@@ -62,6 +67,7 @@ pub const METRICS: &[&Metric] = &[
     &HITS,
     &MISSES,
     &DIRECT_READS,
+    &DIRECT_WRITES,
     &MAILBOX_CALLS,
     &IDLE_POLL_HITS,
 ];
@@ -104,6 +110,10 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     o.field("total_error_replies", sum(reports, |r| r.error_replies));
     o.field("total_reads_processed", sum(reports, |r| r.commands));
     o.field("cross_shard_direct_reads", sum(reports, |r| r.direct_reads));
+    o.field(
+        "cross_shard_direct_writes",
+        sum(reports, |r| r.direct_writes),
+    );
     o.field("cross_shard_calls", sum(reports, |r| r.mailbox_calls));
     o.field("idle_poll_us", sum(reports, |r| r.idle_poll_us));
     o.field("idle_poll_hits", sum(reports, |r| r.idle_poll_hits));
@@ -131,6 +141,7 @@ pub fn export(e: &mut Exporter, r: &ShardReport) {
     e.counter(&HITS, 0, shard, r.store.keyspace_hits);
     e.counter(&MISSES, 0, shard, r.store.keyspace_misses);
     e.counter(&DIRECT_READS, 0, shard, r.direct_reads);
+    e.counter(&DIRECT_WRITES, 0, shard, r.direct_writes);
     e.counter(&MAILBOX_CALLS, 0, shard, r.mailbox_calls);
     e.counter(&IDLE_POLL_HITS, 0, shard, r.idle_poll_hits);
     for (i, reason) in EvictReason::ALL.iter().enumerate() {

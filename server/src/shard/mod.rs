@@ -513,11 +513,9 @@ impl Shard {
             }
             let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
             for event in events {
-                let targets = match event.route() {
-                    // A parent on another node is not tracked (it is
-                    // neither counted nor an orphan here).
-                    Route::Key(key) if !self.node_owns(key) => Vec::new(),
-                    _ => event.targets(self.id, self.count()),
+                let targets = match self.tracks(&event) {
+                    true => event.targets(self.id, self.count()),
+                    false => Vec::new(),
                 };
                 if let Some((&last, rest)) = targets.split_last() {
                     for &target in rest {
@@ -573,6 +571,40 @@ impl Shard {
         }
     }
 
+    /// Whether this node delivers `event`: a parent on another node is not
+    /// tracked (it is neither counted nor an orphan here).
+    fn tracks(&self, event: &LinkEvent) -> bool {
+        match event.route() {
+            Route::Key(key) => self.node_owns(key),
+            _ => true,
+        }
+    }
+
+    /// Every store of this node locked for this thread, if each is free now
+    /// and no link events wait in another shard's mailbox (they were sent
+    /// first and go first): a write that spans shards runs here whole, with
+    /// no hop, while the owners are idle. None otherwise (the caller goes
+    /// through the mailboxes). This shard's own store is waited for (a
+    /// reader from another thread holds it for one read); the others are
+    /// only tried, so no two threads can wait for each other.
+    pub fn lock_all_stores(&self) -> Option<AllStores<'_>> {
+        let count = self.count();
+        if (0..count).any(|t| t != self.id && self.links_queued_at(t)) {
+            return None;
+        }
+        let mut guards: Vec<Option<MutexGuard<'_, Store>>> = (0..count).map(|_| None).collect();
+        guards[self.id] = Some(self.store.lock());
+        for (t, guard) in guards.iter_mut().enumerate() {
+            if t != self.id {
+                *guard = Some(self.shared.stores.get(t)?.get()?.try_lock()?);
+            }
+        }
+        Some(AllStores {
+            shard: self,
+            guards: guards.into_iter().flatten().collect(),
+        })
+    }
+
     /// Notes that `round` takes the link events waiting in this shard's
     /// store, which may be a connection's (see [`Shard::links_applied`]).
     /// A cascade job's round is not noted where it runs: what was waiting
@@ -603,6 +635,44 @@ impl Shard {
             out.push(p.await?);
         }
         Ok(out)
+    }
+}
+
+/// Every store of a node, locked by one shard's thread
+/// ([`Shard::lock_all_stores`]); index `i` is shard `i`'s.
+pub struct AllStores<'a> {
+    shard: &'a Shard,
+    guards: Vec<MutexGuard<'a, Store>>,
+}
+
+impl AllStores<'_> {
+    /// Shard `target`'s store.
+    pub fn get(&mut self, target: usize) -> &mut Store {
+        &mut self.guards[target]
+    }
+
+    /// Applies every store's link events, and what they cascade into, at
+    /// once: what a round of mailbox jobs and its cascades would do, in the
+    /// simulator's order.
+    pub fn deliver_links(&mut self) {
+        let shard = self.shard;
+        kvtier_store::links::deliver_all(&mut self.guards, |e| shard.tracks(e));
+    }
+}
+
+impl Drop for AllStores<'_> {
+    /// What is left for another shard's thread (spill writes to send) is
+    /// handed to it, as after a direct read.
+    fn drop(&mut self) {
+        let shard = self.shard;
+        let left: Vec<usize> = (self.guards.iter().enumerate())
+            .filter(|&(t, store)| t != shard.id && store.has_deferred_work())
+            .map(|(t, _)| t)
+            .collect();
+        self.guards.clear();
+        for t in left {
+            let _ = shard.post(t, Box::new(|s: &Shard| s.deliver_links()));
+        }
     }
 }
 
@@ -747,6 +817,50 @@ mod tests {
             ran += 1;
         }
         ran
+    }
+
+    /// A write over both shards with every store held: its link events,
+    /// and the answer they cascade into (the parent is absent: the child
+    /// is an orphan), are applied before the stores are let go, with no
+    /// job for either mailbox.
+    #[test]
+    fn all_stores_held_apply_a_writes_links_at_once() {
+        let (shards, mut rx) = two_shards();
+        {
+            let mut stores = shards[0].lock_all_stores().expect("both stores free");
+            let write = BlockWrite {
+                parent: Some(key_of(1, 0)),
+                ..BlockWrite::default()
+            };
+            let child = key_of(0, 0);
+            let value = Bytes::from_static(b"block");
+            let code = stores
+                .get(0)
+                .insert_block(key_slot(&child), &child, value, write, 0);
+            assert!(code >= 0);
+            assert!(stores.get(0).has_deferred_work());
+            stores.deliver_links();
+            assert!(!stores.get(0).has_deferred_work());
+            assert!(!stores.get(1).has_deferred_work());
+        }
+        assert_eq!(run_jobs(&shards[0], &mut rx[0]), 0);
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 0);
+    }
+
+    /// The stores are only taken when every other owner is idle: not while
+    /// another thread holds one, nor while link events posted earlier wait
+    /// in a mailbox (they go first).
+    #[test]
+    fn all_stores_wait_for_a_busy_owner_and_queued_links() {
+        let (shards, mut rx) = two_shards();
+        let held = shards[1].store.lock();
+        assert!(shards[0].lock_all_stores().is_none());
+        drop(held);
+        assert!(shards[0].lock_all_stores().is_some());
+        taken_by_cron(&shards[0], 0);
+        assert!(shards[0].lock_all_stores().is_none());
+        assert_eq!(run_jobs(&shards[1], &mut rx[1]), 1);
+        assert!(shards[0].lock_all_stores().is_some());
     }
 
     /// The review's case: a batch's own-shard write, whose link events a
