@@ -16,8 +16,8 @@
 # ("conv-1 synthetic"), BASELINE_BIN (an older kvtier-server: its `prefix`
 # replayed beside this build's in the confirm part, and the cost part's
 # baseline), REPS (5), COST_SECS (5), COST_MEM (256mb), COST_THREADS
-# ("1 THREADS": the servers' --threads) and COST_CMDS ("SET MSETBLOCK
-# CHAIN64") for the cost part,
+# ("1 THREADS": the servers' --threads), COST_CMDS ("SET MSETBLOCK
+# CHAIN64") and COST_POLICIES ("prefix allkeys-lru") for the cost part,
 # OUT (markdown file).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -356,6 +356,11 @@ impl ChainRelay {
             // is gone, dropping the relay drops `done` and the caller sees
             // the shutdown.
             Some(&(next, _)) if !failed => {
+                if self.total > BLOCKS_PER_STEP {
+                    // A long chain: this shard's connections go before
+                    // whatever it runs next (the chain's next step too).
+                    shard.give_turn();
+                }
                 AfterLinks::Post(next, Box::new(move |s: &Shard| self.step(s)))
             }
             _ => {

@@ -204,6 +204,9 @@ pub struct Shard {
     rounds: RefCell<Vec<(u64, std::sync::Weak<LinkRound>)>>,
     /// Rounds noted in `rounds` so far.
     round_seq: Cell<u64>,
+    /// A job asked for the connections to go before the next job
+    /// ([`Shard::give_turn`]).
+    turn_due: Cell<bool>,
 }
 
 impl Shard {
@@ -230,7 +233,15 @@ impl Shard {
             me,
             rounds: RefCell::new(Vec::new()),
             round_seq: Cell::new(0),
+            turn_due: Cell::new(false),
         }
+    }
+
+    /// Asks the mailbox to let this shard's connections in before its next
+    /// job: a long command's step calls it, so the steps that follow (its
+    /// own next one among them) do not run back to back ([`run_mailbox`]).
+    pub fn give_turn(&self) {
+        self.turn_due.set(true);
     }
 
     /// The shared handle of this shard (`None` only while it is dropped).
@@ -691,29 +702,20 @@ fn prepare(store: &mut Store) -> Option<bool> {
 /// ([`Shard::settle_links`]).
 const SETTLE_YIELDS: usize = 16;
 
-/// Longest stretch of mailbox jobs before the shard's connections get a
-/// turn (short jobs run back to back; a long command's steps do not).
-const MAILBOX_TURN: std::time::Duration = std::time::Duration::from_micros(500);
-
-/// Runs shard jobs as they arrive, until every sender is gone.
+/// Runs shard jobs as they arrive, until every sender is gone. Jobs run
+/// back to back; after one that asked for it ([`Shard::give_turn`]: a
+/// step of a long command), the shard's connections get a turn first if
+/// more are queued. Yielding after every 500 µs of jobs instead (6d8d481
+/// up to this change) cost a quarter of the writes per second with 50
+/// clients on two shards (docs/benchmarks.md, "Writes under eviction"): on
+/// two busy cores a stretch of short jobs is often that long only because
+/// the thread was preempted.
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
-    // Since when jobs have been waiting back to back (the clock is read
-    // only while more are queued).
-    let mut busy_since: Option<std::time::Instant> = None;
     while let Some(job) = rx.recv().await {
         job(&shard);
         shard.deliver_links();
-        if rx.is_empty() {
-            busy_since = None;
-            continue;
-        }
-        let now = std::time::Instant::now();
-        let since = *busy_since.get_or_insert(now);
-        if now.duration_since(since) >= MAILBOX_TURN {
-            // A stretch of work with more queued (a long command's next
-            // step among them): the shard's connections get their turn.
+        if shard.turn_due.replace(false) && !rx.is_empty() {
             tokio::task::yield_now().await;
-            busy_since = None;
         }
     }
 }
