@@ -57,7 +57,7 @@ replay() {
   "$bin" --port "$port" --threads "$THREADS" --metrics-addr none \
     --maxmemory "$mem" --maxmemory-policy "$policy" "$@" >/dev/null 2>&1 &
   PID=$!
-  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  wait_up "$port"
   $BENCH trace "$trace" --target "127.0.0.1:$port" --block-bytes "$REPLAY_BLOCK" \
     --concurrency 1 --json "$TMP/run.json" "${hint[@]}" >/dev/null
   local writes hits
@@ -174,7 +174,6 @@ if [[ " $PARTS " == *" cost "* && -n $BASELINE_BIN ]]; then
     redis-benchmark -p "$port" -n "$n" -c 50 -P "$pipe" -r 1000000 -q "${args[@]}" 2>/dev/null \
       | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
   }
-  ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
   say "## Writes under eviction: this build against BASELINE_BIN, maxmemory $COST_MEM"
   say ""
   say "4 KiB values to random keys of 1M, 50 clients (-P 16; the chain -P 1), $REPS turns of about ${COST_SECS} s each."
@@ -189,7 +188,7 @@ if [[ " $PARTS " == *" cost "* && -n $BASELINE_BIN ]]; then
       "$bin" --port "$port" --threads "$t" --metrics-addr none --maxmemory "$COST_MEM" \
         --maxmemory-policy "$p" >/dev/null 2>&1 &
       pid_of[$which]=$!; port_of[$which]=$port; COST_PIDS+=($!)
-      for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      wait_up "$port"
       bench "$port" 200000 SET >/dev/null  # 800 MB of writes: full, evicting
     done
     for cmd in $COST_CMDS; do

@@ -105,8 +105,6 @@ requests() { # size pipeline
   echo "$n"
 }
 
-# CPU ticks (user + system) a process has used so far
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 # one redis-benchmark run: prints its requests per second

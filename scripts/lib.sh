@@ -48,6 +48,9 @@ stop_all() {
   PIDS=()
 }
 
+# ticks PID: CPU ticks (user + system, CLK_TCK a second) a process has used.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 # wait_up PORT: waits (at most 10 s) until a server answers PING on PORT.
 wait_up() {
   for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done

@@ -87,41 +87,43 @@ fn a_read_never_overtakes_the_same_pipelines_write() {
     }
 }
 
+/// MSETBLOCK CHAIN of `chain` (each key its own value) and MGETPREFIX of
+/// it in one pipeline, then the same write again without REPLACE: every
+/// block stored, read back, then present and kept.
+fn write_read_chain(c: &mut RawConn, chain: &[String]) {
+    let n = chain.len().to_string();
+    let mut write: Vec<&[u8]> = vec![b"MSETBLOCK", n.as_bytes()];
+    for k in chain {
+        write.extend([k.as_bytes(), k.as_bytes()]);
+    }
+    write.push(b"CHAIN");
+    let mut read: Vec<&[u8]> = vec![b"MGETPREFIX", n.as_bytes()];
+    read.extend(chain.iter().map(|k| k.as_bytes()));
+    let mut pipeline = encode(&write);
+    pipeline.extend(encode(&read));
+    c.send(&pipeline);
+    assert_eq!(c.read(), Resp::Array(Some(vec![int(1); chain.len()])));
+    assert_eq!(
+        c.read(),
+        Resp::Array(Some(chain.iter().map(bulk).collect()))
+    );
+    assert_eq!(c.cmd(&write), Resp::Array(Some(vec![int(0); chain.len()])));
+}
+
 #[test]
 fn chain_writes_over_idle_shards_run_on_the_connections_thread() {
     let server = Server::start(&[]);
     let mut c = server.raw();
     let before = stat(&mut c, "cross_shard_direct_writes");
-    // Chains whose blocks go round every shard, each written then read back
-    // in the same pipeline.
-    let keys = |round: usize| -> Vec<String> {
+    // Chains whose blocks go round every shard.
+    for round in 0..10 {
         let per_shard: Vec<Vec<String>> = (0..SHARDS)
             .map(|s| keys_on_shard(&format!("dw{round}"), s, 4))
             .collect();
-        (0..4)
+        let chain: Vec<String> = (0..4)
             .flat_map(|i| per_shard.iter().map(move |k| k[i].clone()))
-            .collect()
-    };
-    for round in 0..10 {
-        let chain = keys(round);
-        let n = chain.len().to_string();
-        let mut write: Vec<&[u8]> = vec![b"MSETBLOCK", n.as_bytes()];
-        for k in &chain {
-            write.extend([k.as_bytes(), k.as_bytes()]);
-        }
-        write.push(b"CHAIN");
-        let mut read: Vec<&[u8]> = vec![b"MGETPREFIX", n.as_bytes()];
-        read.extend(chain.iter().map(|k| k.as_bytes()));
-        let mut pipeline = encode(&write);
-        pipeline.extend(encode(&read));
-        c.send(&pipeline);
-        assert_eq!(c.read(), Resp::Array(Some(vec![int(1); chain.len()])));
-        assert_eq!(
-            c.read(),
-            Resp::Array(Some(chain.iter().map(bulk).collect()))
-        );
-        // Written again without REPLACE: every block is present, kept.
-        assert_eq!(c.cmd(&write), Resp::Array(Some(vec![int(0); chain.len()])));
+            .collect();
+        write_read_chain(&mut c, &chain);
     }
     let direct = stat(&mut c, "cross_shard_direct_writes") - before;
     // Every owner was idle: the chains needed no hop.

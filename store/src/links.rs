@@ -97,6 +97,7 @@ impl LinkEvent {
         }
     }
 }
+
 /// Delivers the link events every store of `stores` (shard `i` at index
 /// `i`) recorded, and what they cascade into, until none is left: each
 /// store's events in turn, applied by the stores they concern at once. What
@@ -115,8 +116,12 @@ where
                 if !keep(&event) {
                     continue;
                 }
-                for t in event.targets(from, stores.len()) {
-                    stores[t].apply_link(event.clone());
+                let targets = event.targets(from, stores.len());
+                if let Some((&last, rest)) = targets.split_last() {
+                    for &t in rest {
+                        stores[t].apply_link(event.clone());
+                    }
+                    stores[last].apply_link(event);
                 }
             }
         }

@@ -278,8 +278,8 @@ fn few_blocks(args: &[Bytes]) -> bool {
 /// ([`SetOptions::cold`]).
 type ChainBlock = (Bytes, u16, Bytes, Option<Bytes>, bool);
 
-/// A chain on its way through the shards (see [`store_chain`]).
-struct ChainRelay {
+/// A chain being stored, run by run (see [`store_chain`]).
+struct Chain {
     /// Runs of consecutive blocks owned by one shard, in chain order.
     runs: VecDeque<(usize, Vec<ChainBlock>)>,
     codes: Vec<i64>,
@@ -290,10 +290,15 @@ struct ChainRelay {
     /// How the eviction policy decided the call so far (passed from run
     /// to run: the call is stored cold or not as a whole).
     decided: Option<bool>,
+}
+
+/// A chain on its way through the shards' mailboxes, and where its codes go.
+struct ChainRelay {
+    chain: Chain,
     done: oneshot::Sender<Vec<i64>>,
 }
 
-impl ChainRelay {
+impl Chain {
     /// Stores one run in its owner's `store`, the call's eviction decision
     /// carried in and out; false if a block could not be stored (the rest
     /// of the run gets -1).
@@ -332,31 +337,40 @@ impl ChainRelay {
                 break;
             }
         }
+        self.finish()
+    }
+
+    /// The codes, in chain order: -1 for the blocks never reached (after
+    /// one that could not be stored: they would be unreachable).
+    fn finish(mut self) -> Vec<i64> {
         self.codes.resize(self.total, -1);
         self.codes
     }
+}
 
+impl ChainRelay {
     /// Stores the first run on this shard, then hands the rest to the
     /// owner of the next run directly (or finishes).
     fn step(mut self, shard: &Shard) {
-        let Some((_, run)) = self.runs.pop_front() else {
-            let _ = self.done.send(self.codes);
+        let chain = &mut self.chain;
+        let Some((_, run)) = chain.runs.pop_front() else {
+            let _ = self.done.send(self.chain.finish());
             return;
         };
-        let failed = !self.store_run(&mut shard.store.lock(), run);
+        let failed = !chain.store_run(&mut shard.store.lock(), run);
         // The run's link events, and what they cascade into on any shard,
         // are applied before the rest of the chain is stored (the next
         // run's owner learns that its blocks have children here before it
         // stores, and may evict for, the blocks that follow) and before the
         // reply (the client's next request meets them applied): the next
         // step waits for the round, as the simulator's next run does.
-        let then = match self.runs.front() {
+        let then = match chain.runs.front() {
             // Through the mailbox even when the next step is this shard's:
             // what is queued meanwhile runs in between. If the next shard
             // is gone, dropping the relay drops `done` and the caller sees
             // the shutdown.
             Some(&(next, _)) if !failed => {
-                if self.total > BLOCKS_PER_STEP {
+                if chain.total > BLOCKS_PER_STEP {
                     // A long chain: this shard's connections go before
                     // whatever it runs next (the chain's next step too).
                     shard.give_turn();
@@ -364,10 +378,8 @@ impl ChainRelay {
                 AfterLinks::Post(next, Box::new(move |s: &Shard| self.step(s)))
             }
             _ => {
-                // A block that could not be stored ends the chain: the
-                // blocks after it would be unreachable.
-                self.codes.resize(self.total, -1);
-                let (done, codes) = (self.done, self.codes);
+                // A block that could not be stored ends the chain.
+                let (done, codes) = (self.done, self.chain.finish());
                 AfterLinks::Run(Box::new(move || {
                     let _ = done.send(codes);
                 }))
@@ -382,7 +394,9 @@ impl ChainRelay {
 /// straight to the next run's owner, so a reader can never see block i
 /// without block i-1, at the cost of one one-way hop per change of shard.
 /// A chain of one step's size whose owners are all idle is stored here
-/// instead, every store held, in the same order and with no hop.
+/// instead, every store held, in the same order and with no hop. (A chain
+/// of one step wholly on one shard never comes here: the command runs on
+/// that shard in one piece.)
 async fn store_chain(
     shard: &Rc<Shard>,
     args: &Args,
@@ -407,8 +421,7 @@ async fn store_chain(
         }
     }
     let first = runs.front()?.0;
-    let (done, result) = oneshot::channel();
-    let relay = ChainRelay {
+    let chain = Chain {
         runs,
         codes: Vec::with_capacity(key_indexes.len()),
         total: key_indexes.len(),
@@ -416,16 +429,15 @@ async fn store_chain(
         replace: opts.replace,
         class: opts.class(key_indexes.len()),
         decided: None,
-        done,
     };
-    if relay.runs.len() > 1 && relay.total <= BLOCKS_PER_STEP {
+    if chain.runs.len() > 1 && chain.total <= BLOCKS_PER_STEP {
         if let Some(mut stores) = shard.lock_all_stores() {
-            let codes = relay.store_all(&mut stores);
-            drop(stores);
             shard.stats.borrow_mut().direct_writes += 1;
-            return Some(codes);
+            return Some(chain.store_all(&mut stores));
         }
     }
+    let (done, result) = oneshot::channel();
+    let relay = ChainRelay { chain, done };
     if first == shard.id {
         relay.step(shard);
     } else {

@@ -524,9 +524,10 @@ impl Shard {
             }
             let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
             for event in events {
-                let targets = match self.tracks(&event) {
-                    true => event.targets(self.id, self.count()),
-                    false => Vec::new(),
+                let targets = if self.tracks(&event) {
+                    event.targets(self.id, self.count())
+                } else {
+                    Vec::new()
                 };
                 if let Some((&last, rest)) = targets.split_last() {
                     for &target in rest {
@@ -603,16 +604,18 @@ impl Shard {
         if (0..count).any(|t| t != self.id && self.links_queued_at(t)) {
             return None;
         }
-        let mut guards: Vec<Option<MutexGuard<'_, Store>>> = (0..count).map(|_| None).collect();
-        guards[self.id] = Some(self.store.lock());
-        for (t, guard) in guards.iter_mut().enumerate() {
-            if t != self.id {
-                *guard = Some(self.shared.stores.get(t)?.get()?.try_lock()?);
-            }
+        let mut own = Some(self.store.lock());
+        let mut guards = Vec::with_capacity(count);
+        for t in 0..count {
+            guards.push(if t == self.id {
+                own.take()?
+            } else {
+                self.shared.stores.get(t)?.get()?.try_lock()?
+            });
         }
         Some(AllStores {
             shard: self,
-            guards: guards.into_iter().flatten().collect(),
+            guards,
         })
     }
 
@@ -676,7 +679,10 @@ impl Drop for AllStores<'_> {
     /// handed to it, as after a direct read.
     fn drop(&mut self) {
         let shard = self.shard;
-        let left: Vec<usize> = (self.guards.iter().enumerate())
+        let left: Vec<usize> = self
+            .guards
+            .iter()
+            .enumerate()
             .filter(|&(t, store)| t != shard.id && store.has_deferred_work())
             .map(|(t, _)| t)
             .collect();
