@@ -29,7 +29,9 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
-command -v valgrind >/dev/null || { echo "missing valgrind (apt-get install valgrind)"; exit 1; }
+for tool in valgrind redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install valgrind redis-tools)"; exit 1; }
+done
 cargo build --release -q -p kvtier-server
 N=${N:-2000}
 # Idle polling (--idle-poll-us) spends instructions waiting for the next
