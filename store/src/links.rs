@@ -87,13 +87,24 @@ impl LinkEvent {
         }
     }
 
-    /// The shards (of `shards`, split as [`slot::shard_slots`]) that must
-    /// apply the event recorded by shard `from`.
-    pub fn targets(&self, from: usize, shards: usize) -> Vec<usize> {
-        match self.route() {
-            Route::Key(key) => vec![slot::slot_shard(key_slot(key), shards)],
-            Route::Others => (0..shards).filter(|&t| t != from).collect(),
-            Route::All => (0..shards).collect(),
+    /// Hands the event recorded by shard `from` to each shard (of
+    /// `shards`, split as [`slot::shard_slots`]) that must apply it: a copy
+    /// to each but the last, the event itself to the last.
+    pub fn deliver(self, from: usize, shards: usize, mut to: impl FnMut(usize, LinkEvent)) {
+        let (owner, others) = match self.route() {
+            Route::Key(key) => (Some(slot::slot_shard(key_slot(key), shards)), false),
+            Route::Others => (None, true),
+            Route::All => (None, false),
+        };
+        let mut targets = (0..shards)
+            .filter(|&t| owner.map_or(!others || t != from, |o| t == o))
+            .peekable();
+        while let Some(t) = targets.next() {
+            if targets.peek().is_none() {
+                to(t, self);
+                return;
+            }
+            to(t, self.clone());
         }
     }
 }
@@ -116,13 +127,7 @@ where
                 if !keep(&event) {
                     continue;
                 }
-                let targets = event.targets(from, stores.len());
-                if let Some((&last, rest)) = targets.split_last() {
-                    for &t in rest {
-                        stores[t].apply_link(event.clone());
-                    }
-                    stores[last].apply_link(event);
-                }
+                event.deliver(from, stores.len(), |t, e| stores[t].apply_link(e));
             }
         }
         if !moved {
@@ -251,5 +256,36 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where `event`, recorded by shard `from` of three, is delivered.
+    fn delivered(event: LinkEvent, from: usize) -> Vec<(usize, LinkEvent)> {
+        let mut got = Vec::new();
+        event.deliver(from, 3, |t, e| got.push((t, e)));
+        got
+    }
+
+    #[test]
+    fn an_event_goes_to_the_shards_it_concerns_once_each() {
+        let parent = Bytes::from_static(b"p");
+        let owner = slot::slot_shard(key_slot(&parent), 3);
+        let added = LinkEvent::ChildAdded {
+            parent: parent.clone(),
+            child: Bytes::from_static(b"c"),
+        };
+        assert_eq!(delivered(added.clone(), (owner + 1) % 3), [(owner, added)]);
+        let gone = LinkEvent::ParentGone { parent };
+        assert_eq!(
+            delivered(gone.clone(), 1),
+            [(0, gone.clone()), (2, gone.clone())]
+        );
+        let reclaim = LinkEvent::ReclaimSegment { seq: 7 };
+        let all: Vec<_> = (0..3).map(|t| (t, reclaim.clone())).collect();
+        assert_eq!(delivered(reclaim, 1), all);
     }
 }

@@ -523,18 +523,8 @@ impl Shard {
                 return;
             }
             let mut batches: Vec<Vec<LinkEvent>> = vec![Vec::new(); self.count()];
-            for event in events {
-                let targets = if self.tracks(&event) {
-                    event.targets(self.id, self.count())
-                } else {
-                    Vec::new()
-                };
-                if let Some((&last, rest)) = targets.split_last() {
-                    for &target in rest {
-                        batches[target].push(event.clone());
-                    }
-                    batches[last].push(event);
-                }
+            for event in events.into_iter().filter(|e| self.tracks(e)) {
+                event.deliver(self.id, self.count(), |t, e| batches[t].push(e));
             }
             for (target, batch) in batches.into_iter().enumerate() {
                 if batch.is_empty() {
@@ -604,15 +594,12 @@ impl Shard {
         if (0..count).any(|t| t != self.id && self.links_queued_at(t)) {
             return None;
         }
-        let mut own = Some(self.store.lock());
-        let mut guards = Vec::with_capacity(count);
-        for t in 0..count {
-            guards.push(if t == self.id {
-                own.take()?
-            } else {
-                self.shared.stores.get(t)?.get()?.try_lock()?
-            });
-        }
+        let own = self.store.lock();
+        let mut guards = (0..count)
+            .filter(|&t| t != self.id)
+            .map(|t| self.shared.stores.get(t)?.get()?.try_lock())
+            .collect::<Option<Vec<_>>>()?;
+        guards.insert(self.id, own);
         Some(AllStores {
             shard: self,
             guards,
