@@ -365,8 +365,7 @@ pub(crate) struct Recency {
     pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) orphans: VecDeque<(Bytes, u32)>,
-    /// Entries pushed since the last compaction (the stale ones among all
-    /// queued are at most this many).
+    /// Entries pushed since the queues were last counted.
     pub(crate) pushed: usize,
     /// `allkeys-lru`: one queue (level 0) in exact recency order, nothing
     /// parked.
@@ -578,7 +577,6 @@ impl Recency {
     }
 
     /// Queue entries (live or stale) in all queues.
-    #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
         self.queues
             .iter()
@@ -650,17 +648,24 @@ impl Store {
     }
 
     /// Drops the stale queue entries (used or removed blocks' old places)
-    /// once more were pushed since the last time than three times the
-    /// blocks queued (so stale ones are at most 3 to 1 plus 1024):
-    /// amortised O(1), a compare on every read.
+    /// once the queues hold more than four entries per block queued, plus
+    /// 1024. They are counted after every `queued + 1024` pushes, so they
+    /// never hold more than five entries per block, plus 2049. Amortised
+    /// O(1): a count (17 lengths) follows at least one push per block
+    /// queued, a compaction at least three; a compare on every read and
+    /// write. (Compacting after every `3 × queued` pushes, stale or not,
+    /// walked all the queues once per three DRAMs' worth of writes to
+    /// random keys, about one cache miss per write: decisions.md.)
     pub(crate) fn compact_queues_if_stale(&mut self) {
-        if self.recency.pushed > 3 * self.meta.queued + 1024 {
-            self.compact_queues();
+        if self.recency.pushed > self.meta.queued + 1024 {
+            self.recency.pushed = 0;
+            if self.recency.queued() > 4 * self.meta.queued + 1024 {
+                self.compact_queues();
+            }
         }
     }
 
     fn compact_queues(&mut self) {
-        self.recency.pushed = 0;
         let mut orphans = std::mem::take(&mut self.recency.orphans);
         orphans.retain(|(key, _)| {
             let index = self.index(key_slot(key));

@@ -852,7 +852,9 @@ mod slab_tests {
                 assert!(s.read(slot, b"b", 1000, true).is_some());
             }
             assert_eq!(s.meta.queued, 1);
-            assert!(s.recency.queued() <= 4 * s.meta.queued + 1025, "{policy}");
+            // Counted after every `queued + 1025` pushes, compacted above
+            // four entries a block plus 1024.
+            assert!(s.recency.queued() <= 5 * s.meta.queued + 2049, "{policy}");
         }
     }
 
