@@ -365,7 +365,7 @@ pub(crate) struct Recency {
     pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
     pub(crate) orphans: VecDeque<(Bytes, u32)>,
-    /// Entries pushed since the queues were last counted.
+    /// Slots pushed since the queues were last counted.
     pub(crate) pushed: usize,
     /// `allkeys-lru`: one queue (level 0) in exact recency order, nothing
     /// parked.
@@ -576,8 +576,9 @@ impl Recency {
         self.orphans.push_back((key.clone(), entry.tick));
     }
 
-    /// Queue entries (live or stale) in all queues.
-    pub(crate) fn queued(&self) -> usize {
+    /// Slots (live or stale) in all queues: what compaction bounds, beside
+    /// the blocks queued (`Meta::queued`).
+    pub(crate) fn slots(&self) -> usize {
         self.queues
             .iter()
             .chain(&self.parked)
@@ -647,19 +648,20 @@ impl Store {
         }
     }
 
-    /// Drops the stale queue entries (used or removed blocks' old places)
-    /// once the queues hold more than four entries per block queued, plus
-    /// 1024. They are counted after every `queued + 1024` pushes, so they
-    /// never hold more than five entries per block, plus 2049. Amortised
-    /// O(1): a count (17 lengths) follows at least one push per block
-    /// queued, a compaction at least three; a compare on every read and
-    /// write. (Compacting after every `3 × queued` pushes, stale or not,
-    /// walked all the queues once per three DRAMs' worth of writes to
-    /// random keys, about one cache miss per write: decisions.md.)
+    /// Drops the stale queue slots (used or removed blocks' old places)
+    /// once the queues hold more than four slots per block queued, plus
+    /// 1024. They are counted once more than `queued + 1024` slots were
+    /// pushed since the last count, so they never hold more than five
+    /// slots per block, plus 2049. Amortised O(1): a count (17 lengths)
+    /// follows at least one push per block queued, a compaction at least
+    /// three; a compare on every read and write. (Compacting after every
+    /// `3 × queued` pushes, stale or not, walked all the queues once per
+    /// three DRAMs' worth of writes to random keys, about one cache miss
+    /// per write: decisions.md.)
     pub(crate) fn compact_queues_if_stale(&mut self) {
         if self.recency.pushed > self.meta.queued + 1024 {
             self.recency.pushed = 0;
-            if self.recency.queued() > 4 * self.meta.queued + 1024 {
+            if self.recency.slots() > 4 * self.meta.queued + 1024 {
                 self.compact_queues();
             }
         }

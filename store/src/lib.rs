@@ -852,9 +852,9 @@ mod slab_tests {
                 assert!(s.read(slot, b"b", 1000, true).is_some());
             }
             assert_eq!(s.meta.queued, 1);
-            // Counted after every `queued + 1025` pushes, compacted above
-            // four entries a block plus 1024.
-            assert!(s.recency.queued() <= 5 * s.meta.queued + 2049, "{policy}");
+            // Counted once more than `queued + 1024` slots were pushed,
+            // compacted above four slots a block plus 1024.
+            assert!(s.recency.slots() <= 5 * s.meta.queued + 2049, "{policy}");
         }
     }
 
@@ -866,7 +866,7 @@ mod slab_tests {
             put(&mut s, k, block(1, 8192), None);
         }
         assert!(s.read(key_slot(b"a"), b"a", 1000, true).is_some());
-        assert_eq!((s.recency.queued(), s.meta.queued), (0, 0));
+        assert_eq!((s.recency.slots(), s.meta.queued), (0, 0));
         // A budget: every block queued in recency order on its level (a,
         // written and read, has two uses: level 1).
         s.set_budget(1 << 30);
@@ -878,7 +878,7 @@ mod slab_tests {
         assert_eq!(s.meta.queued, 3);
         // No budget again: the queues go.
         s.set_budget(0);
-        assert_eq!((s.recency.queued(), s.meta.queued), (0, 0));
+        assert_eq!((s.recency.slots(), s.meta.queued), (0, 0));
 
         // Eviction on the rebuilt queues: the unread chain goes first, from
         // its tail, before the newer blocks.

@@ -91,14 +91,12 @@ impl LinkEvent {
     /// `shards`, split as [`slot::shard_slots`]) that must apply it: a copy
     /// to each but the last, the event itself to the last.
     pub fn deliver(self, from: usize, shards: usize, mut to: impl FnMut(usize, LinkEvent)) {
-        let (owner, others) = match self.route() {
-            Route::Key(key) => (Some(slot::slot_shard(key_slot(key), shards)), false),
-            Route::Others => (None, true),
-            Route::All => (None, false),
+        let skip = match self.route() {
+            Route::Key(key) => return to(slot::slot_shard(key_slot(key), shards), self),
+            Route::Others => Some(from),
+            Route::All => None,
         };
-        let mut targets = (0..shards)
-            .filter(|&t| owner.map_or(!others || t != from, |o| t == o))
-            .peekable();
+        let mut targets = (0..shards).filter(|&t| Some(t) != skip).peekable();
         while let Some(t) = targets.next() {
             if targets.peek().is_none() {
                 to(t, self);

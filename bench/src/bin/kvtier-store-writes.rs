@@ -4,7 +4,8 @@
 //! write, without the noise of sockets and a client sharing the cores.
 //!
 //! It uses only `Store::new`, `Store::insert` and `key_slot`, which older
-//! builds have too: `scripts/bench-store-writes.sh` builds this same file
+//! builds have too, and no crate but `bytes` and the store (its flags are
+//! read by hand, not with clap): `scripts/bench-store-writes.sh` builds this same file
 //! against another revision's store crate and compares the two, timed and
 //! counted (cachegrind). The key sequence is fixed (a seeded xorshift), so
 //! under cachegrind the counts repeat (to about 1%: the store's maps seed
