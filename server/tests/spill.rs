@@ -476,6 +476,12 @@ fn concurrent_reads_of_a_block_share_one_disk_read_and_replies_keep_their_order(
         .take(2)
         .collect();
     let (a, b) = (spilled[0], spilled[1]);
+    // Read `a` once first: a block read once stays on disk, so otherwise a
+    // loaded machine that answers the pipeline's first read before its
+    // second is dispatched would read it from disk twice. Read twice, the
+    // first answer brings it back to DRAM whenever that answer comes.
+    let first: Vec<u8> = con.get(key(a)).unwrap();
+    assert!(first == block(a, block_len(a)));
     let before = spill_info(&mut con);
     // One pipeline: ten reads of one block on disk, mixed with other
     // replies. They are all dispatched before the disk answers.
