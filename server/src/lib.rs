@@ -30,6 +30,31 @@ pub mod shard;
 pub mod stats;
 pub mod tls;
 
+/// The heap allocator of every program built on this crate (INFO
+/// `mem_allocator`). mimalloc frees a block another thread allocated
+/// without a lock: a shard running another shard's pipelined commands frees
+/// their request buffers, where glibc's malloc took the allocating thread's
+/// arena lock and the two shards slept on it (docs/decisions.md, "The heap
+/// allocator: mimalloc"). The fuzz targets build without the feature, so
+/// their address sanitizer sees every allocation.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The allocator's name and version as INFO reports it (as Redis's
+/// `jemalloc-5.3.0`): `mimalloc-3.3.2`, or `libc` without the feature.
+pub fn mem_allocator() -> String {
+    #[cfg(feature = "mimalloc")]
+    {
+        let v = ALLOCATOR.version();
+        format!("mimalloc-{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+    }
+    #[cfg(not(feature = "mimalloc"))]
+    {
+        "libc".to_string()
+    }
+}
+
 /// The Redis version kvtier reports (INFO, HELLO): the command set and
 /// replies follow Redis 7.
 pub const REDIS_VERSION: &str = "7.2.4";
