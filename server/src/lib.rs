@@ -58,3 +58,16 @@ pub fn mem_allocator() -> String {
 /// The Redis version kvtier reports (INFO, HELLO): the command set and
 /// replies follow Redis 7.
 pub const REDIS_VERSION: &str = "7.2.4";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(feature = "mimalloc")]
+    fn the_allocator_reports_its_version() {
+        let name = super::mem_allocator();
+        let version = name.strip_prefix("mimalloc-").expect(&name);
+        let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts.len(), 3, "{name}");
+        assert!(parts[0] >= 2, "{name}");
+    }
+}
