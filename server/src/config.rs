@@ -193,6 +193,22 @@ pub struct Config {
     #[arg(long, default_value_t = 10000)]
     pub max_blocked_clients: u64,
 
+    /// Longest hold of a lookup (PREFIXLEN ... HOLD ms), in ms: longer
+    /// holds are cut to it.
+    #[arg(long, default_value_t = 10000)]
+    pub max_hold_ms: u64,
+
+    /// Most bytes of blocks that lookups may hold against eviction at once
+    /// on this node, e.g. 1gb (0: a tenth of maxmemory). Divided equally
+    /// among the shards.
+    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    pub hold_max_memory: u64,
+
+    /// Most bytes one client's lookups may hold at once (0: a quarter of
+    /// hold-max-memory). Divided equally among the shards.
+    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    pub hold_client_max_memory: u64,
+
     /// Background task frequency (active expiry runs `hz` times a second).
     #[arg(long, default_value_t = 10)]
     pub hz: u64,
@@ -539,6 +555,12 @@ pub struct LiveConfig {
     pub max_block_ms: AtomicU64,
     /// Most clients blocked at once.
     pub max_blocked_clients: AtomicU64,
+    /// Cap on lookup holds, ms.
+    pub max_hold_ms: AtomicU64,
+    /// Bytes lookups may hold on the node (0: a tenth of maxmemory).
+    pub hold_max_memory: AtomicU64,
+    /// Bytes one client's lookups may hold (0: a quarter of the node's).
+    pub hold_client_max_memory: AtomicU64,
     /// Microseconds a connection polls its socket before its shard sleeps.
     pub idle_poll_us: AtomicU64,
     /// `requirepass` as last set (the default user's password).
@@ -573,6 +595,30 @@ pub struct LiveConfig {
 }
 
 impl LiveConfig {
+    /// How many bytes lookups may hold on one of `shards` shards
+    /// (`hold-max-memory`, `hold-client-max-memory`; see
+    /// `kvtier_store::holds`). No limit without maxmemory: nothing is
+    /// evicted then.
+    pub fn hold_limits(&self, shards: usize) -> kvtier_store::HoldLimits {
+        let maxmemory = self.maxmemory.load(Relaxed);
+        if maxmemory == 0 {
+            return kvtier_store::HoldLimits::NONE;
+        }
+        let node = match self.hold_max_memory.load(Relaxed) {
+            0 => maxmemory / 10,
+            n => n,
+        };
+        let client = match self.hold_client_max_memory.load(Relaxed) {
+            0 => node / 4,
+            n => n.min(node),
+        };
+        let shards = shards.max(1) as u64;
+        kvtier_store::HoldLimits {
+            shard: (node / shards) as usize,
+            client: (client / shards) as usize,
+        }
+    }
+
     /// Live settings initialised from the start-up configuration.
     pub fn new(
         config: &Config,
@@ -599,6 +645,9 @@ impl LiveConfig {
             hz: AtomicU64::new(config.hz.clamp(1, 500)),
             max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
             max_blocked_clients: AtomicU64::new(config.max_blocked_clients),
+            max_hold_ms: AtomicU64::new(config.max_hold_ms.max(1)),
+            hold_max_memory: AtomicU64::new(config.hold_max_memory),
+            hold_client_max_memory: AtomicU64::new(config.hold_client_max_memory),
             idle_poll_us: AtomicU64::new(config.idle_poll_us),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             acl,
@@ -1007,6 +1056,27 @@ const PARAMS: &[Param] = &[
             _ => Err("argument must be at least 1".into()),
         },
         apply: |c, v| set_num(&c.max_block_ms, v),
+    },
+    Param {
+        name: "max-hold-ms",
+        get: |c| c.max_hold_ms.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
+            _ => Err("argument must be at least 1".into()),
+        },
+        apply: |c, v| set_num(&c.max_hold_ms, v),
+    },
+    Param {
+        name: "hold-max-memory",
+        get: |c| c.hold_max_memory.load(Relaxed).to_string(),
+        parse: memory,
+        apply: |c, v| set_num(&c.hold_max_memory, v),
+    },
+    Param {
+        name: "hold-client-max-memory",
+        get: |c| c.hold_client_max_memory.load(Relaxed).to_string(),
+        parse: memory,
+        apply: |c, v| set_num(&c.hold_client_max_memory, v),
     },
     Param {
         name: "max-blocked-clients",

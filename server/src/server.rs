@@ -619,6 +619,8 @@ async fn cron(shard: Rc<Shard>) {
                 .borrow()
                 .kill_idle(Duration::from_secs(timeout));
         }
+        // Lookup holds past their deadline give their room back.
+        shard.store.lock().sweep_holds(kvtier_store::now_ms());
         if shared.active_expire.load(Relaxed) {
             // Bounded work per round so clients are not stalled; the next
             // round continues right after yielding.

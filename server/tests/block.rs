@@ -630,6 +630,17 @@ fn prefix_read_errors() {
         ("PREFIXLEN 2 a", syntax.clone()),
         ("PREFIXLEN 1 a b", syntax.clone()),
         ("PREFIXLEN 1 a MAXBYTES 10", syntax.clone()),
+        ("PREFIXLEN 1 a HOLD", syntax.clone()),
+        ("PREFIXLEN 1 a HOLD 10 HOLD 10", syntax.clone()),
+        (
+            "PREFIXLEN 1 a HOLD 0",
+            err("ERR HOLD must be greater than 0"),
+        ),
+        (
+            "PREFIXLEN 1 a HOLD -1",
+            err("ERR HOLD must be greater than 0"),
+        ),
+        ("PREFIXLEN 1 a HOLD x", not_int.clone()),
         ("MEXISTS", arity("mexists")),
         ("MEXISTS 1", arity("mexists")),
         ("MEXISTS 0 a", count),
@@ -641,6 +652,130 @@ fn prefix_read_errors() {
         assert_eq!(&c.run(line), want, "{line}");
     }
     assert_eq!(blocking_state(&mut c), (0, 0));
+}
+
+/// `MSETBLOCK` of `keys`, each value 64 KiB, as one chain.
+fn msetblock_64k(keys: &[String]) -> Vec<Vec<u8>> {
+    let value = vec![7u8; 64 * 1024];
+    let pairs: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &value[..])).collect();
+    msetblock_pairs(&pairs, &["CHAIN"])
+}
+
+/// INFO stats' `lookup_holds_<outcome>` and `lookup_held_keys`.
+fn holds(c: &mut RawConn, outcome: &str) -> u64 {
+    info_num(&info(c, "stats"), &format!("lookup_{outcome}"))
+}
+
+#[test]
+fn a_held_prefix_survives_eviction_until_it_is_read() {
+    // Two shards, 4 MiB each; 64 KiB blocks. The holds may cover a tenth
+    // of maxmemory (0.8 MiB, 0.4 MiB a shard), this client all of it.
+    let server = Server::start(&[
+        "--threads",
+        "2",
+        "--maxmemory",
+        "8mb",
+        "--hold-client-max-memory",
+        "1mb",
+        // Exact LRU, so that the blocks are the first to go once their
+        // hold ends (the store's tests cover every policy).
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ]);
+    let mut c = server.raw();
+    let held = chain("held", 4);
+    assert_eq!(call(&mut c, &msetblock_64k(&held)), ints(&[1; 4]));
+    assert_eq!(
+        call(&mut c, &keys_cmd("PREFIXLEN", &held, &["HOLD", "60000"])),
+        int(4)
+    );
+    assert_eq!(holds(&mut c, "held_keys"), 4);
+    assert_eq!(holds(&mut c, "holds_granted"), 4);
+    // A writer floods the tier many times over: nothing it writes fails,
+    // and the held blocks stay.
+    let mut w = server.raw();
+    for i in 0..20 {
+        let flood = chain(&format!("flood{i}"), 32);
+        let codes = call(&mut w, &msetblock_64k(&flood));
+        assert_eq!(codes, ints(&[1; 32]), "round {i}");
+    }
+    assert!(info_num(&info(&mut c, "stats"), "evicted_keys") > 400);
+    assert_eq!(call(&mut c, &keys_cmd("PREFIXLEN", &held, &[])), int(4));
+    assert_eq!(holds(&mut c, "holds_broken"), 0);
+    // The load reads them: the holds end, and the next flood takes them.
+    assert_eq!(
+        call(&mut c, &keys_cmd("MGETPREFIX", &held, &[]))
+            .items()
+            .len(),
+        4
+    );
+    assert_eq!(holds(&mut c, "holds_released"), 4);
+    assert_eq!(holds(&mut c, "held_keys"), 0);
+    for i in 0..20 {
+        call(&mut w, &msetblock_64k(&chain(&format!("again{i}"), 32)));
+    }
+    assert_eq!(call(&mut c, &keys_cmd("PREFIXLEN", &held, &[])), int(0));
+}
+
+#[test]
+fn holds_end_by_time_and_stop_at_the_limits() {
+    let server = Server::start(&["--threads", "1", "--maxmemory", "8mb"]);
+    let mut c = server.raw();
+    // A client may hold a quarter of 0.8 MiB: three 64 KiB blocks.
+    let keys = chain("lim", 6);
+    assert_eq!(call(&mut c, &msetblock_64k(&keys)), ints(&[1; 6]));
+    assert_eq!(
+        call(&mut c, &keys_cmd("PREFIXLEN", &keys, &["HOLD", "60000"])),
+        int(3),
+        "the count stops where the client's limit does"
+    );
+    assert_eq!(holds(&mut c, "holds_refused"), 1);
+    // Another client has room of its own, and a held key costs it nothing.
+    let mut d = server.raw();
+    assert_eq!(
+        call(&mut d, &keys_cmd("PREFIXLEN", &keys, &["HOLD", "60000"])),
+        int(6)
+    );
+    assert_eq!(holds(&mut c, "held_keys"), 6);
+    // The node's limit (0.8 MiB: twelve blocks) stops a client with room
+    // of its own; a larger limit does not.
+    let more = chain("more", 12);
+    assert_eq!(call(&mut c, &msetblock_64k(&more)), ints(&[1; 12]));
+    let counts: Vec<i64> = (0..3)
+        .map(|_| {
+            let mut e = server.raw();
+            call(&mut e, &keys_cmd("PREFIXLEN", &more, &["HOLD", "60000"])).int()
+        })
+        .collect();
+    assert_eq!(counts, [3, 6, 6], "six held before, six more fit");
+    assert_eq!(holds(&mut c, "held_keys"), 12);
+    assert_eq!(c.run("CONFIG SET hold-max-memory 4mb"), ok());
+    assert_eq!(
+        c.run("CONFIG GET hold-max-memory"),
+        bulks(&["hold-max-memory", "4194304"])
+    );
+    let mut g = server.raw();
+    assert_eq!(
+        call(&mut g, &keys_cmd("PREFIXLEN", &more, &["HOLD", "60000"])),
+        int(12),
+        "a quarter of 4 MiB is sixteen blocks: the last six fit"
+    );
+    // Without HOLD nothing is held; a short hold ends by itself.
+    assert_eq!(c.run("FLUSHALL"), ok());
+    let short = chain("short", 2);
+    assert_eq!(call(&mut c, &msetblock_64k(&short)), ints(&[1; 2]));
+    assert_eq!(call(&mut c, &keys_cmd("PREFIXLEN", &short, &[])), int(2));
+    let granted = holds(&mut c, "holds_granted");
+    assert_eq!(
+        call(&mut c, &keys_cmd("PREFIXLEN", &short, &["HOLD", "50"])),
+        int(2)
+    );
+    assert_eq!(holds(&mut c, "holds_granted"), granted + 2);
+    assert!(eventually(Duration::from_secs(10), || holds(
+        &mut c,
+        "held_keys"
+    ) == 0));
+    assert!(holds(&mut c, "holds_expired") >= 2);
 }
 
 #[test]

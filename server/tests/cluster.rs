@@ -299,6 +299,28 @@ fn the_dialect_across_nodes() {
         assert_eq!(r.run(&format!("PREFIXLEN 24 {list}")), int(9));
         assert_eq!(r.run(&format!("MGETPREFIX 24 {list}")).items().len(), 9);
     }
+    // HOLD reaches every owner: each holds its own keys of the prefix (no
+    // maxmemory, so no limit) until they are read.
+    assert_eq!(
+        c.raw(0)
+            .run(&format!("PREFIXLEN 9 {} HOLD 60000", keys[..9].join(" "))),
+        int(9)
+    );
+    let held: i64 = (0..3)
+        .map(|n| info_num(&c.raw(n).run("INFO stats").text(), "lookup_held_keys") as i64)
+        .sum();
+    assert_eq!(held, 9);
+    assert_eq!(
+        c.raw(1)
+            .run(&format!("MGETPREFIX 9 {}", keys[..9].join(" ")))
+            .items()
+            .len(),
+        9
+    );
+    let held: i64 = (0..3)
+        .map(|n| info_num(&c.raw(n).run("INFO stats").text(), "lookup_held_keys") as i64)
+        .sum();
+    assert_eq!(held, 0);
 
     // BLOCK: a reader on one node waits for a chain written through another.
     let next = chain(12, "handoff");

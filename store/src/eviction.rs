@@ -845,7 +845,11 @@ impl Store {
             if !e.orphan {
                 continue;
             }
-            if e.value.is_held() || protect.covers(&key) || (dram_only && !e.value.in_dram()) {
+            if e.value.is_held()
+                || protect.covers(&key)
+                || (dram_only && !e.value.in_dram())
+                || self.held(&key)
+            {
                 skipped.push((key, tick));
                 continue;
             }
@@ -898,6 +902,7 @@ impl Store {
         let mut passed = Vec::new();
         let mut victim = None;
         let lru_only = self.recency.lru_only;
+        let now = if self.holds.is_empty() { 0 } else { now_ms() };
         while let Some((key, tick)) = self.recency.queue(level, parked).pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
@@ -925,7 +930,7 @@ impl Store {
                 victim = Some((slot, key, EvictReason::Leaf));
                 break;
             }
-            if e.value.is_held() || protect.covers(&key) {
+            if e.value.is_held() || protect.covers(&key) || self.holds.covers(&key, now) {
                 passed.push((key, tick));
                 if passed.len() > 64 {
                     break;
@@ -1001,7 +1006,7 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| !protect.covers(k))?
+                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now))?
                 .clone();
             return Some((key_slot(&key), key));
         }
@@ -1025,6 +1030,7 @@ impl Store {
             if (volatile_only && entry.expire_at == 0)
                 || entry.value.is_held()
                 || (dram_only && !entry.value.in_dram())
+                || self.holds.covers(&key, now)
             {
                 continue;
             }
@@ -1041,7 +1047,7 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| !protect.covers(k))
+                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now))
                 .map(|(_, k)| (key_slot(k), k.clone())),
             None => None,
         }

@@ -10,6 +10,7 @@ use hashbrown::HashMap;
 
 use crate::entry::{Encoding, Entry, Queue, Value};
 use crate::eviction::{self, EvictionPolicy, WriteClass};
+use crate::holds::{HoldLimits, Holds};
 use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
@@ -117,6 +118,7 @@ impl Store {
     pub fn read(&mut self, slot: u16, key: &[u8], now: u64, touch: bool) -> Option<&Entry> {
         // A use queues the block again: reads alone must not grow the queues.
         self.compact_queues_if_stale();
+        self.release_hold(key);
         match self.live_entry(slot, key, now) {
             Ok(found) => Some(found.hit(now, touch)),
             Err(stats) => {
@@ -129,6 +131,59 @@ impl Store {
     /// A live entry without counting or touching (writes, EXISTS-like peeks).
     pub fn peek(&mut self, slot: u16, key: &[u8], now: u64) -> Option<&Entry> {
         self.live_entry(slot, key, now).ok().map(|f| &*f.entry)
+    }
+
+    /// Holds a live key against eviction for `client` until `until` (Unix
+    /// ms): see [`crate::holds`]. False when the key is absent or a limit
+    /// leaves no room for it.
+    pub fn hold(
+        &mut self,
+        slot: u16,
+        key: &Bytes,
+        client: u64,
+        until: u64,
+        now: u64,
+        limits: HoldLimits,
+    ) -> bool {
+        let Ok(found) = self.live_entry(slot, key, now) else {
+            return false;
+        };
+        let bytes = found.entry.value.len();
+        self.sweep_holds(now);
+        let held = self.holds.hold(key, bytes, client, until, limits);
+        if held {
+            self.stats.holds.granted += 1;
+        } else {
+            self.stats.holds.refused += 1;
+        }
+        held
+    }
+
+    /// The lookup holds (INFO).
+    pub fn holds(&self) -> &Holds {
+        &self.holds
+    }
+
+    /// Ends the holds whose deadline passed (also the shard's cron).
+    pub fn sweep_holds(&mut self, now: u64) {
+        if !self.holds.is_empty() {
+            self.stats.holds.expired += self.holds.sweep(now) as u64;
+        }
+    }
+
+    /// A read ends the hold of `key`.
+    fn release_hold(&mut self, key: &[u8]) {
+        if self.holds.release(key) {
+            self.stats.holds.released += 1;
+        }
+    }
+
+    /// Ends every hold: a write found nothing else to evict. Whether there
+    /// was one.
+    pub(crate) fn break_holds(&mut self) -> bool {
+        let broken = self.holds.break_all();
+        self.stats.holds.broken += broken as u64;
+        broken > 0
     }
 
     /// Marks a key as used (TOUCH); false if absent.
@@ -157,6 +212,7 @@ impl Store {
         step: &PrefixStep,
     ) -> Result<&mut Entry, InPrefix> {
         self.compact_queues_if_stale();
+        self.release_hold(key);
         let found = self
             .live_entry(slot, key, now)
             .map_err(|_| InPrefix::Absent)?;
@@ -427,6 +483,8 @@ impl Store {
         let index = self.index(slot);
         let (key, entry) = self.maps[index].remove_entry(key)?;
         self.meta.removed(&key, &entry, false);
+        // A hold is on a stored value: it ends with it.
+        self.holds.release(&key);
         Some(entry)
     }
 
@@ -470,6 +528,7 @@ impl Store {
 
     /// Deletes every key.
     pub fn clear(&mut self) {
+        self.holds.break_all();
         // Records in the spill tier die with their keys: drop their live
         // counts so the segments go, and start a fresh segment.
         if let Some(dir) = self.meta.disk.clone() {

@@ -16,6 +16,7 @@
 
 pub mod entry;
 pub mod eviction;
+pub mod holds;
 mod keyspace;
 pub mod latency;
 pub mod links;
@@ -38,6 +39,7 @@ use hashbrown::HashMap;
 pub use entry::{Encoding, Entry, Queue, Value};
 use eviction::Recency;
 pub use eviction::{EvictionPolicy, PrefixTuning, WriteClass};
+pub use holds::{HoldLimits, HoldStats, Holds};
 use keyspace::Contents;
 pub use keyspace::{partial_tail, BlockWrite, PrefixStep};
 pub use links::LinkEvent;
@@ -166,6 +168,8 @@ pub struct StoreStats {
     pub keyspace_hits: u64,
     /// Reads that did not.
     pub keyspace_misses: u64,
+    /// Lookup holds (`PREFIXLEN ... HOLD`).
+    pub holds: HoldStats,
 }
 
 /// How the store's memory is set up (flags `--hugepages`, `--prealloc`).
@@ -195,6 +199,8 @@ pub struct Store {
     watchers: HashMap<Bytes, Vec<Waiter>>,
     /// The spill tier, when configured.
     spill: Option<SpillState>,
+    /// Keys a lookup holds against eviction (`PREFIXLEN ... HOLD`).
+    holds: Holds,
     /// Counters for INFO.
     pub stats: StoreStats,
 }
@@ -240,6 +246,7 @@ impl Store {
             max_value_len: 512 * 1024 * 1024,
             watchers: HashMap::new(),
             spill: None,
+            holds: Holds::default(),
             stats: StoreStats::default(),
         }
     }
@@ -610,6 +617,67 @@ mod slab_tests {
         }
         assert_eq!(left, 0, "the unread chain is evicted");
         assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+    }
+
+    #[test]
+    fn held_blocks_are_not_evicted_and_writers_never_fail_for_them() {
+        for policy in [
+            EvictionPolicy::Prefix,
+            EvictionPolicy::AllKeysLru,
+            EvictionPolicy::AllKeysLfu,
+            EvictionPolicy::AllKeysRandom,
+        ] {
+            let budget = 24 * 64 * 1024 + 64 * 1024;
+            let mut s = Store::new(0..SLOTS, budget, policy);
+            for i in 0..8 {
+                put(&mut s, &format!("h{i}"), block(i, 64 * 1024), None);
+            }
+            let until = now_ms() + 60_000;
+            for i in 0..8 {
+                let key = Bytes::from(format!("h{i}"));
+                let held = s.hold(key_slot(&key), &key, 7, until, 1000, HoldLimits::NONE);
+                assert!(held, "{policy:?}");
+            }
+            assert!(!s.hold(
+                key_slot(b"absent"),
+                &Bytes::from_static(b"absent"),
+                7,
+                until,
+                1000,
+                HoldLimits::NONE
+            ));
+            // Write past the budget many times over: the held eight stay.
+            for i in 0..200 {
+                assert_eq!(put(&mut s, &format!("x{i}"), block(i, 64 * 1024), None), 1);
+            }
+            assert!(s.stats.evicted_keys > 150, "{policy:?}");
+            for i in 0..8 {
+                assert!(
+                    has(&mut s, &format!("h{i}")),
+                    "{policy:?}: h{i} was evicted"
+                );
+            }
+            assert_eq!(s.stats.holds.broken, 0);
+            // A read ends a hold: the block may go again.
+            assert!(s.read(key_slot(b"h0"), b"h0", 1000, true).is_some());
+            assert_eq!(s.holds().len(), 7);
+
+            // Everything held and nothing else to evict: the write still
+            // succeeds, by breaking the holds.
+            let mut t = Store::new(0..SLOTS, budget, policy);
+            let mut n = 0;
+            while t.stats.evicted_keys == 0 {
+                let key = format!("k{n}");
+                put(&mut t, &key, block(n, 64 * 1024), None);
+                let key = Bytes::from(key);
+                t.hold(key_slot(&key), &key, 1, until, 1000, HoldLimits::NONE);
+                n += 1;
+            }
+            // The first write past the budget broke them (nothing else
+            // could go); only the block written last is held again.
+            assert_eq!(t.stats.holds.broken, n as u64 - 1, "{policy:?}");
+            assert_eq!(t.holds().len(), 1);
+        }
     }
 
     #[test]

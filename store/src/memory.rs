@@ -91,7 +91,10 @@ impl Store {
             // classes' slots): evicting by policy goes on, as Redis evicts
             // until a write fits or nothing may go. It ends: each eviction
             // takes a value out of DRAM, and held values are never chosen.
-            if !self.empty_a_page(keep, protect) && self.evict_one(protect, true).is_none() {
+            if !self.empty_a_page(keep, protect)
+                && self.evict_one(protect, true).is_none()
+                && !self.break_holds()
+            {
                 return Err(OutOfMemory);
             }
             evictions = 0;
@@ -111,7 +114,7 @@ impl Store {
             .iter()
             .filter_map(|s| self.meta.slot_keys.get(&(page, *s)).cloned())
             .collect();
-        if keys.is_empty() || keys.iter().any(|k| protect.covers(k)) {
+        if keys.is_empty() || keys.iter().any(|k| protect.covers(k) || self.held(k)) {
             return false;
         }
         for key in keys {
@@ -126,6 +129,11 @@ impl Store {
             self.arena.unmap_empty(self.arena.page_size());
         }
         true
+    }
+
+    /// Whether a lookup holds `key` against eviction now.
+    pub(crate) fn held(&self, key: &[u8]) -> bool {
+        !self.holds.is_empty() && self.holds.covers(key, crate::now_ms())
     }
 
     /// Evicts `key`: to the spill tier when it is on and takes it, out of
@@ -166,7 +174,10 @@ impl Store {
             if misses <= 16 && self.evict_one(protect, false).is_some() {
                 continue;
             }
-            if !self.empty_a_page(None, protect) && self.evict_one(protect, false).is_none() {
+            if !self.empty_a_page(None, protect)
+                && self.evict_one(protect, false).is_none()
+                && !self.break_holds()
+            {
                 return Err(OutOfMemory);
             }
             misses = 0;

@@ -88,11 +88,12 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "prefixlen",
         key_use: KeyUse::Exists,
-        summary: "Returns how many leading keys are present, without touching them.",
+        summary: "Returns how many leading keys are present, without touching them; with HOLD, keeps the counted keys from eviction until read or for ms.",
+        syntax: "numkeys key... [HOLD milliseconds]",
         handler: Handler::Async(prefixlen),
         one_shard: Some(OneShard {
             run: prefixlen_one,
-            applies: always,
+            applies: no_hold,
         }),
         spread: Spread::PrefixCount,
         from_copies: Some(copy_prefixlen),
@@ -781,20 +782,43 @@ impl Drop for BlockedCount {
 
 // ---- PREFIXLEN and MEXISTS -------------------------------------------------------
 
+/// PREFIXLEN's `numkeys` and its `HOLD ms` (capped at `max-hold-ms`).
+pub(crate) fn parse_prefixlen(args: &[Bytes]) -> Result<(usize, Option<u64>), Reply> {
+    let (n, end) = parse_count(args, 1, "numkeys")?;
+    match &args[end..] {
+        [] => Ok((n, None)),
+        [hold, ms] if is(hold, "hold") => match parse_int(ms) {
+            Some(ms) if ms > 0 => Ok((n, Some(ms as u64))),
+            Some(_) => Err(Reply::error("ERR HOLD must be greater than 0")),
+            None => Err(not_integer()),
+        },
+        _ => Err(syntax_error()),
+    }
+}
+
+/// For [`OneShard::applies`]: PREFIXLEN without HOLD (a hold needs the
+/// client and the limits).
+fn no_hold(args: &[Bytes]) -> bool {
+    !args.iter().skip(2).any(|a| is(a, "hold"))
+}
+
 fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let (n, end) = match parse_count(&args, 1, "numkeys") {
+        let (n, hold_ms) = match parse_prefixlen(&args) {
             Ok(found) => found,
             Err(e) => return e,
         };
-        if end != args.len() {
-            return syntax_error();
-        }
         let shard = &client.shard;
+        let config = &shard.shared.config;
+        let hold = hold_ms.map(|ms| {
+            let ms = ms.min(config.max_hold_ms.load(Relaxed).max(1));
+            (now_ms() + ms, config.hold_limits(shard.count()))
+        });
+        let holder = client.id();
         let keys = PrefixKeys {
             args: Arc::new(args),
             first: 2,
-            end,
+            end: 2 + n,
         };
         let mut pending = Vec::new();
         for (target, work) in keys.per_shard(shard, n).into_iter().enumerate() {
@@ -803,11 +827,18 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             }
             let args = Arc::clone(&keys.args);
             // Each shard reports its first missing position (side-effect
-            // free: no recency, no hit/miss counting).
+            // free but for HOLD: no recency, no hit/miss counting). With
+            // HOLD, a key present but past a hold limit counts as missing:
+            // the count covers only what is held.
             pending.push(shard.with_store(target, Access::Read, move |store| {
                 let now = now_ms();
                 work.into_iter()
-                    .find(|&(_, i)| store.peek(args.slot(i), &args[i], now).is_none())
+                    .find(|&(_, i)| match hold {
+                        None => store.peek(args.slot(i), &args[i], now).is_none(),
+                        Some((until, limits)) => {
+                            !store.hold(args.slot(i), &args[i], holder, until, now, limits)
+                        }
+                    })
                     .map(|(pos, _)| pos)
             }));
         }
@@ -992,8 +1023,9 @@ fn copy_mexists(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
     Some(Reply::Array(values.iter().map(|_| Reply::Int(1)).collect()))
 }
 
-fn copy_prefixlen(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
-    Some(Reply::Int(values.len() as i64))
+/// A hold is taken on the owner: copies answer PREFIXLEN without HOLD only.
+fn copy_prefixlen(values: &[&Bytes], args: &[Bytes]) -> Option<Reply> {
+    no_hold(args).then(|| Reply::Int(values.len() as i64))
 }
 
 /// Every key has a copy, so BLOCK has nothing to wait for; MAXBYTES cuts

@@ -154,10 +154,15 @@ impl Spreading<'_> {
 
     /// PREFIXLEN: each node's own leading run, the earliest miss wins.
     async fn prefix_len(&mut self, args: &Args) -> Reply {
-        if let Err(e) = exact_count(args) {
-            return e;
-        }
-        let (n, parts) = counted_parts(self.view, args, 1, |_| Vec::new());
+        let hold = match block::parse_prefixlen(args) {
+            Ok((_, hold)) => hold.map(|ms| Bytes::from(ms.to_string())),
+            Err(e) => return e,
+        };
+        // Each node holds its own keys (charged there to this node's link).
+        let (n, parts) = counted_parts(self.view, args, 1, |_| match &hold {
+            Some(ms) => vec![Bytes::from_static(b"HOLD"), ms.clone()],
+            None => Vec::new(),
+        });
         let replies = self.run_parts(&parts, false).await;
         if let Some(e) = first_error(&replies) {
             return e;

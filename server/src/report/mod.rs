@@ -62,6 +62,8 @@ pub struct ShardReport {
     pub arena: ArenaStats,
     /// Keys with a record in the spill tier.
     pub spill_keys: usize,
+    /// Keys lookups hold against eviction, and their bytes.
+    pub holds: (usize, usize),
     /// Connections.
     pub clients: usize,
     /// Clients in a blocking wait.
@@ -124,6 +126,7 @@ impl ShardReport {
             store: store.stats,
             arena: store.arena_stats(),
             spill_keys: store.spill_keys(),
+            holds: (store.holds().len(), store.holds().bytes()),
             clients: shard.clients.borrow().len(),
             blocked_clients: stats.blocked_clients,
             blocked_clients_refused: stats.blocked_clients_refused,

@@ -58,8 +58,28 @@ pub const IDLE_POLL_HITS: Metric = Metric::counter(
     "Requests read while their connection was polling (--idle-poll-us; INFO idle_poll_us has the time spent), each a thread wake-up saved, by shard.",
 );
 
+/// Keys lookups hold.
+pub const HELD_KEYS: Metric = Metric::gauge(
+    "kvtier_lookup_held_keys",
+    "Keys that lookups (PREFIXLEN ... HOLD) hold against eviction now, by shard.",
+);
+/// Bytes lookups hold.
+pub const HELD_BYTES: Metric = Metric::gauge(
+    "kvtier_lookup_held_bytes",
+    "Bytes of the values lookups (PREFIXLEN ... HOLD) hold against eviction now, by shard.",
+)
+.bytes();
+/// What became of lookup holds.
+pub const HOLDS: Metric = Metric::counter(
+    "kvtier_lookup_holds_total",
+    "Lookup holds by outcome (granted, refused: past a hold limit; released: read; expired; broken: a write found nothing else to evict), by shard.",
+);
+
 /// This section's metrics.
 pub const METRICS: &[&Metric] = &[
+    &HELD_KEYS,
+    &HELD_BYTES,
+    &HOLDS,
     &NET_INPUT,
     &NET_OUTPUT,
     &EXPIRED,
@@ -105,6 +125,12 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     }
     o.field("keyspace_hits", sum(reports, |r| r.store.keyspace_hits));
     o.field("keyspace_misses", sum(reports, |r| r.store.keyspace_misses));
+    o.field("lookup_held_keys", sum(reports, |r| r.holds.0 as u64));
+    o.field("lookup_held_bytes", sum(reports, |r| r.holds.1 as u64));
+    for (i, (name, _)) in hold_outcomes(&Default::default()).iter().enumerate() {
+        let count = sum(reports, |r| hold_outcomes(&r.store.holds)[i].1);
+        o.field(format_args!("lookup_holds_{name}"), count);
+    }
     o.field("pubsub_channels", 0);
     o.field("pubsub_patterns", 0);
     o.field("total_error_replies", sum(reports, |r| r.error_replies));
@@ -117,6 +143,18 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     o.field("cross_shard_calls", sum(reports, |r| r.mailbox_calls));
     o.field("idle_poll_us", sum(reports, |r| r.idle_poll_us));
     o.field("idle_poll_hits", sum(reports, |r| r.idle_poll_hits));
+}
+
+/// A shard's lookup holds by outcome (INFO `lookup_holds_<outcome>`, the
+/// metric's `outcome` label).
+fn hold_outcomes(h: &kvtier_store::HoldStats) -> [(&'static str, u64); 5] {
+    [
+        ("granted", h.granted),
+        ("refused", h.refused),
+        ("released", h.released),
+        ("expired", h.expired),
+        ("broken", h.broken),
+    ]
 }
 
 /// `# Errorstats`: error replies by code, every shard's added up.
@@ -144,6 +182,17 @@ pub fn export(e: &mut Exporter, r: &ShardReport) {
     e.counter(&DIRECT_WRITES, 0, shard, r.direct_writes);
     e.counter(&MAILBOX_CALLS, 0, shard, r.mailbox_calls);
     e.counter(&IDLE_POLL_HITS, 0, shard, r.idle_poll_hits);
+    e.gauge(&HELD_KEYS, shard(), r.holds.0 as f64);
+    e.gauge(&HELD_BYTES, shard(), r.holds.1 as f64);
+    for (i, (outcome, count)) in hold_outcomes(&r.store.holds).into_iter().enumerate() {
+        let labels = || {
+            vec![
+                ("shard", r.id.to_string()),
+                ("outcome", outcome.to_string()),
+            ]
+        };
+        e.counter(&HOLDS, i as u64, labels, count);
+    }
     for (i, reason) in EvictReason::ALL.iter().enumerate() {
         let labels = || {
             vec![
