@@ -20,10 +20,12 @@ py=$venv/bin/python
 "$py" -c 'import kvtier, sys; print("kvtier", kvtier.__version__, "from", kvtier.__file__)'
 
 config=clients/python/pyproject.toml
-"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors bench
-"$venv/bin/ruff" check --config "$config" clients/python tests/connectors bench
+"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors tests/vllm tests/kvtier_servers.py bench
+"$venv/bin/ruff" check --config "$config" clients/python tests/connectors tests/vllm tests/kvtier_servers.py bench
 "$venv/bin/mypy" --strict bench/gen_traces.py bench/trace_signals.py
 (cd clients/python && "$venv/bin/mypy" kvtier)
-(cd tests/connectors && MYPYPATH=$ROOT/clients/python "$venv/bin/mypy" --config-file "$ROOT/$config" .)
+for dir in tests/connectors tests/vllm; do
+    (cd "$dir" && MYPYPATH=$ROOT/clients/python:$ROOT/tests "$venv/bin/mypy" --config-file "$ROOT/$config" .)
+done
 
 exec "$py" -m pytest tests/connectors -q -p no:cacheprovider -ra "$@"

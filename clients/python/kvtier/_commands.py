@@ -22,9 +22,14 @@ def _keys(keys: Sequence[Key]) -> list[Arg]:
     return [len(keys), *keys]
 
 
-def prefixlen_args(keys: Sequence[Key]) -> list[Arg]:
-    """``PREFIXLEN numkeys key...``"""
-    return ["PREFIXLEN", *_keys(keys)]
+def prefixlen_args(keys: Sequence[Key], hold_ms: int | None = None) -> list[Arg]:
+    """``PREFIXLEN numkeys key... [HOLD ms]``"""
+    args: list[Arg] = ["PREFIXLEN", *_keys(keys)]
+    if hold_ms is not None:
+        if int(hold_ms) <= 0:
+            raise ValueError("hold_ms must be greater than 0, not %r" % (hold_ms,))
+        args += ["HOLD", int(hold_ms)]
+    return args
 
 
 def mexists_args(keys: Sequence[Key]) -> list[Arg]:

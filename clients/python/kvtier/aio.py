@@ -239,9 +239,11 @@ class AsyncClient:
 
     # -- the dialect ----------------------------------------------------------
 
-    async def prefix_len(self, keys: Sequence[Key]) -> int:
-        """How many leading keys are present (one ``PREFIXLEN``)."""
-        return cmd.int_reply(await self.execute(*cmd.prefixlen_args(keys)))
+    async def prefix_len(self, keys: Sequence[Key], *, hold_ms: Optional[int] = None) -> int:
+        """How many leading keys are present (one ``PREFIXLEN``); with
+        ``hold_ms``, the counted keys are kept from eviction until read or
+        for that long (see :meth:`kvtier.Client.prefix_len`)."""
+        return cmd.int_reply(await self.execute(*cmd.prefixlen_args(keys, hold_ms)))
 
     async def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key is present, in order (one ``MEXISTS``)."""

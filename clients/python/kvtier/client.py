@@ -158,9 +158,13 @@ class Client:
 
     # -- the dialect ----------------------------------------------------------
 
-    def prefix_len(self, keys: Sequence[Key]) -> int:
-        """How many leading keys are present (one ``PREFIXLEN``; no side effects)."""
-        return cmd.int_reply(self.execute(*cmd.prefixlen_args(keys)))
+    def prefix_len(self, keys: Sequence[Key], *, hold_ms: Optional[int] = None) -> int:
+        """How many leading keys are present (one ``PREFIXLEN``; no side
+        effects). With ``hold_ms`` (``PREFIXLEN ... HOLD ms``) the counted
+        keys are kept from eviction until they are read or ``hold_ms``
+        passes, so a load that follows the lookup finds them; the count
+        then covers only keys the server could hold (its hold limits)."""
+        return cmd.int_reply(self.execute(*cmd.prefixlen_args(keys, hold_ms)))
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key is present, in order (one ``MEXISTS``)."""

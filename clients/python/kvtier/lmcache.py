@@ -59,6 +59,7 @@ from lmcache.v1.storage_backend.connector import (
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from . import _commands as cmd
+from . import _header
 from ._buffers import writable_view
 from .aio import AsyncClient
 from .client import Client
@@ -66,9 +67,10 @@ from .client import Client
 logger = init_logger(__name__)
 
 MAGIC = b"KVTL"
-#: magic, header length, payload length, crc32, flags, key digest
-_FIXED = struct.Struct("<4sIQII8s")
-FLAG_CRC = 1
+#: magic, header length, payload length, crc32, flags, key digest (kvtier._header)
+_FIXED = _header.FIXED
+FLAG_CRC = _header.FLAG_CRC
+key_digest = _header.key_digest
 
 #: ``extra_config`` keys (``remote_storage_plugin.<name>.<option>``) and
 #: their defaults. ``url`` is required with ``plugin://``.
@@ -93,11 +95,6 @@ DEFAULTS: dict[str, Any] = {
     # on LMCache's event loop).
     "io": "threads",
 }
-
-
-def key_digest(key: str) -> bytes:
-    """8 bytes naming the key a value was stored under."""
-    return hashlib.blake2b(key.encode(), digest_size=8).digest()
 
 
 class KvtierConnectorAdapter(ConnectorAdapter):

@@ -30,9 +30,7 @@ not loaded.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import struct
 import threading
 import time
 import zlib
@@ -47,19 +45,17 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+from . import _header
 from ._buffers import writable_view
 from .client import Client
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"KVTS"
-#: magic, header length, payload length, crc32, flags, key digest
-_HEADER = struct.Struct("<4sIQII8s")
-FLAG_CRC = 1
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=8).digest()
+#: magic, header length, payload length, crc32, flags, key digest (kvtier._header)
+_HEADER = _header.FIXED
+FLAG_CRC = _header.FLAG_CRC
+_digest = _header.key_digest
 
 
 def _flatten(items: Sequence[Any]) -> list[int]:

@@ -1,0 +1,912 @@
+"""vLLM KV connector on kvtier: a prompt's KV blocks computed once, by any
+engine, are loaded by every other engine instead of recomputed, and a
+prefill engine hands its blocks to a decode engine.
+
+Load it with (see docs/connectors.md)::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"url": "kvtier://10.0.0.1:6379"}}'
+
+``kv_role`` is ``kv_both`` (load and save), ``kv_producer`` (save only: a
+prefill engine) or ``kv_consumer`` (load only: a decode engine). Keep
+``kv_load_failure_policy: recompute``: with vLLM's default (``fail``) a block
+that cannot be loaded (the server went down between lookup and load) fails
+the request instead of being recomputed.
+
+What each step sends:
+
+=====================================  ==========================================
+scheduler: ``get_num_new_matched_``    one ``PREFIXLEN n k1..kn HOLD ms`` over the
+``tokens`` (lookup)                    prompt's full blocks (every TP rank's keys):
+                                       the counted blocks stay until loaded
+worker: ``start_load_kv`` (load)       one ``MGETPREFIX`` per request, each value
+                                       received straight into the paged KV cache
+                                       (``BLOCK ms MIN m`` when a consumer waits
+                                       for a producer)
+worker: ``wait_for_save`` (save)       one ``MSETBLOCK ... CHAIN PARENT p`` of the
+                                       blocks completed this step, off the forward
+                                       path, sent from the KV cache's own memory
+=====================================  ==========================================
+
+Nothing is sent per block. Keys are ``kvtier:vllm:<layout>:<rank>:<hash>``:
+``<layout>`` digests the model id, dtype, block size, layer count, KV heads
+and head size per rank and the TP size (engines that could not share blocks
+never share keys), ``<rank>`` is the TP rank (each rank stores its heads) and
+``<hash>`` chains the block's tokens to its prefix (blake2b of the parent's
+hash and the token ids, rooted in the layout, the LoRA, the cache salt and
+any multimodal inputs). A value is the 32-byte header of ``kvtier._header``
+(magic ``KVTV``) and then the block's bytes of every layer, in layer order.
+A value whose header does not match its key or the layout is a miss: the
+block and the ones after it are recomputed, never loaded.
+
+P/D hand-off: the producer's request output carries ``kv_transfer_params``
+``{"do_remote_prefill": true, "kvtier_blocks": n}``; a request sent to the
+consumer with those params (or with ``do_remote_prefill`` alone, while the
+producer is still prefilling) is loaded asynchronously with ``MGETPREFIX ...
+BLOCK``: its decode starts as soon as the producer's blocks land, and blocks
+that do not land within ``pd_wait_ms`` are recomputed.
+
+The KV cache must be in host memory (vLLM's CPU backend): values are read
+into and sent from the cache tensors themselves. Supported: attention
+models with one KV cache group, tensor parallelism; not: pipeline
+parallelism, hybrid (Mamba) models, speculative tokens past the accepted
+ones.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import logging
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from . import _header
+from .client import Client
+from .errors import KvtierError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+# Under vLLM's logger, so that its handlers and level apply.
+logger = logging.getLogger("vllm.kvtier")
+
+MAGIC = b"KVTV"
+
+#: ``kv_connector_extra_config`` keys and their defaults.
+DEFAULTS: dict[str, Any] = {
+    # kvtier://host:port[,host:port...] (kvtiers:// for TLS).
+    "url": "kvtier://127.0.0.1:6379",
+    # Names the model in the keys (default: the served model name). Engines
+    # that load one model from different paths set the same id.
+    "model_id": None,
+    # How long a lookup holds the blocks it counted for the load (0: no hold).
+    "hold_ms": 5000,
+    # Socket timeout of a lookup (s): past it the engine computes.
+    "lookup_timeout": 2.0,
+    # Socket timeout of loads and saves (s).
+    "socket_timeout": 30.0,
+    "connect_timeout": 2.0,
+    # After a failed call, lookups and saves are skipped this long (s), so a
+    # server that is down costs nothing per request.
+    "retry_after": 2.0,
+    # How long a consumer waits for a producer's blocks (ms).
+    "pd_wait_ms": 30000,
+    # Also store blocks completed during decode (multi-turn reuse).
+    "save_decode": True,
+    # Writers add a CRC32 of each block; readers check blocks that have one.
+    "checksum": False,
+    # Connections a large load or save is spread over.
+    "stripes": 4,
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """The connector's settings (``kv_connector_extra_config``)."""
+
+    url: str
+    model_id: Optional[str]
+    hold_ms: int
+    lookup_timeout: float
+    socket_timeout: float
+    connect_timeout: float
+    retry_after: float
+    pd_wait_ms: int
+    save_decode: bool
+    checksum: bool
+    stripes: int
+
+    @classmethod
+    def of(cls, extra: dict[str, Any]) -> Options:
+        unknown = sorted(set(extra) - set(DEFAULTS))
+        if unknown:
+            raise ValueError("unknown kvtier connector option(s): %s" % ", ".join(unknown))
+        o = {**DEFAULTS, **extra}
+        return cls(
+            url=str(o["url"]),
+            model_id=None if o["model_id"] is None else str(o["model_id"]),
+            hold_ms=int(o["hold_ms"]),
+            lookup_timeout=float(o["lookup_timeout"]),
+            socket_timeout=float(o["socket_timeout"]),
+            connect_timeout=float(o["connect_timeout"]),
+            retry_after=float(o["retry_after"]),
+            pd_wait_ms=int(o["pd_wait_ms"]),
+            save_decode=_truthy(o["save_decode"]),
+            checksum=_truthy(o["checksum"]),
+            stripes=int(o["stripes"]),
+        )
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+# -- keys ---------------------------------------------------------------------------
+
+
+class KeyScheme:
+    """Block keys: a layout digest, the TP rank and a chained block hash.
+
+    The scheduler and every worker build it from the same configuration
+    (:meth:`from_vllm`), so they name the same blocks.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        dtype: str,
+        cache_dtype: str,
+        block_size: int,
+        layers: int,
+        kv_heads: int,
+        head_size: int,
+        tp: int,
+        kv_layout: str,
+    ) -> None:
+        self.block_size = block_size
+        self.tp = tp
+        self.layers = layers
+        self.kv_heads = kv_heads
+        self.head_size = head_size
+        self.model_id = model_id
+        fields = ("v1", model_id, dtype, cache_dtype, block_size, layers, kv_heads, head_size, tp, kv_layout)
+        self.descriptor = "|".join(str(x) for x in fields)
+        self.layout = hashlib.blake2b(self.descriptor.encode(), digest_size=8).hexdigest()
+
+    @classmethod
+    def from_vllm(cls, vllm_config: VllmConfig, model_id: Optional[str]) -> KeyScheme:
+        model = vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        if parallel.pipeline_parallel_size > 1:
+            raise ValueError("the kvtier connector does not support pipeline parallelism")
+        return cls(
+            model_id=model_id or str(model.served_model_name or model.model),
+            dtype=str(model.dtype).replace("torch.", ""),
+            cache_dtype=str(vllm_config.cache_config.cache_dtype),
+            block_size=vllm_config.cache_config.block_size,
+            layers=model.get_num_layers(parallel),
+            kv_heads=model.get_num_kv_heads(parallel),
+            head_size=model.get_head_size(),
+            tp=parallel.tensor_parallel_size,
+            kv_layout=_kv_layout(),
+        )
+
+    def root(self, request: Request) -> bytes:
+        """The hash every chain of this request starts from: the layout, and
+        what else makes the same tokens different KV (LoRA, cache salt,
+        multimodal inputs)."""
+        extras = []
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:
+            extras.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode())
+        salt = getattr(request, "cache_salt", None)
+        if salt:
+            extras.append(b"salt\0" + str(salt).encode())
+        for feature in getattr(request, "mm_features", None) or ():
+            extras.append(b"mm\0" + str(getattr(feature, "identifier", feature)).encode())
+        return chain_root(self.layout, extras)
+
+    def extend(self, hashes: list[str], root: bytes, tokens: Sequence[int], blocks: int) -> None:
+        """Appends the hashes of full blocks ``len(hashes)..blocks`` of ``tokens``."""
+        extend_chain(hashes, root, tokens, blocks, self.block_size)
+
+    def key(self, rank: int, block_hash: str) -> str:
+        return block_key(self.layout, rank, block_hash)
+
+    def lookup_keys(self, hashes: Sequence[str]) -> list[str]:
+        """Every rank's key of each block, block by block: PREFIXLEN over
+        them, divided by the TP size, is the blocks every rank can load."""
+        return [self.key(r, h) for h in hashes for r in range(self.tp)]
+
+
+def chain_root(layout: str, extras: Sequence[bytes] = ()) -> bytes:
+    """The hash a chain starts from."""
+    h = hashlib.blake2b(layout.encode(), digest_size=16)
+    for e in extras:
+        h.update(b"\0" + e)
+    return h.digest()
+
+
+def extend_chain(hashes: list[str], root: bytes, tokens: Sequence[int], blocks: int, block_size: int) -> None:
+    """Appends to ``hashes`` (hex) the hashes of full blocks
+    ``len(hashes)..blocks`` of ``tokens``: each the blake2b of its parent's
+    hash and its token ids (int64, little-endian)."""
+    parent = bytes.fromhex(hashes[-1]) if hashes else root
+    for b in range(len(hashes), blocks):
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(array.array("q", tokens[b * block_size : (b + 1) * block_size]).tobytes())
+        parent = h.digest()
+        hashes.append(parent.hex())
+
+
+def block_key(layout: str, rank: int, block_hash: str) -> str:
+    """The kvtier key of one block of one TP rank."""
+    return "kvtier:vllm:%s:%d:%s" % (layout, rank, block_hash)
+
+
+def _kv_layout() -> str:
+    """The engine's KV cache layout name, when this vLLM reports one."""
+    try:
+        from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+        layout = get_kv_cache_layout()
+    except Exception:  # older or newer vLLM: the layout is named by the rest
+        return "-"
+    return str(getattr(layout, "name", layout))
+
+
+# -- metadata (scheduler -> workers) ----------------------------------------------------
+
+
+@dataclass
+class LoadSpec:
+    """Blocks of one request to read into the KV cache."""
+
+    req_id: str
+    hashes: list[str]
+    block_ids: list[int]
+    #: Wait for missing blocks this long (a consumer waiting for a producer);
+    #: None: load what is there now, before the forward.
+    wait_ms: Optional[int] = None
+
+
+@dataclass
+class SaveSpec:
+    """Blocks of one request completed this step, to store as a chain."""
+
+    req_id: str
+    hashes: list[str]
+    block_ids: list[int]
+    parent: Optional[str]
+
+
+@dataclass
+class KvtierMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """What the workers do this step."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+
+# -- failures ---------------------------------------------------------------------------
+
+
+class _Health:
+    """After a failure, calls are skipped for ``retry_after`` seconds (so a
+    server that is down costs nothing per request), then tried again."""
+
+    def __init__(self, retry_after: float) -> None:
+        self.retry_after = retry_after
+        self.down_until = 0.0
+        self.failures = 0
+
+    def ok(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+    def failed(self, what: str, error: BaseException) -> None:
+        self.failures += 1
+        if self.ok():
+            logger.warning("kvtier: %s failed (%s); retrying in %.1fs", what, error, self.retry_after)
+        self.down_until = time.monotonic() + self.retry_after
+
+
+# -- the connector ----------------------------------------------------------------------
+
+
+class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """vLLM ``KVConnectorBase_V1`` on kvtier's block dialect (see the module doc)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: Optional[KVCacheConfig] = None,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.options = Options.of(dict(transfer.kv_connector_extra_config or {}))
+        self.keys = KeyScheme.from_vllm(vllm_config, self.options.model_id)
+        self.loads = transfer.kv_role in ("kv_both", "kv_consumer")
+        self.saves = transfer.kv_role in ("kv_both", "kv_producer")
+        self._scheduler: Optional[_SchedulerSide] = None
+        self._worker: Optional[_WorkerSide] = None
+        if role == KVConnectorRole.SCHEDULER:
+            if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+                logger.warning(
+                    "kvtier: kv_load_failure_policy is %r: a block that cannot be loaded fails its "
+                    "request; set it to 'recompute' to compute it instead",
+                    transfer.kv_load_failure_policy,
+                )
+            self._scheduler = _SchedulerSide(self)
+        else:
+            self._worker = _WorkerSide(self, kv_cache_config)
+        logger.info(
+            "kvtier connector (%s, %s) for %s, layout %s",
+            transfer.kv_role,
+            role.name.lower(),
+            self.options.url,
+            self.keys.descriptor,
+        )
+
+    # -- scheduler side ---------------------------------------------------------
+
+    def _sched(self) -> _SchedulerSide:
+        assert self._scheduler is not None, "a scheduler-side call on a worker"
+        return self._scheduler
+
+    def _work(self) -> _WorkerSide:
+        assert self._worker is not None, "a worker-side call on the scheduler"
+        return self._worker
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        return self._sched().lookup(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._sched().allocated(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierMetadata:
+        return self._sched().build(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._sched().output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, Optional[dict[str, Any]]]:
+        return self._sched().finished(request)
+
+    # -- worker side ------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._work().register(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._work().start_loads(self._get_connector_metadata())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # A block's value holds every layer: start_load_kv has it all.
+        return
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        # Blocks are sent whole once the forward wrote every layer
+        # (wait_for_save).
+        return
+
+    def wait_for_save(self) -> None:
+        self._work().submit_saves(self._get_connector_metadata())
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(kv_connector_metadata, KvtierMetadata) and kv_connector_metadata.preempted:
+            self._work().drain_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        return self._work().finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._work().take_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        if self._scheduler is not None:
+            self._scheduler.close()
+
+
+# -- the scheduler's half ---------------------------------------------------------------------
+
+
+@dataclass
+class _Tracked:
+    """What the scheduler knows of one request."""
+
+    request: Request
+    root: bytes
+    hashes: list[str] = field(default_factory=list)
+    #: Leading blocks known to be in the tier (found by the lookup, loaded,
+    #: or saved): saves start after them.
+    stored: int = 0
+    #: A load was planned (blocks [start, start + count) of the request).
+    load: Optional[LoadSpec] = None
+    load_start: int = 0
+    #: How many blocks the consumer waits for (P/D), when it waits.
+    wait_blocks: int = 0
+    #: Saves were handed to the workers: its blocks are freed only once they
+    #: report the saves done.
+    saved_any: bool = False
+    lookup_local: int = 0
+
+
+class _SchedulerSide:
+    def __init__(self, connector: KvtierConnector) -> None:
+        self.c = connector
+        o = connector.options
+        self.keys = connector.keys
+        self.client = Client.from_url(
+            o.url, socket_timeout=o.lookup_timeout, connect_timeout=o.connect_timeout, stripes=1
+        )
+        self.health = _Health(o.retry_after)
+        self.requests: dict[str, _Tracked] = {}
+        self.pending_loads: list[LoadSpec] = []
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _track(self, request: Request) -> _Tracked:
+        t = self.requests.get(request.request_id)
+        if t is None or t.request is not request:
+            t = _Tracked(request, self.keys.root(request))
+            self.requests[request.request_id] = t
+        return t
+
+    def _hashes(self, t: _Tracked, tokens: Sequence[int], blocks: int) -> list[str]:
+        if len(t.hashes) < blocks:
+            self.keys.extend(t.hashes, t.root, tokens, blocks)
+        return t.hashes[:blocks]
+
+    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        if request.prompt_token_ids is None:  # prompt embeddings: no token ids to hash
+            return 0, False
+        t = self._track(request)
+        bs = self.keys.block_size
+        # At least the prompt's last token is computed (vLLM needs one).
+        loadable = (request.num_tokens - 1) // bs
+        if loadable <= 0:
+            return 0, False
+        hashes = self._hashes(t, request.all_token_ids, loadable)
+        found = 0
+        if self.health.ok():
+            hold = self.c.options.hold_ms if self.c.loads else None
+            try:
+                found = self.client.prefix_len(self.keys.lookup_keys(hashes), hold_ms=hold or None)
+                found //= self.keys.tp
+            except (KvtierError, OSError) as e:
+                self.health.failed("lookup", e)
+                found = 0
+        t.stored = found
+        t.lookup_local = num_computed_tokens
+        if not self.c.loads:
+            return 0, False
+        local = num_computed_tokens // bs
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_prefill") and self.health.ok():
+            # A consumer: the producer's blocks may still be arriving.
+            expected = int(params.get("kvtier_blocks", loadable))
+            expected = max(0, min(expected, loadable))
+            if expected > found and expected > local:
+                t.wait_blocks = expected
+                return (expected - local) * bs, True
+        t.wait_blocks = 0
+        logger.debug(
+            "kvtier: %s: %d of %d blocks found, %d local", request.request_id, found, loadable, local
+        )
+        if found <= local:
+            return 0, False
+        return (found - local) * bs, False
+
+    def allocated(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        t = self.requests.get(request.request_id)
+        if t is None or num_external_tokens <= 0 or t.load is not None:
+            return
+        bs = self.keys.block_size
+        block_ids = blocks.get_block_ids()[0]
+        start = t.lookup_local // bs
+        count = num_external_tokens // bs
+        spec = LoadSpec(
+            req_id=request.request_id,
+            hashes=t.hashes[start : start + count],
+            block_ids=list(block_ids[start : start + count]),
+            wait_ms=self.c.options.pd_wait_ms if t.wait_blocks else None,
+        )
+        t.load, t.load_start = spec, start
+        t.stored = max(t.stored, start + count)
+        self.pending_loads.append(spec)
+
+    def build(self, out: SchedulerOutput) -> KvtierMetadata:
+        meta = KvtierMetadata(loads=self.pending_loads, preempted=sorted(out.preempted_req_ids or ()))
+        self.pending_loads = []
+        if not self.c.saves:
+            return meta
+        manager = self.c._kv_cache_manager
+        scheduled = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
+        for req_id in scheduled:
+            t = self.requests.get(req_id)
+            if t is None or manager is None:
+                continue
+            spec = self._save_spec(t, out, manager)
+            if spec is not None:
+                meta.saves.append(spec)
+                t.saved_any = True
+        return meta
+
+    def _save_spec(self, t: _Tracked, out: SchedulerOutput, manager: Any) -> Optional[SaveSpec]:
+        """The blocks of ``t`` this step completes that the tier lacks."""
+        request = t.request
+        req_id = request.request_id
+        bs = self.keys.block_size
+        # Tokens whose KV exists once this step ran (not speculative ones).
+        spec_tokens = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+        done = request.num_computed_tokens + out.num_scheduled_tokens.get(req_id, 0) - spec_tokens
+        if not self.c.options.save_decode:
+            done = min(done, request.num_prompt_tokens)
+        full = min(done, len(request.all_token_ids)) // bs
+        if full <= t.stored:
+            return None
+        block_ids = manager.get_block_ids(req_id)[0]
+        full = min(full, len(block_ids))
+        if full <= t.stored:
+            return None
+        hashes = self._hashes(t, request.all_token_ids, full)
+        start = t.stored
+        t.stored = full
+        return SaveSpec(
+            req_id=req_id,
+            hashes=hashes[start:full],
+            block_ids=list(block_ids[start:full]),
+            parent=hashes[start - 1] if start else None,
+        )
+
+    def output(self, connector_output: KVConnectorOutput) -> None:
+        bad = set(connector_output.invalid_block_ids or ())
+        if not bad:
+            return
+        # Blocks that failed to load are recomputed: store them afterwards.
+        for t in self.requests.values():
+            if t.load is None:
+                continue
+            for i, b in enumerate(t.load.block_ids):
+                if b in bad:
+                    t.stored = min(t.stored, t.load_start + i)
+                    break
+
+    def finished(self, request: Request) -> tuple[bool, Optional[dict[str, Any]]]:
+        t = self.requests.pop(request.request_id, None)
+        if t is None:
+            return False, None
+        params: Optional[dict[str, Any]] = None
+        asked = request.kv_transfer_params or {}
+        if self.c.saves and asked.get("do_remote_decode"):
+            # What the consumer should load: the prompt's full blocks (the
+            # last prompt token is always computed).
+            blocks = (request.num_prompt_tokens - 1) // self.keys.block_size
+            params = {"do_remote_prefill": True, "do_remote_decode": False, "kvtier_blocks": blocks}
+        return t.saved_any, params
+
+
+# -- the workers' half -------------------------------------------------------------------------
+
+
+class _KvCache:
+    """Byte views of the paged KV cache: for each block, the contiguous
+    regions that hold it, in layer order (a value is their concatenation)."""
+
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        self.layers: list[Any] = []  # per layer: uint8 numpy arrays [blocks, bytes]
+        for name, t in kv_caches.items():
+            if t.device.type != "cpu":
+                raise ValueError(
+                    "kvtier.vllm reads and writes the KV cache in host memory; layer %s is on %s"
+                    % (name, t.device)
+                )
+            self.layers.extend(self._regions(name, t, num_blocks))
+        if not self.layers:
+            raise ValueError("no KV cache layers to read or write")
+        self.region_bytes = [int(a.shape[1]) for a in self.layers]
+        self.block_bytes = sum(self.region_bytes)
+
+    @staticmethod
+    def _regions(name: str, t: torch.Tensor, num_blocks: int) -> list[Any]:
+        """One uint8 array per contiguous per-block region of the layer:
+        ``[blocks, ...]`` (K and V of a block together) or ``[2, blocks, ...]``."""
+        if t.dim() >= 2 and t.shape[0] == num_blocks and t[0].is_contiguous():
+            parts = [t]
+        elif t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks and t[0][0].is_contiguous():
+            parts = [t[0], t[1]]
+        else:
+            raise ValueError(
+                "kvtier.vllm: layer %s has a KV cache of shape %s and strides %s, with no contiguous "
+                "region per block" % (name, tuple(t.shape), t.stride())
+            )
+        out = []
+        for p in parts:
+            per_block = p[0].numel() * p.element_size()
+            flat = p.as_strided((num_blocks, p[0].numel()), (p.stride(0), 1))
+            out.append(flat.view(torch.uint8).numpy().reshape(num_blocks, per_block))
+        return out
+
+    def views(self, block_id: int) -> list[memoryview]:
+        return [memoryview(layer[block_id]) for layer in self.layers]
+
+
+class _WorkerSide:
+    def __init__(self, connector: KvtierConnector, kv_cache_config: Optional[KVCacheConfig]) -> None:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self.c = connector
+        o = connector.options
+        self.keys = connector.keys
+        self.rank: int = get_tensor_model_parallel_rank()
+        self.num_blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
+        self.client = Client.from_url(
+            o.url, socket_timeout=o.socket_timeout, connect_timeout=o.connect_timeout, stripes=o.stripes
+        )
+        self.health = _Health(o.retry_after)
+        self.cache: Optional[_KvCache] = None
+        self.lock = threading.Lock()
+        self.load_errors: set[int] = set()
+        # Saves run in order on one thread (a chain's parent goes first).
+        self.save_queue: queue.Queue[Optional[tuple[SaveSpec, list[list[Union[bytearray, memoryview]]]]]] = (
+            queue.Queue()
+        )
+        self.saves_pending: dict[str, int] = {}
+        self.saved_reqs: set[str] = set()
+        self.finishing: set[str] = set()
+        self.saver = threading.Thread(target=self._save_loop, name="kvtier-save", daemon=True)
+        self.saver.start()
+        self.loaders = ThreadPoolExecutor(4, thread_name_prefix="kvtier-load")
+        self.async_loads: dict[str, Future[None]] = {}
+        self.done_recving: set[str] = set()
+        self.stats = {"saved_blocks": 0, "refused_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0}
+
+    def close(self) -> None:
+        self.drain_saves()
+        self.save_queue.put(None)
+        self.loaders.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if not self.num_blocks:
+            self.num_blocks = int(next(iter(kv_caches.values())).shape[0])
+        self.cache = _KvCache(kv_caches, self.num_blocks)
+        k = self.keys
+        itemsize = next(iter(kv_caches.values())).element_size()
+        want = k.layers * 2 * k.kv_heads * k.block_size * k.head_size * itemsize
+        if self.cache.block_bytes != want:
+            raise ValueError(
+                "kvtier.vllm: a block's KV is %d bytes in the cache, the layout (%s) says %d"
+                % (self.cache.block_bytes, k.descriptor, want)
+            )
+
+    # -- values ----------------------------------------------------------------
+
+    def _header(self, key: str, views: Sequence[memoryview]) -> bytearray:
+        assert self.cache is not None
+        crc, flags = 0, 0
+        if self.c.options.checksum:
+            for v in views:
+                crc = zlib.crc32(v, crc)
+            flags = _header.FLAG_CRC
+        head = bytearray(_header.FIXED.size)
+        _header.pack_into(head, MAGIC, _header.FIXED.size, self.cache.block_bytes, crc, flags, key)
+        return head
+
+    def _sink(self, keys: list[str], block_ids: list[int], bad: list[int]) -> Any:
+        """Puts value ``i`` into block ``block_ids[i]`` after checking its
+        header; ``bad`` collects the indexes of values that did not fit."""
+        assert self.cache is not None
+        cache = self.cache
+        crcs: dict[int, int] = {}
+
+        def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
+            if index >= len(keys) or length != _header.FIXED.size + cache.block_bytes:
+                bad.append(index)
+                return
+            head = bytearray(_header.FIXED.size)
+            yield head
+            try:
+                h = _header.unpack(head)
+            except Exception:
+                bad.append(index)
+                return
+            if (
+                h.magic != MAGIC
+                or h.header_len != _header.FIXED.size
+                or h.payload_len != cache.block_bytes
+                or h.digest != _header.key_digest(keys[index])
+            ):
+                logger.warning("kvtier: %s is not a block of this layout: recomputed", keys[index])
+                bad.append(index)
+                return
+            if h.flags & _header.FLAG_CRC:
+                crcs[index] = h.crc
+            yield from cache.views(block_ids[index])
+
+        def check() -> None:
+            for index, crc in crcs.items():
+                got = 0
+                for v in cache.views(block_ids[index]):
+                    got = zlib.crc32(v, got)
+                if got != crc:
+                    logger.warning("kvtier: %s failed its CRC32: recomputed", keys[index])
+                    bad.append(index)
+
+        fill.check = check  # type: ignore[attr-defined]
+        return fill
+
+    # -- loads -----------------------------------------------------------------
+
+    def start_loads(self, meta: KVConnectorMetadata) -> None:
+        if not isinstance(meta, KvtierMetadata) or not meta.loads:
+            return
+        for spec in meta.loads:
+            if spec.wait_ms is None:
+                self._load(spec)
+            else:
+                self.async_loads[spec.req_id] = self.loaders.submit(self._load_async, spec)
+
+    def _load_async(self, spec: LoadSpec) -> None:
+        try:
+            self._load(spec)
+        finally:
+            with self.lock:
+                self.done_recving.add(spec.req_id)
+
+    def _load(self, spec: LoadSpec) -> None:
+        """Reads ``spec``'s blocks into the cache; the ones that did not
+        arrive or failed a check are reported for recomputation."""
+        keys = [self.keys.key(self.rank, h) for h in spec.hashes]
+        bad: list[int] = []
+        got = 0
+        if self.cache is not None and keys:
+            sink = self._sink(keys, spec.block_ids, bad)
+            try:
+                if spec.wait_ms is not None:
+                    lengths = self.client.get_prefix(keys, into=sink, block_ms=spec.wait_ms, min=len(keys))
+                else:
+                    lengths = self.client.get_prefix(keys, into=sink)
+                sink.check()
+                got = len(lengths)
+            except (KvtierError, OSError) as e:
+                self.health.failed("load", e)
+                got = 0
+        if bad:
+            # A damaged value is deleted, so that the recomputed block is
+            # stored in its place (saves keep existing blocks).
+            try:
+                self.client.execute("DEL", *sorted({keys[i] for i in bad if i < len(keys)}))
+            except (KvtierError, OSError) as e:
+                self.health.failed("delete of damaged blocks", e)
+        first_bad = min([got, *bad])
+        failed = spec.block_ids[first_bad:]
+        with self.lock:
+            self.stats["loaded_blocks"] += first_bad
+            self.stats["failed_blocks"] += len(failed)
+            self.load_errors.update(failed)
+        if failed:
+            logger.info(
+                "kvtier: %s: %d of %d blocks not loaded, recomputed", spec.req_id, len(failed), len(keys)
+            )
+
+    def take_load_errors(self) -> set[int]:
+        with self.lock:
+            errors, self.load_errors = self.load_errors, set()
+        return errors
+
+    # -- saves -----------------------------------------------------------------
+
+    def submit_saves(self, meta: KVConnectorMetadata) -> None:
+        if not isinstance(meta, KvtierMetadata):
+            return
+        for spec in meta.saves:
+            with self.lock:
+                # The scheduler keeps the request's blocks until this worker
+                # reports it (get_finished), saved or not.
+                self.saved_reqs.add(spec.req_id)
+            if self.cache is None:
+                continue
+            values: list[list[Union[bytearray, memoryview]]] = []
+            for h, block_id in zip(spec.hashes, spec.block_ids):
+                views = self.cache.views(block_id)
+                values.append([self._header(self.keys.key(self.rank, h), views), *views])
+            with self.lock:
+                self.saves_pending[spec.req_id] = self.saves_pending.get(spec.req_id, 0) + 1
+            self.save_queue.put((spec, values))
+
+    def _save_loop(self) -> None:
+        while True:
+            job = self.save_queue.get()
+            if job is None:
+                self.save_queue.task_done()
+                return
+            spec, values = job
+            try:
+                if self.health.ok():
+                    keys = [self.keys.key(self.rank, h) for h in spec.hashes]
+                    parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
+                    codes = self.client.put_chain(keys, values, parent=parent)
+                    refused = sum(1 for c in codes if c < 0)
+                    with self.lock:
+                        self.stats["saved_blocks"] += len(codes) - refused
+                        self.stats["refused_blocks"] += refused
+            except (KvtierError, OSError) as e:
+                self.health.failed("save", e)
+            except Exception:  # never lose the worker thread
+                logger.exception("kvtier: save of %s failed", spec.req_id)
+            finally:
+                with self.lock:
+                    self.saves_pending[spec.req_id] -= 1
+                    if not self.saves_pending[spec.req_id]:
+                        del self.saves_pending[spec.req_id]
+                self.save_queue.task_done()
+
+    def drain_saves(self) -> None:
+        """Waits until every save handed to the save thread is done."""
+        self.save_queue.join()
+
+    # -- completion ------------------------------------------------------------
+
+    def finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        with self.lock:
+            self.finishing |= finished_req_ids & self.saved_reqs
+            sending = {r for r in self.finishing if r not in self.saves_pending}
+            self.finishing -= sending
+            self.saved_reqs -= sending
+            recving, self.done_recving = self.done_recving, set()
+        for r in recving:
+            self.async_loads.pop(r, None)
+        return sending or None, recving or None
+
+
+__all__ = [
+    "DEFAULTS",
+    "MAGIC",
+    "KeyScheme",
+    "KvtierConnector",
+    "KvtierMetadata",
+    "LoadSpec",
+    "Options",
+    "SaveSpec",
+    "block_key",
+    "chain_root",
+    "extend_chain",
+]

