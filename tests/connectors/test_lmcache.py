@@ -201,12 +201,19 @@ def test_eviction_keeps_lookup_and_retrieve_consistent(tmp_path: Path) -> None:
         small.stop()
 
 
-def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server) -> None:
-    """world_size 2: each rank stores its own keys; a lookup is one PREFIXLEN
-    over both ranks' keys, and the ranks of one request agree through a
-    short-lived rendezvous key even when a chunk vanishes between their
-    lookups. With the agreement off, the same sequence disagrees."""
-    cfg = plugin_config(server.url)
+def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server, tmp_path: Path) -> None:
+    """world_size 2: each rank stores its own keys; a lookup is one
+    PREFIXLEN ... HOLD over both ranks' keys, and the ranks of one request
+    agree through a short-lived rendezvous key. What the first rank counted
+    is held, so a flood of writes between the ranks' lookups cannot make it
+    unloadable; a rank never answers more than it can load (a chunk deleted
+    between the lookups); and no count is shared across requests, with or
+    without a lookup_id. With the agreement off, ranks disagree."""
+    small = start_kvtier(
+        tmp_path / "small.log",
+        *("--maxmemory", "16mb", "--maxmemory-policy", "allkeys-lru", "--hold-client-max-memory", "1mb"),
+    )
+    cfg = plugin_config(small.url)
     r0, r1 = (
         Worker(cfg, metadata(world_size=2, worker_id=0)),
         Worker(cfg, metadata(world_size=2, worker_id=1)),
@@ -219,20 +226,44 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server) -> None:
         assert r0.backend.batched_contains(k0) == 10 == r1.backend.batched_contains(k1)
 
         # Gone before both lookups: both see 6.
-        server.client().execute("DEL", k1[6].to_string())
+        small.client().execute("DEL", k1[6].to_string())
         assert r0.run(r0.backend.batched_async_contains("req-a", k0)) == 6
         assert r1.run(r1.backend.batched_async_contains("req-a", k1)) == 6
 
-        # Gone between the two lookups of one request: still one answer.
+        # The tier flooded between the two lookups of one request: the six
+        # chunks of each rank that the first lookup counted are still there.
         assert r0.run(r0.backend.batched_async_contains("req-b", k0[:6])) == 6
-        server.client().execute("DEL", k1[3].to_string())
+        flood = small.client()
+        junk = bytes(1 << 20)
+        for i in range(48):
+            flood.put_chain(["flood:%d" % i], [junk], chain=False)
         assert r1.run(r1.backend.batched_async_contains("req-b", k1[:6])) == 6
-        # A later request sees the loss, on both ranks.
+        for w, keys in ((r0, k0), (r1, k1)):
+            got = w.run(w.connector.batched_get(keys[:6]))
+            assert all(g is not None for g in got), "a counted chunk was evicted"
+            for g in got:
+                g.ref_count_down()
+
+        # Deleted between the two lookups: the second rank answers what it
+        # can load, not the first rank's count.
+        assert r0.run(r0.backend.batched_async_contains("req-c", k0[:6])) == 6
+        small.client().execute("DEL", k1[3].to_string())
         assert r1.run(r1.backend.batched_async_contains("req-c", k1[:6])) == 3
-        assert r0.run(r0.backend.batched_async_contains("req-c", k0[:6])) == 3
+        # A later request sees the loss on both ranks ...
+        assert r1.run(r1.backend.batched_async_contains("req-d", k1[:6])) == 3
+        assert r0.run(r0.backend.batched_async_contains("req-d", k0[:6])) == 3
+        # ... and so do lookups without a lookup_id, within the agreement's
+        # lifetime of an earlier one (each rank's n-th lookup of these keys
+        # meets the other's n-th).
+        r0.store(k0[:6], [r0.chunk(i) for i in range(6)])
+        r1.store(k1[:6], [r1.chunk(100 + i) for i in range(6)])
+        assert r0.backend.batched_contains(k0[:6]) == 6 == r1.backend.batched_contains(k1[:6])
+        small.client().execute("DEL", k1[2].to_string())
+        assert r0.backend.batched_contains(k0[:6]) == 2 == r1.backend.batched_contains(k1[:6])
     finally:
         r0.close()
         r1.close()
+        small.stop()
 
     off = plugin_config(server.url, tp_agreement="off")
     a, b = Worker(off, metadata(world_size=2, worker_id=0)), Worker(off, metadata(world_size=2, worker_id=1))

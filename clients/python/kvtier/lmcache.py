@@ -11,8 +11,9 @@ Load it from the LMCache config (see docs/connectors.md)::
 What each connector call sends:
 
 =========================================  ===========================================
-``batched_contains`` / ``batched_async_``  one ``PREFIXLEN`` (with TP > 1: over every
-``contains``                               rank's keys, then one ``SET NX GET`` to agree)
+``batched_contains`` / ``batched_async_``  one ``PREFIXLEN ... HOLD`` (with TP > 1: over
+``contains``                               every rank's keys, then one ``SET NX GET`` to
+                                           agree); the counted chunks stay until read
 ``get`` / ``batched_get`` / ``batched_``   one ``MGETPREFIX``, values received into
 ``get_non_blocking``                       LMCache ``MemoryObj`` buffers
 ``put`` / ``batched_put``                  one ``MSETBLOCK ... CHAIN`` (existing kept)
@@ -44,6 +45,7 @@ import hashlib
 import struct
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
@@ -66,6 +68,9 @@ from .client import Client
 
 logger = init_logger(__name__)
 
+#: Sets of keys whose sync lookups are counted (the oldest are forgotten).
+SYNC_LOOKUPS_KEPT = 4096
+
 MAGIC = b"KVTL"
 #: magic, header length, payload length, crc32, flags, key digest (kvtier._header)
 _FIXED = _header.FIXED
@@ -83,6 +88,9 @@ DEFAULTS: dict[str, Any] = {
     "tp_agreement": "auto",
     # How long a lookup's agreed count is kept for the other ranks (ms).
     "tp_agreement_ttl_ms": 2000,
+    # How long a lookup holds the chunks it counted against eviction, until
+    # they are read (PREFIXLEN ... HOLD; 0: no hold).
+    "lookup_hold_ms": 5000,
     # Time to live of stored chunks in seconds (0: none).
     "ttl": 0,
     "socket_timeout": 30.0,
@@ -351,6 +359,13 @@ class KvtierConnector(RemoteConnector):
         self.threads = io == "threads"
         self.agreement_ranks = self._agreement_ranks(config, metadata)
         self.agreement_ttl_ms = int(self.options["tp_agreement_ttl_ms"])
+        self.hold_ms = int(self.options["lookup_hold_ms"]) or None
+        # Lookups without a lookup_id, counted per set of keys: every rank
+        # sees the same sequence of lookups, so the n-th lookup of some keys
+        # on one rank meets the n-th on the others (and never an earlier
+        # request's count).
+        self._sync_lookups: OrderedDict[str, int] = OrderedDict()
+        self._sync_lock = threading.Lock()
 
     def _agreement_ranks(self, config: Any, metadata: Any) -> Optional[list[int]]:
         mode = str(self.options["tp_agreement"]).lower()
@@ -393,24 +408,40 @@ class KvtierConnector(RemoteConnector):
 
     def _agreement_key(self, keys: Sequence[CacheEngineKey], lookup_id: Optional[str]) -> str:
         h = hashlib.blake2b(digest_size=16)
-        h.update(("%s\0" % (lookup_id or "")).encode())
         for k in keys:
             h.update(k.with_new_worker_id(0).to_string().encode())
             h.update(b"\0")
-        return "kvtier:tp-lookup:" + h.hexdigest()
+        base = h.hexdigest()
+        if lookup_id is None:
+            with self._sync_lock:
+                n = self._sync_lookups.pop(base, 0) + 1
+                self._sync_lookups[base] = n
+                while len(self._sync_lookups) > SYNC_LOOKUPS_KEPT:
+                    self._sync_lookups.popitem(last=False)
+            lookup_id = "#%d" % n
+        return "kvtier:tp-lookup:%s:%s" % (base, lookup_id)
+
+    def _agreed(self, own: int, agreed: object) -> int:
+        """The count this rank answers: the first rank's, unless this rank
+        cannot load that many (a chunk deleted since: what the first lookup
+        counted is held against eviction, not against DEL)."""
+        if agreed is None:
+            return own
+        return min(own, int(agreed))  # type: ignore[call-overload,no-any-return]
 
     def batched_contains(self, keys: list[CacheEngineKey]) -> int:
-        """Leading chunks present: one ``PREFIXLEN`` (TP: over all ranks, agreed)."""
+        """Leading chunks present: one ``PREFIXLEN ... HOLD`` (TP: over all
+        ranks, agreed)."""
         if not keys:
             return 0
         lookup, width = self._lookup_keys(keys)
-        n = self.client.prefix_len(lookup) // width
+        n = self.client.prefix_len(lookup, hold_ms=self.hold_ms) // width
         if width == 1:
             return n
         agreed = self.client.execute(
             "SET", self._agreement_key(keys, None), n, "NX", "PX", self.agreement_ttl_ms, "GET"
         )
-        return n if agreed is None else int(agreed)  # type: ignore[call-overload]
+        return self._agreed(n, agreed)
 
     def support_batched_contains(self) -> bool:
         return True
@@ -424,13 +455,13 @@ class KvtierConnector(RemoteConnector):
         if not keys:
             return 0
         lookup, width = self._lookup_keys(keys)
-        n = await self.aclient.prefix_len(lookup) // width
+        n = await self.aclient.prefix_len(lookup, hold_ms=self.hold_ms) // width
         if width == 1:
             return n
         agreed = await self.aclient.execute(
             "SET", self._agreement_key(keys, lookup_id), n, "NX", "PX", self.agreement_ttl_ms, "GET"
         )
-        return n if agreed is None else int(agreed)  # type: ignore[call-overload]
+        return self._agreed(n, agreed)
 
     async def exists(self, key: CacheEngineKey) -> bool:
         return await self.aclient.prefix_len([key.to_string()]) == 1
