@@ -199,12 +199,12 @@ pub struct Config {
     pub max_hold_ms: u64,
 
     /// Most bytes of blocks that lookups may hold against eviction at once
-    /// on this node, e.g. 1gb (0: a tenth of maxmemory). Divided equally
+    /// on this node, e.g. 1gb (0: a quarter of maxmemory). Divided equally
     /// among the shards.
     #[arg(long, default_value = "0", value_parser = parse_memory)]
     pub hold_max_memory: u64,
 
-    /// Most bytes one client's lookups may hold at once (0: a quarter of
+    /// Most bytes one client's lookups may hold at once (0: half of
     /// hold-max-memory). Divided equally among the shards.
     #[arg(long, default_value = "0", value_parser = parse_memory)]
     pub hold_client_max_memory: u64,
@@ -557,9 +557,9 @@ pub struct LiveConfig {
     pub max_blocked_clients: AtomicU64,
     /// Cap on lookup holds, ms.
     pub max_hold_ms: AtomicU64,
-    /// Bytes lookups may hold on the node (0: a tenth of maxmemory).
+    /// Bytes lookups may hold on the node (0: a quarter of maxmemory).
     pub hold_max_memory: AtomicU64,
-    /// Bytes one client's lookups may hold (0: a quarter of the node's).
+    /// Bytes one client's lookups may hold (0: half of the node's).
     pub hold_client_max_memory: AtomicU64,
     /// Microseconds a connection polls its socket before its shard sleeps.
     pub idle_poll_us: AtomicU64,
@@ -605,11 +605,11 @@ impl LiveConfig {
             return kvtier_store::HoldLimits::NONE;
         }
         let node = match self.hold_max_memory.load(Relaxed) {
-            0 => maxmemory / 10,
+            0 => maxmemory / 4,
             n => n,
         };
         let client = match self.hold_client_max_memory.load(Relaxed) {
-            0 => node / 4,
+            0 => node / 2,
             n => n.min(node),
         };
         let shards = shards.max(1) as u64;

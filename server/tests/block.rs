@@ -668,15 +668,13 @@ fn holds(c: &mut RawConn, outcome: &str) -> u64 {
 
 #[test]
 fn a_held_prefix_survives_eviction_until_it_is_read() {
-    // Two shards, 4 MiB each; 64 KiB blocks. The holds may cover a tenth
-    // of maxmemory (0.8 MiB, 0.4 MiB a shard), this client all of it.
+    // Two shards, 4 MiB each; 64 KiB blocks. The holds may cover a
+    // quarter of maxmemory (2 MiB, 1 MiB a shard), this client half of it.
     let server = Server::start(&[
         "--threads",
         "2",
         "--maxmemory",
         "8mb",
-        "--hold-client-max-memory",
-        "1mb",
         // Exact LRU, so that the blocks are the first to go once their
         // hold ends (the store's tests cover every policy).
         "--maxmemory-policy",
@@ -719,9 +717,18 @@ fn a_held_prefix_survives_eviction_until_it_is_read() {
 
 #[test]
 fn holds_end_by_time_and_stop_at_the_limits() {
-    let server = Server::start(&["--threads", "1", "--maxmemory", "8mb"]);
+    let server = Server::start(&[
+        "--threads",
+        "1",
+        "--maxmemory",
+        "8mb",
+        "--hold-max-memory",
+        "819200",
+        "--hold-client-max-memory",
+        "204800",
+    ]);
     let mut c = server.raw();
-    // A client may hold a quarter of 0.8 MiB: three 64 KiB blocks.
+    // A client may hold 200 KiB: three 64 KiB blocks.
     let keys = chain("lim", 6);
     assert_eq!(call(&mut c, &msetblock_64k(&keys)), ints(&[1; 6]));
     assert_eq!(
@@ -750,6 +757,7 @@ fn holds_end_by_time_and_stop_at_the_limits() {
     assert_eq!(counts, [3, 6, 6], "six held before, six more fit");
     assert_eq!(holds(&mut c, "held_keys"), 12);
     assert_eq!(c.run("CONFIG SET hold-max-memory 4mb"), ok());
+    assert_eq!(c.run("CONFIG SET hold-client-max-memory 4mb"), ok());
     assert_eq!(
         c.run("CONFIG GET hold-max-memory"),
         bulks(&["hold-max-memory", "4194304"])
@@ -758,7 +766,7 @@ fn holds_end_by_time_and_stop_at_the_limits() {
     assert_eq!(
         call(&mut g, &keys_cmd("PREFIXLEN", &more, &["HOLD", "60000"])),
         int(12),
-        "a quarter of 4 MiB is sixteen blocks: the last six fit"
+        "4 MiB is 64 blocks: the last six fit"
     );
     // Without HOLD nothing is held; a short hold ends by itself.
     assert_eq!(c.run("FLUSHALL"), ok());

@@ -23,6 +23,10 @@ use crate::{
 pub(crate) enum Contents<'a> {
     /// Copied in.
     Bytes(&'a [u8]),
+    /// Copied in, or, when it is large enough for a span of its own and at
+    /// least [`ADOPT_MIN`] long, kept as it is (see
+    /// [`crate::slab::SlabArena::adopt`]).
+    Owned(&'a Bytes),
     /// `len` bytes reserved, none written.
     Unwritten(usize),
 }
@@ -31,6 +35,7 @@ impl Contents<'_> {
     pub(crate) fn len(&self) -> usize {
         match self {
             Contents::Bytes(b) => b.len(),
+            Contents::Owned(b) => b.len(),
             Contents::Unwritten(len) => *len,
         }
     }
@@ -282,7 +287,7 @@ impl Store {
             cold: false,
             class: WriteClass::default(),
         };
-        self.insert_contents(slot, key, Contents::Bytes(&value), write)
+        self.insert_contents(slot, key, Contents::Owned(&value), write)
     }
 
     /// The general write, for a value given by its bytes or by its size.
@@ -327,6 +332,7 @@ impl Store {
         let stored = match value {
             // Always copied: a slice would pin the request's read buffer.
             Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
+            Contents::Owned(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
             Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
             _ => Value::Slab(self.place_in_slab(value, protect, index_growth)?),
         };
@@ -395,7 +401,7 @@ impl Store {
         write: BlockWrite,
         now: u64,
     ) -> i64 {
-        self.insert_block_contents(slot, key, Contents::Bytes(&value), write, now)
+        self.insert_block_contents(slot, key, Contents::Owned(&value), write, now)
     }
 
     fn insert_block_contents(

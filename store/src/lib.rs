@@ -57,6 +57,11 @@ pub const ENTRY_OVERHEAD: usize = 128;
 pub const EXPIRE_OVERHEAD: usize = 48;
 /// Values at least this long are stored in the slab arena.
 pub const SLAB_MIN: usize = 4096;
+/// Values at least this long that get a span of their own are kept in the
+/// buffer they arrived in rather than copied (the protocol reads every
+/// argument of 32 KiB or more into a buffer of its exact size: nothing else
+/// shares that allocation).
+pub const ADOPT_MIN: usize = 32 * 1024;
 
 /// Milliseconds since the Unix epoch: every expiry, TTL and idle time.
 ///
@@ -226,6 +231,7 @@ impl Store {
             (budget / 16).clamp(64 * 1024, slab::DEFAULT_PAGE_SIZE) / (64 * 1024) * (64 * 1024)
         };
         let mut arena = SlabArena::new(page_size, memory.hugepages, memory.prealloc);
+        arena.set_span_pool_limit(budget);
         if memory.prealloc && budget > 0 {
             // Best effort: a refused mapping only means pages come later.
             let _ = arena.reserve(budget * 9 / 10 / page_size);
@@ -305,6 +311,7 @@ impl Store {
     pub fn set_budget(&mut self, budget: usize) {
         let queued = self.queues_on();
         self.budget = budget;
+        self.arena.set_span_pool_limit(budget);
         if queued != self.queues_on() {
             self.reset_queues();
         }
@@ -617,6 +624,36 @@ mod slab_tests {
         }
         assert_eq!(left, 0, "the unread chain is evicted");
         assert_eq!(s.stats.evicted_by[EvictReason::Inner as usize], 0);
+    }
+
+    #[test]
+    fn large_blocks_are_stored_in_the_buffer_they_arrived_in() {
+        let budget = 16 << 20;
+        let mut s = Store::new(0..SLOTS, budget, EvictionPolicy::Prefix);
+        // Pages of 1 MiB here: 2 MiB blocks get spans.
+        let big = block(1, 2 << 20);
+        assert_eq!(put(&mut s, "big", big.clone(), None), 1);
+        let got = s
+            .read(key_slot(b"big"), b"big", 1000, true)
+            .unwrap()
+            .value
+            .bytes();
+        assert_eq!(got.unwrap().as_ptr(), big.as_ptr(), "copied");
+        // Smaller blocks are copied into their class's pages.
+        let small = block(2, 64 * 1024);
+        assert_eq!(put(&mut s, "small", small.clone(), None), 1);
+        let got = s
+            .read(key_slot(b"small"), b"small", 1000, true)
+            .unwrap()
+            .value
+            .bytes();
+        assert_ne!(got.unwrap().as_ptr(), small.as_ptr());
+        // The budget holds with kept buffers: writes past it evict.
+        for i in 0..40 {
+            assert_eq!(put(&mut s, &format!("b{i}"), block(i, 2 << 20), None), 1);
+        }
+        assert!(s.stats.evicted_keys > 30);
+        assert!(s.used_memory() <= budget, "{} > {budget}", s.used_memory());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use crate::slab::{self, NoRoom};
 use crate::slot::key_slot;
-use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store};
+use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store, ADOPT_MIN};
 
 /// The keys eviction must not choose for a write: the key being written
 /// and, under `prefix`, the block it continues (a chain written under
@@ -62,13 +62,24 @@ impl Store {
         if !self.could_ever_fit(value.len() + index_growth) {
             return Err(OutOfMemory);
         }
+        let adoptable = match value {
+            Contents::Owned(b) if b.len() >= ADOPT_MIN && self.arena.takes_span(b.len()) => Some(b),
+            _ => None,
+        };
         let mut evictions = 0;
         loop {
-            let growth = self.arena.growth_for(value.len()) + index_growth;
-            let may_map = self.budget == 0 || self.used_memory() + growth <= self.budget;
-            let stored = match value {
-                Contents::Bytes(b) => self.arena.store(b, may_map),
-                Contents::Unwritten(len) => self.arena.store_unwritten(len, may_map),
+            let fits = |store: &Store, growth: usize| {
+                store.budget == 0 || store.used_memory() + growth + index_growth <= store.budget
+            };
+            let may_map = fits(self, self.arena.growth_for(value.len()));
+            let stored = match (value, adoptable) {
+                // Kept as it arrived when the budget has room for it; else
+                // copied into a span the pool has (no new memory), or
+                // evicted for.
+                (_, Some(b)) if fits(self, b.len()) => Ok(self.arena.adopt(b.clone())),
+                (Contents::Owned(b), _) => self.arena.store(b, may_map),
+                (Contents::Bytes(b), _) => self.arena.store(b, may_map),
+                (Contents::Unwritten(len), _) => self.arena.store_unwritten(len, may_map),
             };
             let class = match stored {
                 Ok(slot) => return Ok(slot),

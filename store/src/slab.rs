@@ -16,7 +16,13 @@
 //! * A value of `len` bytes goes to a class whose slot size is `len` rounded
 //!   up to 512 bytes, or to an existing class at most 1/32 larger (so
 //!   64 KiB, 256 KiB and 2 MiB blocks get exact classes and a page of them
-//!   wastes nothing). Values above a quarter page get a dedicated span.
+//!   wastes nothing). Values above a quarter page get a dedicated span;
+//!   a span whose value is gone stays mapped in a pool (up to the store's
+//!   budget, or [`FREE_SPANS`] without one) for the next value of its
+//!   size, so a tier full of large blocks does not pay an mmap, a fault per
+//!   4 KiB and a munmap for every write (the pool's bytes count as mapped,
+//!   as empty pages do, and are given back first when the budget needs
+//!   room).
 //! * Reads never copy: [`SlotRef::bytes`] takes a *lease* on the slot
 //!   (`STORED` + one lease) and wraps it in `Bytes::from_owner`. The index
 //!   holds the `STORED` bit. A slot returns to its class's free list only when
@@ -41,6 +47,9 @@ pub const SLOT_ALIGN: usize = 512;
 pub const DEFAULT_PAGE_SIZE: usize = 8 << 20;
 /// Most size classes per arena.
 const MAX_CLASSES: usize = 128;
+/// Spans kept mapped for reuse after their value is gone, with no byte
+/// limit set ([`SlabArena::set_span_pool_limit`]).
+pub const FREE_SPANS: usize = 16;
 
 /// An anonymous memory mapping.
 struct Region {
@@ -55,6 +64,15 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
+    /// No memory: what a span's page holds once its mapping went back to
+    /// the pool.
+    fn none() -> Region {
+        Region {
+            ptr: NonNull::dangling(),
+            len: 0,
+        }
+    }
+
     fn map(len: usize, hugepages: bool, prealloc: bool) -> io::Result<Region> {
         // SAFETY: a fresh private anonymous mapping; no existing memory is
         // touched. The result is checked against MAP_FAILED.
@@ -96,6 +114,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
         // SAFETY: unmaps exactly the mapping created in `map`; no lease can
         // outlive it because leases hold the page's Arc.
         unsafe {
@@ -104,28 +125,110 @@ impl Drop for Region {
     }
 }
 
+/// The arena's dedicated spans: the bytes mapped for them (values and the
+/// pool) and the pool of spans whose value is gone, shared with every
+/// span's page (its last holder may let go on any thread).
+struct SpanPool {
+    bytes: AtomicUsize,
+    free: Mutex<Vec<Region>>,
+    /// Most bytes pooled (0: at most FREE_SPANS spans).
+    limit: AtomicUsize,
+}
+
+impl SpanPool {
+    /// A pooled span of at least `len` bytes and at most 1/32 more.
+    fn take(&self, len: usize) -> Option<Region> {
+        let mut free = self.free.lock().ok()?;
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.len >= len && r.len <= len + len / 32)
+            .min_by_key(|(_, r)| r.len)
+            .map(|(i, _)| i)?;
+        Some(free.swap_remove(best))
+    }
+
+    fn fits(&self, len: usize) -> bool {
+        self.free
+            .lock()
+            .is_ok_and(|f| f.iter().any(|r| r.len >= len && r.len <= len + len / 32))
+    }
+
+    /// Keeps `region` for reuse, or unmaps it when the pool is full.
+    fn give_back(&self, region: Region) {
+        let len = region.len;
+        let limit = self.limit.load(Ordering::Relaxed);
+        let kept = match self.free.lock() {
+            Ok(mut free) => {
+                let room = if limit == 0 {
+                    free.len() < FREE_SPANS
+                } else {
+                    free.iter().map(|r| r.len).sum::<usize>() + len <= limit
+                };
+                if room {
+                    free.push(region);
+                }
+                room
+            }
+            Err(_) => false,
+        };
+        if !kept {
+            self.bytes.fetch_sub(len, Ordering::AcqRel);
+        }
+    }
+
+    /// Unmaps pooled spans until `bytes` were given back (or none is
+    /// left); returns the bytes given back.
+    fn unmap(&self, bytes: usize) -> usize {
+        let mut freed = 0;
+        while freed < bytes {
+            let Some(region) = self.free.lock().ok().and_then(|mut f| f.pop()) else {
+                break;
+            };
+            freed += region.len;
+            self.bytes.fetch_sub(region.len, Ordering::AcqRel);
+        }
+        freed
+    }
+}
+
 /// The part of a page that readers share: its memory and slot states.
 pub struct PageMem {
     region: Region,
+    /// A span's value adopted as it arrived (its own allocation), instead
+    /// of mapped memory: `region` is then empty.
+    adopted: Option<Bytes>,
     states: Box<[AtomicU32]>,
     id: u32,
     released: Arc<Mutex<Vec<(u32, u32)>>>,
-    /// For dedicated spans: the arena's span byte counter, decremented when
-    /// the span is finally unmapped.
-    span_bytes: Option<Arc<AtomicUsize>>,
+    /// For dedicated spans: the arena's spans, which take the mapping back
+    /// once its value and every reader let go.
+    spans: Option<Arc<SpanPool>>,
 }
 
 impl Drop for PageMem {
     fn drop(&mut self) {
-        if let Some(counter) = &self.span_bytes {
-            counter.fetch_sub(self.region.len, Ordering::AcqRel);
+        let Some(spans) = &self.spans else { return };
+        match &self.adopted {
+            Some(value) => {
+                spans.bytes.fetch_sub(value.len(), Ordering::AcqRel);
+            }
+            None => spans.give_back(std::mem::replace(&mut self.region, Region::none())),
         }
     }
 }
 
 impl PageMem {
+    /// The first byte of the page's memory.
+    fn base(&self) -> *const u8 {
+        match &self.adopted {
+            Some(value) => value.as_ptr(),
+            None => self.region.ptr.as_ptr(),
+        }
+    }
+
     fn report_free(&self, slot: u32) {
-        if self.span_bytes.is_none() {
+        if self.spans.is_none() {
             if let Ok(mut q) = self.released.lock() {
                 q.push((self.id, slot));
             }
@@ -146,9 +249,7 @@ impl AsRef<[u8]> for Lease {
         // SAFETY: offset + len lies inside the page's mapping (checked when
         // the slot was handed out); the lease keeps the slot from being
         // reused, so nobody writes these bytes while the slice lives.
-        unsafe {
-            std::slice::from_raw_parts(self.page.region.ptr.as_ptr().add(self.offset), self.len)
-        }
+        unsafe { std::slice::from_raw_parts(self.page.base().add(self.offset), self.len) }
     }
 }
 
@@ -201,9 +302,7 @@ impl SlotRef {
         // the slot was handed out), and the STORED bit this handle owns keeps
         // the slot from being reused, so the bytes are not written while
         // borrowed from `self`.
-        unsafe {
-            std::slice::from_raw_parts(self.page.region.ptr.as_ptr().add(self.offset), self.len)
-        }
+        unsafe { std::slice::from_raw_parts(self.page.base().add(self.offset), self.len) }
     }
 
     /// Bytes of memory the value occupies: its slot, or its span.
@@ -213,7 +312,7 @@ impl SlotRef {
 
     /// The (page, slot) of a value in a page; `None` for spans.
     pub fn page_location(&self) -> Option<(u32, u32)> {
-        (self.page.span_bytes.is_none()).then_some((self.page.id, self.slot))
+        (self.page.spans.is_none()).then_some((self.page.id, self.slot))
     }
 
     /// Whether a reply or waiter currently holds the value.
@@ -228,7 +327,7 @@ impl SlotRef {
 
     /// Whether the value lives in a dedicated span.
     pub fn in_span(&self) -> bool {
-        self.page.span_bytes.is_some()
+        self.page.spans.is_some()
     }
 }
 
@@ -277,8 +376,13 @@ pub struct ClassStats {
 pub struct ArenaStats {
     /// Bytes mapped for pages.
     pub page_bytes: usize,
-    /// Bytes mapped for dedicated spans.
+    /// Bytes mapped for dedicated spans (with the pool of spans kept for
+    /// reuse).
     pub span_bytes: usize,
+    /// Spans kept mapped for the next value of their size.
+    pub free_spans: usize,
+    /// Their bytes (part of `span_bytes`).
+    pub free_span_bytes: usize,
     /// Pages mapped.
     pub pages: usize,
     /// Pages re-carved for another class.
@@ -311,7 +415,7 @@ pub struct SlabArena {
     /// Pages with free slots, per class.
     partial: Vec<Vec<u32>>,
     released: Arc<Mutex<Vec<(u32, u32)>>>,
-    span_bytes: Arc<AtomicUsize>,
+    spans: Arc<SpanPool>,
     rebalanced: u64,
 }
 
@@ -326,9 +430,20 @@ impl SlabArena {
             classes: Vec::new(),
             partial: Vec::new(),
             released: Arc::new(Mutex::new(Vec::new())),
-            span_bytes: Arc::new(AtomicUsize::new(0)),
+            spans: Arc::new(SpanPool {
+                bytes: AtomicUsize::new(0),
+                free: Mutex::new(Vec::new()),
+                limit: AtomicUsize::new(0),
+            }),
             rebalanced: 0,
         }
+    }
+
+    /// How many bytes of spans whose value is gone stay mapped for reuse
+    /// (the store's budget: they count against it and go first when it
+    /// needs room); 0: at most [`FREE_SPANS`] spans.
+    pub fn set_span_pool_limit(&mut self, bytes: usize) {
+        self.spans.limit.store(bytes, Ordering::Relaxed);
     }
 
     /// Page size.
@@ -343,7 +458,7 @@ impl SlabArena {
 
     /// Bytes mapped (pages plus spans still alive).
     pub fn mapped_bytes(&self) -> usize {
-        self.page_count() * self.page_size + self.span_bytes.load(Ordering::Acquire)
+        self.page_count() * self.page_size + self.spans.bytes.load(Ordering::Acquire)
     }
 
     fn page(&self, id: u32) -> Option<&Page> {
@@ -358,7 +473,11 @@ impl SlabArena {
     /// new memory: a page, or its own span.
     pub fn growth_for(&self, len: usize) -> usize {
         if self.is_span(len) {
-            span_len(len)
+            if self.spans.fits(span_len(len)) {
+                0
+            } else {
+                span_len(len)
+            }
         } else {
             self.page_size
         }
@@ -448,10 +567,7 @@ impl SlabArena {
     ) -> Result<SlotRef, NoRoom> {
         self.reclaim();
         if self.is_span(len) {
-            if !may_map {
-                return Err(NoRoom::Full { class: usize::MAX });
-            }
-            return self.store_span(len, value);
+            return self.store_span(len, value, may_map);
         }
         let class = self.class_for(len);
         let page_id = match self.partial[class].last().copied() {
@@ -493,30 +609,77 @@ impl SlabArena {
         })
     }
 
-    fn store_span(&mut self, value_len: usize, value: Option<&[u8]>) -> Result<SlotRef, NoRoom> {
+    /// Whether a value of `len` bytes gets a span of its own rather than a
+    /// slot.
+    pub fn takes_span(&self, len: usize) -> bool {
+        self.is_span(len)
+    }
+
+    /// Keeps `value` itself as a span: the value arrived in an allocation of
+    /// its own (a request argument read into a buffer of its exact size), so
+    /// it is stored without a copy, and counted as span memory until its
+    /// last holder lets go. The caller checked that the budget has room.
+    pub fn adopt(&mut self, value: Bytes) -> SlotRef {
+        let len = value.len();
+        self.spans.bytes.fetch_add(len, Ordering::AcqRel);
+        let mem = Arc::new(PageMem {
+            region: Region::none(),
+            adopted: Some(value),
+            states: vec![AtomicU32::new(STORED)].into_boxed_slice(),
+            id: u32::MAX,
+            released: Arc::clone(&self.released),
+            spans: Some(Arc::clone(&self.spans)),
+        });
+        SlotRef {
+            page: mem,
+            slot: 0,
+            offset: 0,
+            len,
+            capacity: len,
+        }
+    }
+
+    /// A span for the value: a pooled one of its size, else a new mapping
+    /// when `may_map`.
+    fn store_span(
+        &mut self,
+        value_len: usize,
+        value: Option<&[u8]>,
+        may_map: bool,
+    ) -> Result<SlotRef, NoRoom> {
         let len = span_len(value_len);
-        let region = Region::map(len, self.hugepages, false).map_err(|_| NoRoom::Mmap)?;
+        let region = match self.spans.take(len) {
+            Some(region) => region,
+            None if may_map => {
+                let region = Region::map(len, self.hugepages, false).map_err(|_| NoRoom::Mmap)?;
+                self.spans.bytes.fetch_add(len, Ordering::AcqRel);
+                region
+            }
+            None => return Err(NoRoom::Full { class: usize::MAX }),
+        };
         if let Some(value) = value {
-            // SAFETY: the span was just mapped, is `len >= value.len()`
-            // bytes long and nobody else can see it yet.
+            // SAFETY: the span is `region.len >= len >= value.len()` bytes
+            // long and nobody else can see it: just mapped, or taken from
+            // the pool, where it went once its last holder let go.
             unsafe {
                 std::ptr::copy_nonoverlapping(value.as_ptr(), region.ptr.as_ptr(), value.len());
             }
         }
-        self.span_bytes.fetch_add(len, Ordering::AcqRel);
+        let capacity = region.len;
         let mem = Arc::new(PageMem {
             region,
+            adopted: None,
             states: vec![AtomicU32::new(STORED)].into_boxed_slice(),
             id: u32::MAX,
             released: Arc::clone(&self.released),
-            span_bytes: Some(Arc::clone(&self.span_bytes)),
+            spans: Some(Arc::clone(&self.spans)),
         });
         Ok(SlotRef {
             page: mem,
             slot: 0,
             offset: 0,
             len: value_len,
-            capacity: len,
+            capacity,
         })
     }
 
@@ -576,10 +739,11 @@ impl SlabArena {
         let page = Page {
             mem: Arc::new(PageMem {
                 region,
+                adopted: None,
                 states: Box::new([]),
                 id,
                 released: Arc::clone(&self.released),
-                span_bytes: None,
+                spans: None,
             }),
             class: None,
             free: Vec::new(),
@@ -601,11 +765,11 @@ impl SlabArena {
         Ok(())
     }
 
-    /// Unmaps pages with nothing stored and nothing leased, up to `bytes`
-    /// worth; returns the bytes given back.
+    /// Unmaps pooled spans, then pages with nothing stored and nothing
+    /// leased, up to `bytes` worth; returns the bytes given back.
     pub fn unmap_empty(&mut self, bytes: usize) -> usize {
         self.reclaim();
-        let mut freed = 0;
+        let mut freed = self.spans.unmap(bytes);
         for i in 0..self.pages.len() {
             if freed >= bytes {
                 break;
@@ -675,7 +839,13 @@ impl SlabArena {
     pub fn stats(&self) -> ArenaStats {
         ArenaStats {
             page_bytes: self.page_count() * self.page_size,
-            span_bytes: self.span_bytes.load(Ordering::Acquire),
+            span_bytes: self.spans.bytes.load(Ordering::Acquire),
+            free_spans: self.spans.free.lock().map_or(0, |f| f.len()),
+            free_span_bytes: self
+                .spans
+                .free
+                .lock()
+                .map_or(0, |f| f.iter().map(|r| r.len).sum()),
             pages: self.page_count(),
             rebalanced_pages: self.rebalanced,
             classes: self.classes.clone(),
@@ -757,16 +927,66 @@ mod tests {
     }
 
     #[test]
-    fn big_values_get_spans_unmapped_after_the_last_reader() {
+    fn a_value_in_its_own_buffer_is_kept_without_a_copy() {
+        let mut a = SlabArena::new(1 << 20, false, false);
+        let value = Bytes::from(value(700 * 1024, 5));
+        let r = a.adopt(value.clone());
+        assert!(r.in_span());
+        assert_eq!(r.as_slice().as_ptr(), value.as_ptr(), "copied");
+        assert_eq!(a.stats().span_bytes, 700 * 1024);
+        let read = r.bytes();
+        assert_eq!(read.as_ptr(), value.as_ptr());
+        drop(r);
+        drop(value);
+        assert_eq!(a.stats().span_bytes, 700 * 1024, "still leased");
+        assert_eq!(&read[..10], &super::tests::value(700 * 1024, 5)[..10]);
+        drop(read);
+        // Its memory goes back to the allocator, not to the span pool.
+        assert_eq!((a.stats().span_bytes, a.stats().free_spans), (0, 0));
+    }
+
+    #[test]
+    fn big_values_get_spans_reused_after_the_last_reader() {
         let mut a = SlabArena::new(1 << 20, false, false);
         let r = a.store(&value(700 * 1024, 3), true).unwrap();
         assert!(r.in_span());
         assert_eq!(a.stats().span_bytes, 700 * 1024);
         let held = r.bytes();
         drop(r);
-        assert_eq!(a.stats().span_bytes, 700 * 1024, "still leased");
+        assert_eq!(a.stats().free_spans, 0, "still leased");
         drop(held);
-        assert_eq!(a.stats().span_bytes, 0);
+        // Pooled: still mapped, no growth needed for a value of its size.
+        assert_eq!(
+            (a.stats().span_bytes, a.stats().free_spans),
+            (700 * 1024, 1)
+        );
+        assert_eq!(a.growth_for(700 * 1024 - 100), 0);
+        assert_eq!(a.growth_for(900 * 1024), 900 * 1024);
+        // A value of that size takes it, even with no room to map more; its
+        // bytes are the new value's.
+        let again = a.store(&value(700 * 1024 - 100, 9), false).unwrap();
+        assert_eq!(again.as_slice(), &value(700 * 1024 - 100, 9)[..]);
+        assert_eq!(
+            (a.stats().span_bytes, a.stats().free_spans),
+            (700 * 1024, 0)
+        );
+        assert_eq!(again.footprint(), 700 * 1024);
+        // No pooled span of the size, no room: the store must evict.
+        assert_eq!(
+            a.store(&value(900 * 1024, 1), false).unwrap_err(),
+            NoRoom::Full { class: usize::MAX }
+        );
+        drop(again);
+        // The budget's need for room unmaps pooled spans first.
+        assert_eq!(a.unmap_empty(1), 700 * 1024);
+        assert_eq!((a.stats().span_bytes, a.stats().free_spans), (0, 0));
+        // The pool keeps at most FREE_SPANS.
+        let many: Vec<SlotRef> = (0..FREE_SPANS + 3)
+            .map(|i| a.store(&value(600 * 1024, i as u8), true).unwrap())
+            .collect();
+        drop(many);
+        assert_eq!(a.stats().free_spans, FREE_SPANS);
+        assert_eq!(a.stats().span_bytes, FREE_SPANS * 600 * 1024);
     }
 
     #[test]

@@ -6,6 +6,7 @@ import builtins
 import inspect
 import random
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -389,8 +390,8 @@ class Client:
         received = False
         try:
             try:
-                conn.send_packed_command(buffers, check_health=False)
-            except redis.exceptions.TimeoutError as e:
+                _send(conn, buffers)
+            except (builtins.TimeoutError, redis.exceptions.TimeoutError) as e:
                 conn.disconnect()
                 raise TimeoutError(str(e)) from None
             except (redis.exceptions.ConnectionError, OSError) as e:
@@ -445,6 +446,38 @@ class Client:
             if str(e).startswith("TRYAGAIN"):
                 raise _Retry(e) from None
             raise
+
+
+#: Most buffers one ``sendmsg`` takes (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+
+def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryview]]) -> None:
+    """Sends a command's buffers: on a plain socket with ``sendmsg``, many
+    buffers per system call (a value gathered from many regions, a KV block
+    of every layer, costs a few calls instead of one per region); through
+    TLS, which has no ``sendmsg``, one ``sendall`` per buffer."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None:
+        conn.connect()
+        sock = getattr(conn, "_sock", None)
+    if sock is None or not hasattr(sock, "sendmsg") or isinstance(sock, ssl.SSLSocket):
+        conn.send_packed_command(buffers, check_health=False)
+        return
+    views = [memoryview(b) for b in buffers]
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i : i + IOV_MAX])
+        while sent and i < len(views):
+            n = views[i].nbytes
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        while i < len(views) and views[i].nbytes == 0:
+            i += 1
 
 
 def _moved(message: str) -> Optional[Node]:

@@ -96,7 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "socket_timeout": 30.0,
     "connect_timeout": 5.0,
     # Connections a large fetch or store is spread over (1: one command).
-    "stripes": 4,
+    "stripes": 8,
     # How fetches and stores run: "threads" (the sync client in worker
     # threads: blocking recv_into/sendall with the GIL released, no copy on
     # send; measured faster, docs/benchmarks.md) or "asyncio" (AsyncClient

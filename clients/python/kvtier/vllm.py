@@ -119,7 +119,7 @@ DEFAULTS: dict[str, Any] = {
     # Writers add a CRC32 of each block; readers check blocks that have one.
     "checksum": False,
     # Connections a large load or save is spread over.
-    "stripes": 4,
+    "stripes": 8,
 }
 
 
@@ -356,7 +356,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.loads = transfer.kv_role in ("kv_both", "kv_consumer")
         self.saves = transfer.kv_role in ("kv_both", "kv_producer")
         self._scheduler: Optional[_SchedulerSide] = None
-        self._worker: Optional[_WorkerSide] = None
+        self._worker: Optional[WorkerSide] = None
         if role == KVConnectorRole.SCHEDULER:
             if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
                 logger.warning(
@@ -366,7 +366,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 )
             self._scheduler = _SchedulerSide(self)
         else:
-            self._worker = _WorkerSide(self, kv_cache_config)
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
+            self._worker = WorkerSide(self.options, self.keys, get_tensor_model_parallel_rank(), blocks)
         logger.info(
             "kvtier connector (%s, %s) for %s, layout %s",
             transfer.kv_role,
@@ -381,7 +384,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._scheduler is not None, "a scheduler-side call on a worker"
         return self._scheduler
 
-    def _work(self) -> _WorkerSide:
+    def _work(self) -> WorkerSide:
         assert self._worker is not None, "a worker-side call on the scheduler"
         return self._worker
 
@@ -668,15 +671,17 @@ class _KvCache:
         return [memoryview(layer[block_id]) for layer in self.layers]
 
 
-class _WorkerSide:
-    def __init__(self, connector: KvtierConnector, kv_cache_config: Optional[KVCacheConfig]) -> None:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+class WorkerSide:
+    """The connector's half in each worker: one TP rank's loads into and
+    saves from its KV cache. (Built by :class:`KvtierConnector`; the
+    benchmarks drive it directly.)"""
 
-        self.c = connector
-        o = connector.options
-        self.keys = connector.keys
-        self.rank: int = get_tensor_model_parallel_rank()
-        self.num_blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
+    def __init__(self, options: Options, keys: KeyScheme, rank: int, num_blocks: int = 0) -> None:
+        o = options
+        self.options = options
+        self.keys = keys
+        self.rank = rank
+        self.num_blocks = num_blocks
         self.client = Client.from_url(
             o.url, socket_timeout=o.socket_timeout, connect_timeout=o.connect_timeout, stripes=o.stripes
         )
@@ -722,7 +727,7 @@ class _WorkerSide:
     def _header(self, key: str, views: Sequence[memoryview]) -> bytearray:
         assert self.cache is not None
         crc, flags = 0, 0
-        if self.c.options.checksum:
+        if self.options.checksum:
             for v in views:
                 crc = zlib.crc32(v, crc)
             flags = _header.FLAG_CRC
@@ -899,6 +904,7 @@ class _WorkerSide:
 
 __all__ = [
     "DEFAULTS",
+    "WorkerSide",
     "MAGIC",
     "KeyScheme",
     "KvtierConnector",
