@@ -2,7 +2,9 @@
 # LMCache's remote connectors side by side in one run, through LMCache 0.5.6's
 # own RemoteBackend (CPU): its redis:// connector on redis-server 7, the
 # kvtier plugin on kvtier, LMCache's resp:// native connector on kvtier, and
-# redis:// on kvtier; 64-chunk prompts of 32 MiB and 2 MiB chunks. Prints
+# redis:// on kvtier; and kvtier's vLLM connector's save and load paths
+# (tests/vllm/bench_io.py, in the vLLM venv; VLLM=0 skips it); 64-chunk
+# prompts of 32 MiB and 2 MiB chunks. Prints
 # lookup latency, store/retrieve GB/s and the Python process's CPU per GB,
 # with ratios; then, on a three-node kvtier cluster (hot-key copies off, so
 # the coordination itself is measured), a node coordinating every command
@@ -30,6 +32,11 @@ fi
 command -v redis-server >/dev/null || { echo "missing redis-server (apt-get install redis-server)"; exit 1; }
 
 VENV=$(tests/connectors/venv.sh)
+# The vLLM connector is timed in the vLLM tests' venv (VLLM=0: skip it).
+VLLM_ARGS=()
+if [[ ${VLLM:-1} != 0 ]]; then
+    VLLM_ARGS=(--vllm-python "$(tests/vllm/venv.sh)/bin/python")
+fi
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -42,7 +49,10 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --d
     --maxmemory "$MAXMEMORY" --maxmemory-policy allkeys-lru >/dev/null 2>&1 &
 PIDS+=($!)
 KV_PORT=$(free_port)
-"$BIN" --port "$KV_PORT" --metrics-addr none --maxmemory "$MAXMEMORY" >/dev/null 2>&1 &
+# A 64-chunk prompt of 32 MiB chunks is a third of the tier: its lookup may
+# hold half of it (PREFIXLEN ... HOLD counts only what it can hold).
+"$BIN" --port "$KV_PORT" --metrics-addr none --maxmemory "$MAXMEMORY" \
+    --hold-max-memory 3gb --hold-client-max-memory 3gb >/dev/null 2>&1 &
 PIDS+=($!)
 C1=$(free_port); C2=$(free_port); C3=$(free_port)
 MEMBERS="n1@127.0.0.1:$C1,n2@127.0.0.1:$C2,n3@127.0.0.1:$C3"
@@ -60,7 +70,8 @@ run() {
     "$VENV/bin/python" tests/connectors/bench_connectors.py \
         --redis "127.0.0.1:$REDIS_PORT" --kvtier "127.0.0.1:$KV_PORT" \
         --cluster "127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
-        --reps "$REPS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" 2> >(grep -v ' INFO' >&2)
+        --reps "$REPS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" "${VLLM_ARGS[@]}" \
+        2> >(grep -v ' INFO' >&2)
 }
 if [[ -n ${OUT:-} ]]; then
     run | tee "$OUT"

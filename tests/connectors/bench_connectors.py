@@ -11,10 +11,15 @@ tokens):
 * ``resp``    LMCache's ``resp://`` native (C++) connector on kvtier
 * ``redis@kvtier``  LMCache's ``redis://`` connector on kvtier (what a user
   gets today by pointing redis:// at kvtier)
+* ``vllm``    kvtier's vLLM connector (``kvtier.vllm``) on kvtier, its save and
+  load paths on a KV cache of the same shape (tests/vllm/bench_io.py, in the
+  vLLM venv, with ``--vllm-python``); its retrieve is the load into the
+  cache's block regions, and ``raw_retrieve_gbs`` the same MGETPREFIX into
+  flat buffers
 
 and per connector: lookup latency (``batched_contains`` of the 64 chunks),
 store and retrieve GB/s (``batched_submit_put_task`` waited for /
-``batched_get_blocking``), and the Python process's CPU seconds per GB moved
+``batched_get_blocking``; medians after one untimed round), and the Python process's CPU seconds per GB moved
 (user + system, every thread). Prints a table, the ratios against redis, and
 a JSON line.
 
@@ -208,10 +213,14 @@ def run_one(
     b = Bench(kind, url, chunk_tokens, flush)
     try:
         gb = CHUNKS * b.chunk_bytes / 1e9
+        # One untimed round first: connections, threads and the server's
+        # first use of its memory are not what is measured.
+        b.store()
         stores = [b.store() for _ in range(reps)]
         b.verify()
         lk = [b.lookup() for _ in range(lookups)]
         assert all(n == CHUNKS for _, n in lk), "%s: lookup found %s" % (kind, [n for _, n in lk][:5])
+        b.retrieve()
         gets = [b.retrieve() for _ in range(reps)]
         return {
             "connector": kind,
@@ -282,8 +291,13 @@ def flusher(c: kvtier.Client) -> Callable[[], None]:
 
 def run_child(kind: str, url: str, tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """Runs one connector in a child process; a failure is reported, not fatal."""
-    cmd = [sys.executable, __file__, "--redis", args.redis, "--kvtier", args.kvtier]
-    cmd += ["--reps", str(args.reps), "--lookups", str(args.lookups), "--one", kind, url, str(tokens)]
+    if kind == "vllm":
+        # The vLLM connector's own save and load paths, in the vLLM venv.
+        cmd = [args.vllm_python, str(HERE.parent / "vllm" / "bench_io.py"), "--kvtier", args.kvtier]
+        cmd += ["--block-tokens", str(tokens), "--reps", str(args.reps), "--lookups", str(args.lookups)]
+    else:
+        cmd = [sys.executable, __file__, "--redis", args.redis, "--kvtier", args.kvtier]
+        cmd += ["--reps", str(args.reps), "--lookups", str(args.lookups), "--one", kind, url, str(tokens)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
@@ -304,6 +318,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lookups", type=int, default=30)
     ap.add_argument("--chunk-tokens", default="256,16")
+    ap.add_argument("--vllm-python", default="", help="the vLLM venv's python: also time the vLLM connector")
     ap.add_argument("--one", nargs=3, metavar=("CONNECTOR", "URL", "TOKENS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -332,6 +347,8 @@ def main() -> None:
         ("resp", "resp://" + args.kvtier),
         ("redis@kvtier", "redis://%s?socket_timeout=120" % args.kvtier),
     ]
+    if args.vllm_python:
+        runs.append(("vllm", "kvtier://" + args.kvtier))
     results: list[dict[str, Any]] = []
     for tokens in [int(t) for t in args.chunk_tokens.split(",")]:
         for kind, url in runs:
@@ -365,7 +382,7 @@ def main() -> None:
         )
     print()
     print(
-        "| chunk | plugin against | lookup faster | retrieve GB/s | store GB/s "
+        "| chunk | kvtier's connector against | lookup faster | retrieve GB/s | store GB/s "
         "| CPU/GB retrieve | CPU/GB store |"
     )
     print("|---|---|---|---|---|---|---|")
@@ -373,15 +390,16 @@ def main() -> None:
         (x["connector"], float(x["chunk_mib"])): x for x in results if "error" not in x
     }
     for (conn, mib), x in sorted(by.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
-        if conn == "plugin":
+        if conn in ("plugin", "vllm"):
             for base in ("redis", "resp", "redis@kvtier"):
                 b = by.get((base, mib))
                 if b is None:
                     continue
                 print(
-                    "| %g MiB | plugin vs %s | %.1fx | %.2fx | %.2fx | %.2fx less | %.2fx less |"
+                    "| %g MiB | %s vs %s | %.1fx | %.2fx | %.2fx | %.2fx less | %.2fx less |"
                     % (
                         mib,
+                        conn,
                         base,
                         b["lookup_ms"] / x["lookup_ms"],
                         x["retrieve_gbs"] / b["retrieve_gbs"],

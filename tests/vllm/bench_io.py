@@ -12,8 +12,9 @@ for a 64-block prompt
 * raw: ``Client.get_prefix`` of the same keys into one flat buffer per key:
   what the connection can deliver, the mark the load is compared with.
 
-Blocks of 16 tokens are 2 MiB (vLLM's GPU block size), of 256 tokens 32 MiB
-(an LMCache chunk). Prints one ``RESULT {json}`` line with the fields
+Medians over ``--reps`` rounds after an untimed one. Blocks of 16 tokens
+are 2 MiB (vLLM's GPU block size), of 256 tokens 32 MiB (an LMCache chunk).
+Prints one ``RESULT {json}`` line with the fields
 tests/connectors/bench_connectors.py prints for LMCache's connectors.
 """
 
@@ -78,7 +79,9 @@ def main() -> None:
 
     stores, loads, raws = [], [], []
     lookups: list[float] = []
-    for rep in range(args.reps):
+    # Round 0 is not timed: connections, threads and the server's first use
+    # of its memory are not what is measured.
+    for rep in range(args.reps + 1):
         client.execute("FLUSHALL")
         hashes = ["%032x" % (rep << 64 | i) for i in range(BLOCKS)]
         block_ids = list(range(BLOCKS))
@@ -86,26 +89,30 @@ def main() -> None:
         c0, t0 = time.process_time(), time.perf_counter()
         worker.submit_saves(save)
         worker.drain_saves()
-        stores.append((time.perf_counter() - t0, time.process_time() - c0))
+        if rep:
+            stores.append((time.perf_counter() - t0, time.process_time() - c0))
         assert worker.stats["saved_blocks"] == (rep + 1) * BLOCKS, worker.stats
 
         names = keys.lookup_keys(hashes)
         for _ in range(args.lookups):
             t = time.perf_counter()
             n = client.prefix_len(names, hold_ms=options.hold_ms)
-            lookups.append(time.perf_counter() - t)
+            if rep:
+                lookups.append(time.perf_counter() - t)
             assert n == BLOCKS
         load = KvtierMetadata(loads=[LoadSpec("r%d" % rep, hashes, block_ids)])
         c0, t0 = time.process_time(), time.perf_counter()
         worker.start_loads(load)
-        loads.append((time.perf_counter() - t0, time.process_time() - c0))
+        if rep:
+            loads.append((time.perf_counter() - t0, time.process_time() - c0))
         assert not worker.take_load_errors()
 
         flat = [bytearray(block_bytes + 64) for _ in range(BLOCKS)]
         raw_client = worker.client
         t0 = time.perf_counter()
         got = raw_client.get_prefix(names, into=flat)
-        raws.append(time.perf_counter() - t0)
+        if rep:
+            raws.append(time.perf_counter() - t0)
         assert len(got) == BLOCKS
     worker.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
-from ._resp import BulkSink
+from ._resp import BulkSink, SinkItem
 from .errors import BufferTooSmall, ProtocolError
 
 #: Anything exposing a writable buffer: bytearray, memoryview, numpy array,
@@ -47,7 +47,7 @@ class BufferSink:
             raise ValueError("%d keys but %d buffers" % (nkeys, len(views)))
         return cls(views, None)
 
-    def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
+    def __call__(self, index: int, length: int) -> Iterable[SinkItem]:
         if self._user is not None:
             return self._user(index, length)
         assert self._views is not None

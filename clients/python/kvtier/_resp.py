@@ -33,9 +33,12 @@ Arg = Union[bytes, bytearray, memoryview, str, int, Sequence[Union[bytes, bytear
 
 #: Where the payload of bulk string ``index`` (``length`` bytes) goes: an
 #: iterable of writable buffers filled in order. A generator may look at the
-#: bytes of one buffer (a header) before it yields the next. Bytes left over
-#: when it ends (or yields ``None``) are read and dropped.
-BulkSink = Callable[[int, int], Iterable[Union[memoryview, bytearray, None]]]
+#: bytes of one buffer (a header) before it yields the next; a list of
+#: buffers yielded as one item is filled by as few reads as the socket
+#: allows (one ``recvmsg_into`` for many regions). Bytes left over when it
+#: ends (or yields ``None``) are read and dropped.
+SinkItem = Union[memoryview, bytearray, list[Union[memoryview, bytearray]], None]
+BulkSink = Callable[[int, int], Iterable[SinkItem]]
 
 #: Pieces of at most this size are copied into one request buffer; larger
 #: ones are sent from the caller's memory as they are.
@@ -127,8 +130,9 @@ class ReplyParser:
         self._bulk_direct = False
         self._bulk_buf: bytearray | None = None  # small bulk assembled here
         self._bulk_pos = 0
-        self._targets: Iterator[memoryview | bytearray | None] | None = None
+        self._targets: Iterator[SinkItem] | None = None
         self._target: memoryview | None = None  # unfilled part of the current target
+        self._queued: list[memoryview] = []  # the rest of a list of targets, in order
         self._bulk_index = 0  # index of the next sink-handled bulk
 
     # -- driver interface -------------------------------------------------
@@ -157,16 +161,37 @@ class ReplyParser:
             raise ProtocolError("reply line longer than %d bytes" % MAX_LINE)
         return self._view[self._end : self._end + room]
 
+    def buffers(self, most: int = 64) -> list[memoryview]:
+        """Where the next received bytes should go, in order: several buffers
+        while a sink's list of targets is being filled (for one
+        ``recvmsg_into``), else the one :meth:`buffer`."""
+        if self._bulk_left > 2 and self._target is not None and self._queued:
+            left = self._bulk_left - 2
+            out = []
+            for view in (self._target, *self._queued[: most - 1]):
+                if left <= 0:
+                    break
+                out.append(view[: min(view.nbytes, left)])
+                left -= out[-1].nbytes
+            return out
+        return [self.buffer()]
+
     def advance(self, n: int) -> None:
-        """Records that ``n`` bytes were written into the last :meth:`buffer`."""
+        """Records that ``n`` bytes were written into the last :meth:`buffer`
+        (or, in order, into the last :meth:`buffers`)."""
         if n <= 0:
             raise ValueError("advance needs a positive byte count")
         if self._bulk_left > 2 and self._target is not None:
-            self._bulk_left -= n
-            if n >= self._target.nbytes:
-                self._next_target()
-            else:
-                self._target = self._target[n:]
+            while n > 0 and self._target is not None:
+                step = min(n, self._target.nbytes)
+                self._bulk_left -= step
+                n -= step
+                if step == self._target.nbytes:
+                    self._next_target()
+                else:
+                    self._target = self._target[step:]
+            if n:
+                raise ProtocolError("more bytes received than the targets hold")
         elif self._bulk_left > 2 and self._bulk_buf is not None:
             self._bulk_pos += n
             self._bulk_left -= n
@@ -272,6 +297,7 @@ class ReplyParser:
         self._bulk_pos = 0
         self._target = None
         self._targets = None
+        self._queued = []
         if self._bulk_direct:
             assert self._sink is not None
             index = self._bulk_index
@@ -287,18 +313,21 @@ class ReplyParser:
 
     def _next_target(self) -> None:
         self._target = None
+        while self._queued:
+            view = self._queued.pop(0)
+            if view.nbytes:
+                self._target = view
+                return
         if self._targets is None:
             return
         for t in self._targets:
             if t is None:
                 break
-            view = t if isinstance(t, memoryview) else memoryview(t)
-            if view.readonly:
-                raise TypeError("a sink yielded a read-only buffer")
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
-            if view.nbytes:
-                self._target = view
+            views = [_target_view(x) for x in t] if isinstance(t, (list, tuple)) else [_target_view(t)]
+            views = [v for v in views if v.nbytes]
+            if views:
+                self._target = views[0]
+                self._queued = views[1:]
                 return
         self._targets = None
 
@@ -339,6 +368,7 @@ class ReplyParser:
         if self._bulk_direct:
             self._targets = None
             self._target = None
+            self._queued = []
             self._emit(self._bulk_len)
         else:
             value = self._bulk_buf if self._bulk_buf is not None else bytearray()
@@ -365,6 +395,15 @@ class ReplyParser:
                 value = {_hashable(k): v for k, v in zip(it, it)}
             else:
                 value = top.items
+
+
+def _target_view(t: Union[memoryview, bytearray]) -> memoryview:
+    view = t if isinstance(t, memoryview) else memoryview(t)
+    if view.readonly:
+        raise TypeError("a sink yielded a read-only buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
 
 
 def _hashable(key: object) -> object:

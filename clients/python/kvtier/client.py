@@ -405,8 +405,13 @@ class Client:
             if extra_timeout:
                 sock.settimeout(self.socket_timeout + extra_timeout)
             parser = ReplyParser(sink)
+            scatter = hasattr(sock, "recvmsg_into") and not isinstance(sock, ssl.SSLSocket)
             while not parser.done:
-                n = sock.recv_into(parser.buffer())
+                if scatter:
+                    views = parser.buffers()
+                    n = sock.recv_into(views[0]) if len(views) == 1 else sock.recvmsg_into(views)[0]
+                else:
+                    n = sock.recv_into(parser.buffer())
                 if n == 0:
                     if not received:
                         # Closed before any reply (an idle connection the

@@ -742,7 +742,7 @@ class WorkerSide:
         cache = self.cache
         crcs: dict[int, int] = {}
 
-        def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
+        def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, list[memoryview], None]]:
             if index >= len(keys) or length != _header.FIXED.size + cache.block_bytes:
                 bad.append(index)
                 return
@@ -764,7 +764,8 @@ class WorkerSide:
                 return
             if h.flags & _header.FLAG_CRC:
                 crcs[index] = h.crc
-            yield from cache.views(block_ids[index])
+            # One list: the block's layer regions are filled together.
+            yield cache.views(block_ids[index])
 
         def check() -> None:
             for index, crc in crcs.items():
