@@ -64,6 +64,7 @@ import queue
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,6 +95,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.kvtier")
 
 MAGIC = b"KVTV"
+#: A block this engine handed to its save thread this recently and that a
+#: lookup does not find yet is waited for (its save is on the way), at most
+#: IN_FLIGHT_WAIT_MS; saved longer ago and not found, it was evicted.
+IN_FLIGHT_S = 5.0
+IN_FLIGHT_WAIT_MS = 2000
+RECENT_SAVES_KEPT = 1 << 16
 
 #: ``kv_connector_extra_config`` keys and their defaults.
 DEFAULTS: dict[str, Any] = {
@@ -481,6 +488,10 @@ class _SchedulerSide:
         self.health = _Health(o.retry_after)
         self.requests: dict[str, _Tracked] = {}
         self.pending_loads: list[LoadSpec] = []
+        # Blocks this engine handed to its save thread lately, by hash: a
+        # lookup that misses one of them waits for it (its save is on the
+        # way) rather than computing it again.
+        self.recent_saves: OrderedDict[str, float] = OrderedDict()
 
     def close(self) -> None:
         self.client.close()
@@ -518,6 +529,8 @@ class _SchedulerSide:
                 found = 0
         t.stored = found
         t.lookup_local = num_computed_tokens
+        # A new attempt (the first, or after a load failed): its own load.
+        t.load = None
         if not self.c.loads:
             return 0, False
         local = num_computed_tokens // bs
@@ -529,6 +542,11 @@ class _SchedulerSide:
             if expected > found and expected > local:
                 t.wait_blocks = expected
                 return (expected - local) * bs, True
+        # Blocks this engine is still saving: wait for them, briefly.
+        coming = self._in_flight(hashes, found)
+        if coming > found and coming > local and self.health.ok():
+            t.wait_blocks = coming
+            return (coming - local) * bs, True
         t.wait_blocks = 0
         logger.debug(
             "kvtier: %s: %d of %d blocks found, %d local", request.request_id, found, loadable, local
@@ -536,6 +554,17 @@ class _SchedulerSide:
         if found <= local:
             return 0, False
         return (found - local) * bs, False
+
+    def _in_flight(self, hashes: Sequence[str], found: int) -> int:
+        """``found`` extended over the blocks after it that this engine
+        handed to its save thread within the last ``IN_FLIGHT_S`` seconds."""
+        horizon = time.monotonic() - IN_FLIGHT_S
+        while self.recent_saves and next(iter(self.recent_saves.values())) < horizon:
+            self.recent_saves.popitem(last=False)
+        n = found
+        while n < len(hashes) and hashes[n] in self.recent_saves:
+            n += 1
+        return n
 
     def allocated(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         t = self.requests.get(request.request_id)
@@ -545,11 +574,15 @@ class _SchedulerSide:
         block_ids = blocks.get_block_ids()[0]
         start = t.lookup_local // bs
         count = num_external_tokens // bs
+        wait_ms = None
+        if t.wait_blocks:
+            params = request.kv_transfer_params or {}
+            wait_ms = self.c.options.pd_wait_ms if params.get("do_remote_prefill") else IN_FLIGHT_WAIT_MS
         spec = LoadSpec(
             req_id=request.request_id,
             hashes=t.hashes[start : start + count],
             block_ids=list(block_ids[start : start + count]),
-            wait_ms=self.c.options.pd_wait_ms if t.wait_blocks else None,
+            wait_ms=wait_ms,
         )
         t.load, t.load_start = spec, start
         t.stored = max(t.stored, start + count)
@@ -570,6 +603,12 @@ class _SchedulerSide:
             if spec is not None:
                 meta.saves.append(spec)
                 t.saved_any = True
+                now = time.monotonic()
+                for h in spec.hashes:
+                    self.recent_saves[h] = now
+                    self.recent_saves.move_to_end(h)
+                while len(self.recent_saves) > RECENT_SAVES_KEPT:
+                    self.recent_saves.popitem(last=False)
         return meta
 
     def _save_spec(self, t: _Tracked, out: SchedulerOutput, manager: Any) -> Optional[SaveSpec]:
@@ -603,13 +642,17 @@ class _SchedulerSide:
         bad = set(connector_output.invalid_block_ids or ())
         if not bad:
             return
-        # Blocks that failed to load are recomputed: store them afterwards.
+        # Blocks that failed to load are recomputed: store them afterwards;
+        # and if this engine was saving them, those saves did not land: a
+        # lookup does not wait for them again.
         for t in self.requests.values():
             if t.load is None:
                 continue
             for i, b in enumerate(t.load.block_ids):
                 if b in bad:
                     t.stored = min(t.stored, t.load_start + i)
+                    for h in t.load.hashes[i:]:
+                        self.recent_saves.pop(h, None)
                     break
 
     def finished(self, request: Request) -> tuple[bool, Optional[dict[str, Any]]]:
@@ -804,14 +847,13 @@ class WorkerSide:
         bad: list[int] = []
         got = 0
         if self.cache is not None and keys:
-            sink = self._sink(keys, spec.block_ids, bad)
             try:
-                if spec.wait_ms is not None:
-                    lengths = self.client.get_prefix(keys, into=sink, block_ms=spec.wait_ms, min=len(keys))
+                if spec.wait_ms is None:
+                    sink = self._sink(keys, spec.block_ids, bad)
+                    got = len(self.client.get_prefix(keys, into=sink))
+                    sink.check()
                 else:
-                    lengths = self.client.get_prefix(keys, into=sink)
-                sink.check()
-                got = len(lengths)
+                    got = self._load_as_they_land(keys, spec.block_ids, spec.wait_ms, bad)
             except (KvtierError, OSError) as e:
                 self.health.failed("load", e)
                 got = 0
@@ -824,6 +866,13 @@ class WorkerSide:
                 self.health.failed("delete of damaged blocks", e)
         first_bad = min([got, *bad])
         failed = spec.block_ids[first_bad:]
+        logger.debug(
+            "kvtier: loaded %d of %d blocks from %s at %.6f",
+            first_bad,
+            len(keys),
+            spec.hashes[0] if spec.hashes else "-",
+            time.time(),
+        )
         with self.lock:
             self.stats["loaded_blocks"] += first_bad
             self.stats["failed_blocks"] += len(failed)
@@ -832,6 +881,28 @@ class WorkerSide:
             logger.info(
                 "kvtier: %s: %d of %d blocks not loaded, recomputed", spec.req_id, len(failed), len(keys)
             )
+
+    def _load_as_they_land(self, keys: list[str], block_ids: list[int], wait_ms: int, bad: list[int]) -> int:
+        """Reads blocks another engine is still writing, each as soon as it
+        is there: ``MGETPREFIX ... BLOCK ms MIN 1`` of the blocks still
+        missing returns the leading ones present, again until all arrived
+        (the reads overlap the writer's stores), a check failed, or
+        ``wait_ms`` passed. Returns how many leading blocks arrived."""
+        deadline = time.monotonic() + wait_ms / 1000.0
+        got = 0
+        while got < len(keys) and not bad:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            part: list[int] = []
+            sink = self._sink(keys[got:], block_ids[got:], part)
+            n = len(self.client.get_prefix(keys[got:], into=sink, block_ms=left_ms, min=1))
+            sink.check()
+            bad.extend(got + i for i in part)
+            if n == 0:
+                break
+            got += n
+        return got
 
     def take_load_errors(self) -> set[int]:
         with self.lock:
@@ -869,11 +940,22 @@ class WorkerSide:
                 if self.health.ok():
                     keys = [self.keys.key(self.rank, h) for h in spec.hashes]
                     parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
+                    started = time.time()
                     codes = self.client.put_chain(keys, values, parent=parent)
                     refused = sum(1 for c in codes if c < 0)
                     with self.lock:
                         self.stats["saved_blocks"] += len(codes) - refused
                         self.stats["refused_blocks"] += refused
+                    # Wall-clock times: scripts/bench-vllm.sh lines up a
+                    # producer's saves with a consumer's loads by them.
+                    logger.debug(
+                        "kvtier: saved %d blocks from %s (refused %d) %.6f..%.6f",
+                        len(codes),
+                        spec.hashes[0],
+                        refused,
+                        started,
+                        time.time(),
+                    )
             except (KvtierError, OSError) as e:
                 self.health.failed("save", e)
             except Exception:  # never lose the worker thread
