@@ -6,8 +6,9 @@
 #    block), one request at a time, over a full prefix hit (4,096-token
 #    prompts served again), a shared 4,096-token system prompt and
 #    multi-turn conversations; configurations: recompute (no connector),
-#    vLLM's own prefix cache, vLLM's ExampleConnector (disk), kvtier on one
-#    node and on a three-node cluster. LMCache's vLLM connector and vLLM's
+#    vLLM's own prefix cache, vLLM's ExampleConnector (disk: its files in the
+#    page cache, and disk-cold: the page cache dropped before each request,
+#    as root), kvtier on one node and on a three-node cluster. LMCache's vLLM connector and vLLM's
 #    own CPU offloading do not run on the CPU build (docs/connectors.md).
 # 2. Prefill -> decode (tests/vllm/bench_pd.py): a kv_producer and a
 #    kv_consumer engine of that model; the consumer is asked first and loads
@@ -54,7 +55,7 @@ run() {
         for p in "$ONE" "$C1" "$C2" "$C3"; do wait_up "$p"; done
         "$PY" tests/vllm/bench_ttft.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" \
             --cluster "kvtier://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
-            --configs "${CONFIGS:-recompute,local,disk,kvtier,kvtier-cluster}" 2>/dev/null
+            --configs "${CONFIGS:-recompute,local,disk,disk-cold,kvtier,kvtier-cluster}"
         stop_all
     fi
     if [[ $PARTS == *pd* ]]; then
@@ -62,7 +63,7 @@ run() {
         "$BIN" --port "$ONE" --metrics-addr none --maxmemory 8gb >/dev/null 2>&1 &
         PIDS+=($!)
         wait_up "$ONE"
-        "$PY" tests/vllm/bench_pd.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" 2>/dev/null
+        "$PY" tests/vllm/bench_pd.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE"
         stop_all
     fi
     if [[ $PARTS == *lookup* ]]; then
@@ -77,8 +78,9 @@ run() {
         stop_all
     fi
 }
+# (Not `run | tee`: the servers run() starts must be in this shell's PIDS,
+# which the exit trap stops.)
 if [[ -n ${OUT:-} ]]; then
-    run | tee "$OUT"
-else
-    run
+    exec > >(tee "$OUT")
 fi
+run

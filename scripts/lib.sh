@@ -44,7 +44,8 @@ bench_setup() {
 stop_all() {
   local p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # Only these: a script's other children (a `tee` it writes through) go on.
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   PIDS=()
 }
 

@@ -25,7 +25,7 @@ import kvtier  # noqa: E402
 START_TIMEOUT = 30.0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGKILL it when pytest goes away."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -91,7 +91,7 @@ def start_kvtier(log: Path, *extra: str) -> Server:
             stdout=subprocess.PIPE,
             stderr=log_file,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT

@@ -3,8 +3,8 @@ scripts/bench-vllm.sh, in the vLLM venv): a ``kv_producer`` engine and a
 ``kv_consumer`` engine in processes of their own, on one kvtier. For each of
 a few 4,096-token prompts the consumer is asked first (it waits for the
 blocks, ``MGETPREFIX ... BLOCK``) and the producer then computes and stores
-the prompt. From the connectors' own timestamps (their debug log lines,
-wall clock, one machine): how long the producer's store took, and when the
+the prompt. From the connectors' own timestamps (the log lines of
+``log_transfers``, wall clock, one machine): how long the producer's store took, and when the
 consumer had every block, counted from the moment the producer started
 storing. Prints a table and a JSON line.
 """
@@ -43,13 +43,9 @@ def main() -> None:
     args = ap.parse_args()
 
     logdir = Path(tempfile.mkdtemp(prefix="bench-pd-"))
-    env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
-    consumer = Engine(
-        args.model, logdir / "consumer.log", kv_config(args.kvtier, role="kv_consumer"), env=env
-    )
-    producer = Engine(
-        args.model, logdir / "producer.log", kv_config(args.kvtier, role="kv_producer"), env=env
-    )
+    conf: dict[str, Any] = {"log_transfers": True}
+    consumer = Engine(args.model, logdir / "consumer.log", kv_config(args.kvtier, role="kv_consumer", **conf))
+    producer = Engine(args.model, logdir / "producer.log", kv_config(args.kvtier, role="kv_producer", **conf))
     prompts = [
         [random.Random(5000 + i).randrange(10, 4000) for _ in range(4096)] for i in range(args.prompts)
     ]
@@ -75,7 +71,7 @@ def main() -> None:
     layout = hashlib.blake2b(m.group(1).encode(), digest_size=8).hexdigest()
     saves = [(h, float(a), float(b)) for _, h, _, a, b in SAVED.findall(plog)]
     loads = {h: (int(n), int(of), float(at)) for n, of, h, at in LOADED.findall(clog)}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p, out in zip(prompts, decoded):
         hashes: list[str] = []
         extend_chain(hashes, chain_root(layout), p, (len(p) - 1) // 128, 128)

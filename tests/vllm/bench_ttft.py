@@ -15,7 +15,10 @@ time (a request of ``max_tokens`` 1: its time is its TTFT):
 Configurations: ``recompute`` (no connector, no prefix cache), ``local``
 (vLLM's own prefix cache: the same engine serving a prefix again), ``disk``
 (vLLM's ExampleConnector; it keys whole prompts, so only identical prompts
-hit), ``kvtier`` (one node) and ``kvtier-cluster`` (three nodes); the
+hit; its files are in the page cache, so this is a read from DRAM),
+``disk-cold`` (the same with the page cache dropped before each timed
+request, root only: a read from the disk, as from a tier larger than DRAM),
+``kvtier`` (one node) and ``kvtier-cluster`` (three nodes); the
 connector configurations run with the engine's prefix cache off, so that
 every hit is a load from the connector. Prints a table of TTFT p50/p99 per
 workload and configuration, the ratios the goals name, and a JSON line.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -73,8 +77,20 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
+def drop_page_cache() -> None:
+    """Empties the kernel's page cache (root only): the disk connector's
+    files are then read from the disk, as a tier larger than DRAM is."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def run_config(
-    name: str, model: Path, logdir: Path, kv: Optional[dict[str, Any]], prefix_caching: bool
+    name: str,
+    model: Path,
+    logdir: Path,
+    kv: Optional[dict[str, Any]],
+    prefix_caching: bool,
+    cold: bool = False,
 ) -> dict[str, Any]:
     engine = Engine(model, logdir / ("%s.log" % name), kv, prefix_caching=prefix_caching)
     out: dict[str, Any] = {}
@@ -84,7 +100,13 @@ def run_config(
             # Later requests, not the next instant: what the first pass
             # stores is stored by then.
             time.sleep(1.0)
-            res = engine.generate(timed, max_tokens=1)
+            if cold:
+                res = []
+                for p in timed:
+                    drop_page_cache()
+                    res.extend(engine.generate([p], max_tokens=1))
+            else:
+                res = engine.generate(timed, max_tokens=1)
             secs = [r["seconds"] for r in res]
             out[wname] = {
                 "p50_ms": statistics.median(secs) * 1e3,
@@ -105,21 +127,26 @@ def main() -> None:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--kvtier", required=True, help="kvtier://host:port of one node")
     ap.add_argument("--cluster", default="", help="kvtier://h1:p1,h2:p2,h3:p3 of a three-node cluster")
-    ap.add_argument("--configs", default="recompute,local,disk,kvtier,kvtier-cluster")
+    ap.add_argument("--configs", default="recompute,local,disk,disk-cold,kvtier,kvtier-cluster")
     args = ap.parse_args()
 
     logdir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+
+    def disk(path: str) -> dict[str, Any]:
+        # A directory per configuration: the ExampleConnector names a
+        # prompt's files by a hash of its leading tokens and fails on a
+        # file another prompt of another length wrote.
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(logdir / path)},
+        }
+
     configs: dict[str, tuple[Optional[dict[str, Any]], bool]] = {
         "recompute": (None, False),
         "local": (None, True),
-        "disk": (
-            {
-                "kv_connector": "ExampleConnector",
-                "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": str(logdir / "disk")},
-            },
-            False,
-        ),
+        "disk": (disk("disk"), False),
+        "disk-cold": (disk("disk-cold"), False),
         "kvtier": (kv_config(args.kvtier), False),
     }
     if args.cluster:
@@ -129,7 +156,11 @@ def main() -> None:
         if name not in configs:
             continue
         kv, prefix_caching = configs[name]
-        results[name] = run_config(name, args.model, logdir, kv, prefix_caching)
+        cold = name == "disk-cold"
+        if cold and os.geteuid() != 0:
+            print("disk-cold needs root (it drops the page cache): skipped", flush=True)
+            continue
+        results[name] = run_config(name, args.model, logdir, kv, prefix_caching, cold)
 
     print()
     print("| workload | configuration | TTFT p50 (ms) | TTFT p99 (ms) | cached tokens / prompt |")
@@ -149,7 +180,7 @@ def main() -> None:
             if kvname not in results:
                 continue
             mine = results[kvname][wname]["p50_ms"]
-            for base in ("recompute", "disk", "local"):
+            for base in ("recompute", "disk", "disk-cold", "local"):
                 if base in results:
                     print(
                         "| %s | %s vs %s | %.3fx |"

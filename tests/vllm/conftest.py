@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
 
-from kvtier_servers import Server, start_cluster, start_kvtier  # noqa: E402
+from kvtier_servers import Server, die_with_parent, start_cluster, start_kvtier  # noqa: E402
 from make_model import make_model  # noqa: E402
 
 __all__ = ["ROOT", "Engine", "Server", "kv_config", "start_cluster", "start_kvtier"]
@@ -66,6 +67,8 @@ class Engine:
         }
         self.log = log
         self._log_file = open(log, "wb")  # kept until close()
+        # A session of its own: the engine's processes (its engine core and
+        # workers) are one group, killed together however a test ends.
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.PIPE,
@@ -74,6 +77,8 @@ class Engine:
             env=self.env,
             text=True,
             bufsize=1,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         ready = self._read(ENGINE_START_TIMEOUT)
         if not ready.get("ready"):
@@ -124,8 +129,14 @@ class Engine:
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired, ValueError):
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+                pass
+        # Whatever is left of the engine's processes (a hung engine core,
+        # workers whose parent went away).
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=30)
         self._log_file.close()
 
 

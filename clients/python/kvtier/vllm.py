@@ -99,6 +99,9 @@ MAGIC = b"KVTV"
 #: lookup does not find yet is waited for (its save is on the way), at most
 #: IN_FLIGHT_WAIT_MS; saved longer ago and not found, it was evicted.
 IN_FLIGHT_S = 5.0
+#: How long an engine step with nothing to compute waits for an
+#: asynchronous load to end before vLLM steps again.
+IDLE_WAIT_S = 0.005
 IN_FLIGHT_WAIT_MS = 2000
 RECENT_SAVES_KEPT = 1 << 16
 
@@ -127,6 +130,8 @@ DEFAULTS: dict[str, Any] = {
     "checksum": False,
     # Connections a large load or save is spread over.
     "stripes": 8,
+    # Log every save and load with its wall-clock times (INFO).
+    "log_transfers": False,
 }
 
 
@@ -145,6 +150,7 @@ class Options:
     save_decode: bool
     checksum: bool
     stripes: int
+    log_transfers: bool
 
     @classmethod
     def of(cls, extra: dict[str, Any]) -> Options:
@@ -164,6 +170,7 @@ class Options:
             save_decode=_truthy(o["save_decode"]),
             checksum=_truthy(o["checksum"]),
             stripes=int(o["stripes"]),
+            log_transfers=_truthy(o["log_transfers"]),
         )
 
 
@@ -420,7 +427,10 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._work().register(kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        self._work().start_loads(self._get_connector_metadata())
+        # A step without a forward (attn_metadata None) is the engine
+        # looping while requests wait for their loads.
+        idle = getattr(forward_context, "attn_metadata", None) is None
+        self._work().start_loads(self._get_connector_metadata(), idle=idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # A block's value holds every layer: start_load_kv has it all.
@@ -744,6 +754,8 @@ class WorkerSide:
         self.loaders = ThreadPoolExecutor(4, thread_name_prefix="kvtier-load")
         self.async_loads: dict[str, Future[None]] = {}
         self.done_recving: set[str] = set()
+        self.load_done = threading.Event()
+        self.idle_step = False
         self.stats = {"saved_blocks": 0, "refused_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0}
 
     def close(self) -> None:
@@ -824,7 +836,8 @@ class WorkerSide:
 
     # -- loads -----------------------------------------------------------------
 
-    def start_loads(self, meta: KVConnectorMetadata) -> None:
+    def start_loads(self, meta: KVConnectorMetadata, idle: bool = False) -> None:
+        self.idle_step = idle
         if not isinstance(meta, KvtierMetadata) or not meta.loads:
             return
         for spec in meta.loads:
@@ -839,6 +852,7 @@ class WorkerSide:
         finally:
             with self.lock:
                 self.done_recving.add(spec.req_id)
+            self.load_done.set()
 
     def _load(self, spec: LoadSpec) -> None:
         """Reads ``spec``'s blocks into the cache; the ones that did not
@@ -866,7 +880,7 @@ class WorkerSide:
                 self.health.failed("delete of damaged blocks", e)
         first_bad = min([got, *bad])
         failed = spec.block_ids[first_bad:]
-        logger.debug(
+        self._log_transfer(
             "kvtier: loaded %d of %d blocks from %s at %.6f",
             first_bad,
             len(keys),
@@ -903,6 +917,12 @@ class WorkerSide:
                 break
             got += n
         return got
+
+    def _log_transfer(self, message: str, *args: Any) -> None:
+        if self.options.log_transfers:
+            logger.info(message, *args)
+        else:
+            logger.debug(message, *args)
 
     def take_load_errors(self) -> set[int]:
         with self.lock:
@@ -948,7 +968,7 @@ class WorkerSide:
                         self.stats["refused_blocks"] += refused
                     # Wall-clock times: scripts/bench-vllm.sh lines up a
                     # producer's saves with a consumer's loads by them.
-                    logger.debug(
+                    self._log_transfer(
                         "kvtier: saved %d blocks from %s (refused %d) %.6f..%.6f",
                         len(codes),
                         spec.hashes[0],
@@ -974,6 +994,13 @@ class WorkerSide:
     # -- completion ------------------------------------------------------------
 
     def finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        if self.idle_step and self.async_loads and not self.done_recving:
+            # Nothing to compute, requests waiting for their blocks: vLLM
+            # would step again at once, and again, taking the cores from the
+            # engine that is writing those blocks. Wait a little for a load
+            # to end instead.
+            self.load_done.wait(IDLE_WAIT_S)
+        self.load_done.clear()
         with self.lock:
             self.finishing |= finished_req_ids & self.saved_reqs
             sending = {r for r in self.finishing if r not in self.saves_pending}
