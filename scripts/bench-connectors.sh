@@ -12,16 +12,18 @@
 # runs: the machine is shared and noisy.
 #
 #   scripts/bench-connectors.sh                  # both chunk sizes
-#   CHUNK_TOKENS=16 REPS=1 scripts/bench-connectors.sh   # quick look
+#   CHUNK_TOKENS=16 REPS=1 ROUNDS=1 scripts/bench-connectors.sh   # quick look
 #
 # Environment: KVTIER_BIN (default target/release/kvtier-server, built when
-# missing), REPS (3), LOOKUPS (30), CHUNK_TOKENS ("256,16"), MAXMEMORY (6gb,
+# missing), REPS (3), ROUNDS (3: every connector runs this many times, taking
+# turns, and each figure is the median of its rounds), LOOKUPS (30), CHUNK_TOKENS ("256,16"), MAXMEMORY (6gb,
 # both servers), OUT (file for the output, default stdout only).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
+ROUNDS=${ROUNDS:-3}
 LOOKUPS=${LOOKUPS:-30}
 CHUNK_TOKENS=${CHUNK_TOKENS:-256,16}
 MAXMEMORY=${MAXMEMORY:-6gb}
@@ -65,12 +67,12 @@ done
 for p in "$REDIS_PORT" "$KV_PORT" "$C1" "$C2" "$C3"; do wait_port "$p"; done
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(redis-server --version | cut -d' ' -f1-3), kvtier $("$BIN" --version | cut -d' ' -f2), lmcache $("$VENV/bin/python" -c 'import lmcache; print(lmcache.__version__)'), $(nproc) cores"
-echo "# command: REPS=$REPS LOOKUPS=$LOOKUPS CHUNK_TOKENS=$CHUNK_TOKENS scripts/bench-connectors.sh"
+echo "# command: REPS=$REPS ROUNDS=$ROUNDS LOOKUPS=$LOOKUPS CHUNK_TOKENS=$CHUNK_TOKENS scripts/bench-connectors.sh"
 run() {
     "$VENV/bin/python" tests/connectors/bench_connectors.py \
         --redis "127.0.0.1:$REDIS_PORT" --kvtier "127.0.0.1:$KV_PORT" \
         --cluster "127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
-        --reps "$REPS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" "${VLLM_ARGS[@]}" \
+        --reps "$REPS" --rounds "$ROUNDS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" "${VLLM_ARGS[@]}" \
         2> >(grep -v ' INFO' >&2)
 }
 if [[ -n ${OUT:-} ]]; then

@@ -455,6 +455,9 @@ class Client:
 
 #: Most buffers one ``sendmsg`` takes (Linux's IOV_MAX).
 IOV_MAX = 1024
+#: Bytes of buffers offered to one ``sendmsg``: more than a socket's send
+#: buffer takes in one call.
+SEND_WINDOW = 4 << 20
 
 
 def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryview]]) -> None:
@@ -472,7 +475,14 @@ def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryvi
     views = [memoryview(b) for b in buffers]
     i = 0
     while i < len(views):
-        sent = sock.sendmsg(views[i : i + IOV_MAX])
+        # Only as many buffers as a send can take: the socket takes a few
+        # MB per call, and every buffer passed costs a buffer export and an
+        # iovec whether it is sent or not.
+        end, window = i, 0
+        while end < len(views) and end - i < IOV_MAX and window < SEND_WINDOW:
+            window += views[end].nbytes
+            end += 1
+        sent = sock.sendmsg(views[i:end])
         while sent and i < len(views):
             n = views[i].nbytes
             if sent >= n:
