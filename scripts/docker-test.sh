@@ -94,27 +94,10 @@ for tool in redis-cli python3 curl; do
 done
 command -v promtool >/dev/null || { log "installing promtool (Debian's prometheus package)"; apt_install prometheus; }
 
-if ! docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
-  log "making $BASE_TAG with debootstrap (no registry)"
-  command -v debootstrap >/dev/null || apt_install debootstrap
-  as_root debootstrap --variant=minbase bookworm "$WORK/rootfs" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
-    || { tail -20 "$WORK/debootstrap.log"; exit 1; }
-  as_root rm -rf "$WORK/rootfs/var/cache/apt/archives"/*.deb "$WORK/rootfs/var/lib/apt/lists"/*
-  as_root tar -C "$WORK/rootfs" -c . | docker import - "$BASE_TAG" >/dev/null
-  as_root rm -rf "$WORK/rootfs"
-  CREATED_BASE=1
-fi
-
+docker_base_image "$BASE_TAG" "$WORK" && CREATED_BASE=1
 PROFILE=${PROFILE:-release}
+docker_prebuilt "$PROFILE"
 BIN_DIR=target/$PROFILE
-log "building kvtier ($PROFILE) on the host for the image's build stage"
-if [[ $PROFILE == release ]]; then
-  cargo build --release -q -p kvtier-server -p kvtier-bench
-else
-  cargo build -q -p kvtier-server -p kvtier-bench
-fi
-mkdir -p docker/prebuilt
-cp "$BIN_DIR/kvtier-server" "$BIN_DIR/kvtier-bench" docker/prebuilt/
 
 log "building the image and starting the cluster ($PROJECT)"
 compose build >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 1; }

@@ -57,3 +57,36 @@ wait_up() {
   for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return; sleep 0.1; done
   echo "node on $1 did not start"; exit 1
 }
+
+# docker_base_image TAG WORK: where no registry can be reached, makes the
+# Debian bookworm image the Dockerfiles start from (a minimal root
+# filesystem from debootstrap, in WORK, loaded with `docker import`) unless
+# the engine has TAG already. Returns 0 when it made the image (the caller
+# removes it when done), 1 when TAG was there. Needs as_root and apt_install.
+docker_base_image() {
+  local tag=$1 work=$2
+  docker image inspect "$tag" >/dev/null 2>&1 && return 1
+  echo "making $tag with debootstrap (no registry)"
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  as_root debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+    || { tail -20 "$work/debootstrap.log"; exit 1; }
+  as_root rm -rf "$work/rootfs/var/cache/apt/archives"/*.deb "$work/rootfs/var/lib/apt/lists"/*
+  as_root tar -C "$work/rootfs" -c . | docker import - "$tag" >/dev/null
+  as_root rm -rf "$work/rootfs"
+  return 0
+}
+
+# docker_prebuilt PROFILE: builds kvtier-server and kvtier-bench on the host
+# (release or debug) and puts them in docker/prebuilt/, which
+# docker/Dockerfile's build stage copies instead of compiling (no Rust image
+# to pull). The caller removes docker/prebuilt/ when done.
+docker_prebuilt() {
+  echo "building kvtier ($1) on the host for the image's build stage"
+  if [[ $1 == release ]]; then
+    cargo build --release -q -p kvtier-server -p kvtier-bench
+  else
+    cargo build -q -p kvtier-server -p kvtier-bench
+  fi
+  mkdir -p docker/prebuilt
+  cp "target/$1/kvtier-server" "target/$1/kvtier-bench" docker/prebuilt/
+}

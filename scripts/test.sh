@@ -92,6 +92,10 @@ install_deps() {
     if ! command -v python3 >/dev/null; then
         apt_install python3 python3-venv
     fi
+    if [[ ! -f /usr/include/openssl/sha.h ]] || ! command -v g++ >/dev/null; then
+        echo "installing g++ and libssl-dev (SGLang builds its page-hash extension with them)"
+        apt_install g++ libssl-dev
+    fi
     if ! command -v openssl >/dev/null; then
         echo "installing openssl (certificates for the TLS tests)"
         apt_install openssl

@@ -44,7 +44,9 @@ def plugin_config(url: str, chunk_size: int = 16, **options: Any) -> LMCacheEngi
     )
 
 
-def metadata(chunk_size: int = 16, world_size: int = 1, worker_id: int = 0) -> LMCacheMetadata:
+def metadata(
+    chunk_size: int = 16, world_size: int = 1, worker_id: int = 0, layers: int = LAYERS, heads: int = HEADS
+) -> LMCacheMetadata:
     return LMCacheMetadata(
         model_name=MODEL,
         world_size=world_size,
@@ -52,7 +54,7 @@ def metadata(chunk_size: int = 16, world_size: int = 1, worker_id: int = 0) -> L
         worker_id=worker_id,
         local_worker_id=worker_id,
         kv_dtype=DTYPE,
-        kv_shape=(LAYERS, 2, chunk_size, HEADS, HEAD_DIM),
+        kv_shape=(layers, 2, chunk_size, heads, HEAD_DIM),
         chunk_size=chunk_size,
     )
 
@@ -98,7 +100,8 @@ class Worker:
     def chunk(self, seed: int, tokens: Optional[int] = None) -> MemoryObj:
         """A MemoryObj of ``tokens`` (default: a full chunk) of seeded random KV."""
         t = self.chunk_size if tokens is None else tokens
-        shape = torch.Size([2, LAYERS, t, HEADS * HEAD_DIM])
+        layers, _, _, heads, dim = self.meta.kv_shape
+        shape = torch.Size([2, layers, t, heads * dim])
         obj = self.cpu.allocate([shape], [DTYPE], MemoryFormat.KV_2LTD)
         assert obj is not None
         g = torch.Generator().manual_seed(seed)

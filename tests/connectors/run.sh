@@ -14,6 +14,8 @@ t0=$(date +%s)
 venv=$(tests/connectors/venv.sh)
 echo "venv: $venv ($(($(date +%s) - t0))s)"
 py=$venv/bin/python
+# The venv's tools (ninja, which SGLang's C++ hash extension builds with) on PATH.
+export PATH=$venv/bin:$PATH
 
 # The package installs with pip (no torch, no lmcache: only redis-py).
 "$py" -m pip install -q --no-deps --no-build-isolation --force-reinstall ./clients/python

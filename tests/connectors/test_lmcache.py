@@ -382,6 +382,28 @@ def test_damaged_value_is_a_miss_never_wrong_bytes(worker: Worker, server: Serve
         g.ref_count_down()
 
 
+@pytest.mark.parametrize("other", [{"heads": 4}, {"layers": 4}, {"heads": 1, "layers": 4}])
+def test_a_chunk_is_never_read_in_another_geometry(server: Server, other: dict[str, int]) -> None:
+    """Chunks another engine geometry stored under the same LMCache keys
+    (LMCache's key names the model, world size, rank and dtype, not the
+    KV shape) are misses: the header's shapes do not fit, no bytes."""
+    writer = Worker(plugin_config(server.url), metadata())
+    reader = Worker(plugin_config(server.url), metadata(**other))
+    try:
+        keys = writer.keys(3)
+        assert keys == reader.keys(3)
+        writer.store(keys, [writer.chunk(i) for i in range(3)])
+        assert reader.backend.get_blocking(keys[0]) is None
+        assert reader.run(reader.backend.batched_get_non_blocking("req", keys)) == []
+        got = writer.run(writer.backend.batched_get_non_blocking("req", keys))
+        assert len(got) == 3
+        for g in got:
+            g.ref_count_down()
+    finally:
+        writer.close()
+        reader.close()
+
+
 def test_checksum_catches_a_changed_payload(server: Server) -> None:
     w = Worker(plugin_config(server.url, checksum=True), metadata())
     try:

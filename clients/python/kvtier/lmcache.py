@@ -63,6 +63,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from . import _commands as cmd
 from . import _header
 from ._buffers import writable_view
+from ._plugin import truthy
 from .aio import AsyncClient
 from .client import Client
 
@@ -152,14 +153,8 @@ def plugin_options(extra_config: dict[str, Any], plugin: str) -> dict[str, Any]:
             if key in extra_config:
                 options[name] = extra_config[key]
                 break
-    options["checksum"] = _truthy(options["checksum"])
+    options["checksum"] = truthy(options["checksum"])
     return options
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 class ChunkCodec:

@@ -78,6 +78,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import _header
+from ._plugin import Health, truthy
 from .client import Client
 from .errors import KvtierError
 
@@ -167,17 +168,11 @@ class Options:
             connect_timeout=float(o["connect_timeout"]),
             retry_after=float(o["retry_after"]),
             pd_wait_ms=int(o["pd_wait_ms"]),
-            save_decode=_truthy(o["save_decode"]),
-            checksum=_truthy(o["checksum"]),
+            save_decode=truthy(o["save_decode"]),
+            checksum=truthy(o["checksum"]),
             stripes=int(o["stripes"]),
-            log_transfers=_truthy(o["log_transfers"]),
+            log_transfers=truthy(o["log_transfers"]),
         )
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -332,25 +327,6 @@ class KvtierMetadata(KVConnectorMetadata):  # type: ignore[misc]
 # -- failures ---------------------------------------------------------------------------
 
 
-class _Health:
-    """After a failure, calls are skipped for ``retry_after`` seconds (so a
-    server that is down costs nothing per request), then tried again."""
-
-    def __init__(self, retry_after: float) -> None:
-        self.retry_after = retry_after
-        self.down_until = 0.0
-        self.failures = 0
-
-    def ok(self) -> bool:
-        return time.monotonic() >= self.down_until
-
-    def failed(self, what: str, error: BaseException) -> None:
-        self.failures += 1
-        if self.ok():
-            logger.warning("kvtier: %s failed (%s); retrying in %.1fs", what, error, self.retry_after)
-        self.down_until = time.monotonic() + self.retry_after
-
-
 # -- the connector ----------------------------------------------------------------------
 
 
@@ -495,7 +471,7 @@ class _SchedulerSide:
         self.client = Client.from_url(
             o.url, socket_timeout=o.lookup_timeout, connect_timeout=o.connect_timeout, stripes=1
         )
-        self.health = _Health(o.retry_after)
+        self.health = Health(o.retry_after, logger)
         self.requests: dict[str, _Tracked] = {}
         self.pending_loads: list[LoadSpec] = []
         # Blocks this engine handed to its save thread lately, by hash: a
@@ -738,7 +714,7 @@ class WorkerSide:
         self.client = Client.from_url(
             o.url, socket_timeout=o.socket_timeout, connect_timeout=o.connect_timeout, stripes=o.stripes
         )
-        self.health = _Health(o.retry_after)
+        self.health = Health(o.retry_after, logger)
         self.cache: Optional[_KvCache] = None
         self.lock = threading.Lock()
         self.load_errors: set[int] = set()
