@@ -13,7 +13,9 @@ use std::sync::{Arc, RwLock};
 use clap::Parser;
 use kvtier_store::EvictionPolicy;
 
+use crate::acl::Acl;
 use crate::glob::glob_match;
+use crate::tls::{Tls, TlsSettings};
 
 /// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
 /// Speaks RESP (Redis clients work unchanged) and runs one shard per core.
@@ -372,6 +374,18 @@ impl Config {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
+    /// What TLS is built from (the `--tls-*` flags).
+    pub fn tls_settings(&self) -> TlsSettings {
+        TlsSettings {
+            port: self.tls_port,
+            cluster: self.tls_cluster,
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+            ca_cert_file: self.tls_ca_cert_file.clone(),
+            auth_clients: self.tls_auth_clients.clone(),
+        }
+    }
+
     /// The metrics listener address, unless disabled.
     pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, String> {
         if self.metrics_addr.eq_ignore_ascii_case("none") || self.metrics_addr.is_empty() {
@@ -566,13 +580,13 @@ pub struct LiveConfig {
     /// `requirepass` as last set (the default user's password).
     pub requirepass: Arc<RwLock<String>>,
     /// The users and their rules.
-    pub acl: crate::acl::Acl,
+    pub acl: Acl,
     /// `masteruser`: the user this node logs in to its peers as.
     pub masteruser: Arc<RwLock<String>>,
     /// `masterauth`: its password (empty: requirepass).
     pub masterauth: Arc<RwLock<String>>,
     /// TLS, when a TLS port or TLS peer links are configured.
-    pub tls: Option<Arc<crate::tls::Tls>>,
+    pub tls: Option<Arc<Tls>>,
     /// Refuse non-loopback clients while no password is set.
     pub protected_mode: AtomicBool,
     /// Who may run DEBUG.
@@ -622,8 +636,8 @@ impl LiveConfig {
     /// Live settings initialised from the start-up configuration.
     pub fn new(
         config: &Config,
-        acl: crate::acl::Acl,
-        tls: Option<Arc<crate::tls::Tls>>,
+        acl: Acl,
+        tls: Option<Arc<Tls>>,
         shards: usize,
         port: u16,
     ) -> LiveConfig {
@@ -1211,7 +1225,8 @@ mod tests {
     #[test]
     fn config_get_glob_and_set() {
         let c = Config::load_from(vec!["kvtier-server".into()]).unwrap();
-        let acl = crate::acl::Acl::new(&crate::commands::table().catalog, "", None).unwrap();
+        let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
+        let acl = Acl::new(catalog, "", None).unwrap();
         let live = LiveConfig::new(&c, acl, None, 2, 6379);
         let got = live.get(b"maxmemory*");
         assert_eq!(got.len(), 4, "maxmemory, -clients, -policy, -samples");

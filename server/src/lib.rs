@@ -27,6 +27,7 @@ pub mod net;
 pub mod report;
 pub mod server;
 pub mod shard;
+pub mod shared;
 pub mod stats;
 pub mod tls;
 

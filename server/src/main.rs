@@ -108,7 +108,7 @@ impl Signals {
         })
     }
 
-    fn wait(self, shared: std::sync::Arc<kvtier_server::server::Shared>) {
+    fn wait(self, shared: std::sync::Arc<kvtier_server::shared::Shared>) {
         let Signals {
             runtime,
             mut interrupt,

@@ -4,215 +4,37 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvtier_cluster::Cluster;
-use kvtier_store::spill::{self, IoPool, Recovered, SpillDir};
 use kvtier_store::{MemoryOptions, SpillConfig, Store, StoreJob};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::LocalSet;
 use tracing::{info, warn};
 
-use crate::config::{Config, LiveConfig};
+use crate::acl::Acl;
+use crate::config::Config;
 use crate::report::{Exporter, ShardReport};
-use crate::shard::{self, slot::shard_slots, slot::slot_shard, Mailbox, Shard, StoreCells};
+use crate::shard::{self, slot::shard_slots, Shard, ShardSet};
+use crate::shared::{ShardSeat, Shared, SpillTier};
 
-/// State shared by every shard thread. Read on the data path only through
-/// atomics; nothing here is locked per command.
-pub struct Shared {
-    /// Number of shards.
-    pub shards: usize,
-    /// Each shard's mailbox.
-    pub mailboxes: Vec<Mailbox>,
-    /// Each shard's cron tick, rung `hz` times a second by the ticker
-    /// thread: the shards' runtimes then hold no timer of their own, so a
-    /// request's park does not walk a timer wheel.
-    pub ticks: Vec<Arc<tokio::sync::Notify>>,
-    /// Each shard's store, for reads taken without waking its thread
-    /// ([`Shard::with_store`](crate::shard::Shard::with_store)).
-    pub stores: StoreCells,
-    /// Link events posted to each shard and not yet applied there: a read
-    /// of that shard's store from another thread waits behind them in the
-    /// mailbox instead ([`Shard::read_now`](crate::shard::Shard::read_now)).
-    pub links_queued: Vec<AtomicUsize>,
-    /// Settings CONFIG SET can change.
-    pub config: LiveConfig,
-    /// When the server started.
-    pub started: Instant,
-    /// Unix seconds at start.
-    pub started_unix: u64,
-    /// Random id of this run (INFO run_id).
-    pub run_id: String,
-    /// The port clients connect to.
-    pub port: u16,
-    /// Path of the executable.
-    pub executable: String,
-    /// Path of the config file, if any.
-    pub config_file: String,
-    /// Source of client ids.
-    pub next_client_id: AtomicU64,
-    /// Open client connections.
-    pub connected: AtomicUsize,
-    /// Open connections by the shard serving them: an accepted connection
-    /// goes to the shard with the fewest ([`Shared::seat_for`]).
-    pub seated: Vec<AtomicUsize>,
-    /// Bytes held by the requests still arriving on every connection
-    /// (`maxmemory-clients` bounds it).
-    pub client_query_bytes: AtomicU64,
-    /// Clients waiting in a blocking read, on every shard
-    /// (`max-blocked-clients` bounds it).
-    pub blocked: AtomicU64,
-    /// Highest used_memory seen.
-    pub memory_peak: AtomicU64,
-    /// Whether the cron expires keys (DEBUG SET-ACTIVE-EXPIRE).
-    pub active_expire: AtomicBool,
-    /// The NVMe spill tier, when configured.
-    pub spill: Option<SpillTier>,
-    /// The cluster this node belongs to (`--cluster-nodes`).
-    pub cluster: Option<Arc<Cluster>>,
-    shutdown: watch::Sender<bool>,
-}
-
-/// The spill tier's shared parts.
-pub struct SpillTier {
-    /// The segment directory.
-    pub dir: Arc<SpillDir>,
-    /// The I/O threads.
-    pub pool: Arc<IoPool>,
-    /// What the warm-restart scan found, per shard, until the shard takes it.
-    recovered: std::sync::Mutex<Vec<Vec<Recovered>>>,
-}
-
-impl SpillTier {
-    /// Opens the directory, applies the budget and scans what an earlier
-    /// run left (routing each record to the shard that owns its key now,
-    /// whatever the shard count was then).
-    fn open(config: &Config, path: &std::path::Path, shards: usize) -> io::Result<SpillTier> {
-        let dir = SpillDir::open(path, config.spill_max_bytes)?;
-        let started = Instant::now();
-        let found = spill::recover(&dir)?;
-        if config.spill_max_bytes == 0 {
-            // The default: 90% of what the filesystem has, counting what
-            // the tier already holds.
-            let room = dir.free_bytes()? + dir.used_bytes();
-            dir.set_max_bytes(room / 10 * 9);
-        }
-        info!(
-            "spill tier at {}: {} block(s) recovered from {} segment(s) in {:.1?} ({} damaged record(s) skipped), budget {}, O_DIRECT {}",
-            path.display(),
-            found.records.len(),
-            dir.segment_count(),
-            started.elapsed(),
-            found.skipped,
-            crate::config::human_bytes(dir.max_bytes()),
-            if dir.direct() { "on" } else { "off (filesystem does not support it)" },
-        );
-        let mut per_shard: Vec<Vec<Recovered>> = (0..shards).map(|_| Vec::new()).collect();
-        for r in found.records {
-            per_shard[slot_shard(crate::shard::slot::key_slot(&r.key), shards)].push(r);
-        }
-        Ok(SpillTier {
-            dir: Arc::new(dir),
-            pool: Arc::new(IoPool::start(config.spill_io_threads.max(1))),
-            recovered: std::sync::Mutex::new(per_shard),
-        })
-    }
-
-    fn take_recovered(&self, shard: usize) -> Vec<Recovered> {
-        self.recovered
-            .lock()
-            .ok()
-            .and_then(|mut all| all.get_mut(shard).map(std::mem::take))
-            .unwrap_or_default()
-    }
-}
-
-impl Shared {
-    /// The users `config` names (`--requirepass`, `--aclfile`): checked
-    /// first, before the TLS settings and the listeners.
-    pub fn acl_of(config: &Config) -> io::Result<crate::acl::Acl> {
-        let acl = crate::acl::Acl::new(
-            &crate::commands::table().catalog,
-            &config.requirepass,
-            config.aclfile.clone(),
-        )
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        acl.log_max_len.store(config.acllog_max_len, Relaxed);
-        Ok(acl)
-    }
-
-    /// The state `shards` shards share (one mailbox sender each), for a
-    /// server on `port`: the live settings and cluster membership built
-    /// from `config`, with `acl` ([`Shared::acl_of`]).
-    pub fn new(
-        config: &Config,
-        port: u16,
-        mailboxes: Vec<Mailbox>,
-        spill: Option<SpillTier>,
-        tls: Option<Arc<crate::tls::Tls>>,
-        acl: crate::acl::Acl,
-    ) -> io::Result<Arc<Shared>> {
-        let shards = mailboxes.len();
-        let peer_tls = {
-            let tls = tls.clone().filter(|t| t.cluster);
-            move || tls.as_ref().and_then(|t| t.peer_config())
-        };
-        let live = LiveConfig::new(config, acl, tls, shards, port);
-        let cluster = Cluster::new(&cluster_settings(config), live.peer_login(), peer_tls)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
-            .map(Arc::new);
-        let (shutdown, _) = watch::channel(false);
-        Ok(Arc::new(Shared {
-            shards,
-            mailboxes,
-            stores: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
-            links_queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
-            ticks: (0..shards).map(|_| Arc::default()).collect(),
-            config: live,
-            started: Instant::now(),
-            started_unix: kvtier_store::now_ms() / 1000,
-            run_id: run_id(),
-            port,
-            executable: std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            config_file: config
-                .config_file
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            next_client_id: AtomicU64::new(1),
-            connected: AtomicUsize::new(0),
-            seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
-            client_query_bytes: AtomicU64::new(0),
-            blocked: AtomicU64::new(0),
-            memory_peak: AtomicU64::new(0),
-            active_expire: AtomicBool::new(true),
-            spill,
-            cluster,
-            shutdown,
-        }))
-    }
-
-    /// Starts a graceful shutdown of every shard.
-    pub fn request_shutdown(&self) {
-        self.shutdown.send_replace(true);
-    }
-
-    /// A receiver that sees `true` once shutdown is requested.
-    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-
-    /// Whether shutdown was requested.
-    pub fn shutting_down(&self) -> bool {
-        *self.shutdown.borrow()
-    }
+/// The users `config` names (`--requirepass`, `--aclfile`), over the
+/// command table's catalog: checked first, before the TLS settings and the
+/// listeners.
+pub fn users(config: &Config) -> io::Result<Acl> {
+    let acl = Acl::new(
+        &crate::commands::registry::table().catalog,
+        &config.requirepass,
+        config.aclfile.clone(),
+    )
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    acl.log_max_len.store(config.acllog_max_len, Relaxed);
+    Ok(acl)
 }
 
 /// A running server.
@@ -251,8 +73,8 @@ impl Server {
             config.spill_max_bytes = tier.dir.max_bytes();
         }
         let config = &config;
-        let acl = Shared::acl_of(config)?;
-        let tls = crate::tls::Tls::new(config)
+        let acl = users(config)?;
+        let tls = crate::tls::Tls::new(&config.tls_settings())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .map(Arc::new);
         let tls_listeners = match tls.as_ref().filter(|t| t.port != 0) {
@@ -264,7 +86,8 @@ impl Server {
             }
             None => (0..shards).map(|_| None).collect(),
         };
-        let shared = Shared::new(config, addr.port(), senders, spill, tls, acl)?;
+        let shared = Shared::new(config, addr.port(), shards, spill, tls, acl)?;
+        let set = ShardSet::new(senders);
         let cpus = allowed_cpus();
         let mut threads = Vec::with_capacity(shards);
         // The shards' timers run there (their runtimes have no time driver).
@@ -272,14 +95,15 @@ impl Server {
         let listeners = listeners.into_iter().zip(tls_listeners);
         for (id, ((listener, tls_listener), rx)) in listeners.zip(receivers).enumerate() {
             let shared = Arc::clone(&shared);
+            let set = Arc::clone(&set);
             // Pin only when asked and there is a core for every shard.
             let cpu = (config.pin_threads && cpus.len() >= shards).then(|| cpus[id]);
             let handle = std::thread::Builder::new()
                 .name(format!("kvtier-shard-{id}"))
-                .spawn(move || run_shard(id, shared, listener, tls_listener, rx, cpu))?;
+                .spawn(move || run_shard(id, shared, set, listener, tls_listener, rx, cpu))?;
             threads.push(handle);
         }
-        threads.push(start_ticker(Arc::clone(&shared))?);
+        threads.push(start_ticker(Arc::clone(&shared), set)?);
         if let Some(cluster) = &shared.cluster {
             threads.push(kvtier_cluster::gossip::start(
                 Arc::clone(cluster),
@@ -342,19 +166,6 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<StdListener> {
     Ok(socket.into())
 }
 
-fn run_id() -> String {
-    let seed = kvtier_store::now_ms() ^ ((std::process::id() as u64) << 32);
-    let mut x = seed | 1;
-    (0..40)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            std::char::from_digit((x % 16) as u32, 16).unwrap_or('0')
-        })
-        .collect()
-}
-
 /// The CPUs this process may run on.
 fn allowed_cpus() -> Vec<usize> {
     // SAFETY: sched_getaffinity fills the zeroed set we own.
@@ -372,6 +183,7 @@ fn allowed_cpus() -> Vec<usize> {
 fn run_shard(
     id: usize,
     shared: Arc<Shared>,
+    set: Arc<ShardSet>,
     listener: StdListener,
     tls_listener: Option<StdListener>,
     rx: mpsc::UnboundedReceiver<shard::ShardJob>,
@@ -396,17 +208,16 @@ fn run_shard(
     let local = LocalSet::new();
     local.block_on(&runtime, async move {
         let n = shared.shards;
-        let budget = shard_budget(&shared.config, n);
+        let budget = shard::shard_budget(&shared.config, n);
         let memory = MemoryOptions {
             hugepages: shared.config.hugepages,
             prealloc: shared.config.prealloc,
         };
         let mut store =
             Store::with_memory(shard_slots(id, n), budget, shared.config.policy(), memory);
-        store.set_samples(shared.config.maxmemory_samples.load(Relaxed) as usize);
-        store.set_max_value_len(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        shard::configure_store(&mut store, &shared.config, n);
         if let Some(tier) = &shared.spill {
-            let mailbox = shared.mailboxes[id].clone();
+            let mailbox = set.mailboxes[id].clone();
             store.enable_spill(SpillConfig {
                 dir: Arc::clone(&tier.dir),
                 pool: Arc::clone(&tier.pool),
@@ -415,11 +226,14 @@ fn run_shard(
                         mailbox.send(Box::new(move |shard: &Shard| job(&mut shard.store.lock())));
                 }),
                 shard: id,
-                admission: spill_admission(&shared.config),
+                admission: shard::spill_admission(&shared.config),
             });
             store.insert_recovered(tier.take_recovered(id), kvtier_store::now_ms());
         }
-        let shard = Rc::new_cyclic(|me| Shard::new(id, Arc::clone(&shared), store, me.clone()));
+        let commands = crate::commands::registry::table().len();
+        let shard = Rc::new_cyclic(|me| {
+            Shard::new(id, Arc::clone(&shared), set, store, commands, me.clone())
+        });
         tokio::task::spawn_local(shard::run_mailbox(Rc::clone(&shard), rx));
         tokio::task::spawn_local(cron(Rc::clone(&shard)));
         let listener = match TcpListener::from_std(listener) {
@@ -455,58 +269,6 @@ fn run_shard(
             );
         }
     });
-}
-
-fn spill_admission(config: &LiveConfig) -> u8 {
-    config.spill_admission.load(Relaxed).min(u8::MAX as u64) as u8
-}
-
-fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
-    (config.maxmemory.load(Relaxed) / shards as u64) as usize
-}
-
-/// One open connection, counted in [`Shared::connected`] and, for the shard
-/// serving it, in [`Shared::seated`], from its accept until it ends (or is
-/// dropped on the way: the counts cannot leak).
-pub struct ShardSeat {
-    shared: Arc<Shared>,
-    shard: usize,
-}
-
-impl Drop for ShardSeat {
-    fn drop(&mut self) {
-        self.shared.seated[self.shard].fetch_sub(1, Relaxed);
-        self.shared.connected.fetch_sub(1, Relaxed);
-    }
-}
-
-impl Shared {
-    /// Where a connection that shard `here` accepted is served: the shard
-    /// serving the fewest connections, `here` on a tie. SO_REUSEPORT
-    /// spreads connections by a hash of their addresses, so a client's
-    /// four connections all land on one of two shards one time in eight,
-    /// and on three to one half the time; placed by count, they are two
-    /// and two, as Dragonfly's acceptor deals them out. (Connections are
-    /// counted in [`Shared::connected`] before this is asked.)
-    fn seat_for(self: &Arc<Shared>, here: usize) -> ShardSeat {
-        let mut best = (self.seated[here].load(Relaxed), here);
-        for (shard, n) in self.seated.iter().enumerate() {
-            best = best.min((n.load(Relaxed), shard));
-            if best.0 == 0 {
-                break;
-            }
-        }
-        let shard = if self.seated[here].load(Relaxed) <= best.0 {
-            here
-        } else {
-            best.1
-        };
-        self.seated[shard].fetch_add(1, Relaxed);
-        ShardSeat {
-            shared: Arc::clone(self),
-            shard,
-        }
-    }
 }
 
 /// Accepts connections on `listener` (TLS ones when `tls`) until shutdown,
@@ -585,14 +347,14 @@ fn hand_over(shard: &Shard, stream: TcpStream, peer: SocketAddr, tls: bool, seat
 }
 
 /// Rings every shard's cron tick `hz` times a second until shutdown.
-fn start_ticker(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("kvtier-ticker".into())
         .spawn(move || {
             while !shared.shutting_down() {
                 let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
                 std::thread::sleep(Duration::from_millis(1000 / hz));
-                for tick in &shared.ticks {
+                for tick in &set.ticks {
                     tick.notify_one();
                 }
             }
@@ -605,7 +367,7 @@ async fn cron(shard: Rc<Shard>) {
     let shared = Arc::clone(&shard.shared);
     let mut last_export = Instant::now();
     let (mut exporter, mut node_exporter) = (Exporter::default(), Exporter::default());
-    let tick = Arc::clone(&shared.ticks[shard.id]);
+    let tick = Arc::clone(&shard.set.ticks[shard.id]);
     loop {
         tick.notified().await;
         if shard.id == 0 {
@@ -697,41 +459,5 @@ fn hot_window(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
         tokio::task::spawn_local(async move {
             crate::coordination::replicate_hot(&shard, &cluster).await;
         });
-    }
-}
-
-/// Pushes the live configuration (memory budget, policy, limits) into every
-/// shard's store, after CONFIG SET.
-pub async fn apply_live_config(shard: &Shard) {
-    let _ = shard
-        .call_all(|s| {
-            let config = &s.shared.config;
-            let mut store = s.store.lock();
-            store.set_policy(config.policy());
-            store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
-            store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
-            store.set_budget(shard_budget(config, s.shared.shards));
-            store.set_spill_admission(spill_admission(config));
-        })
-        .await;
-}
-
-/// The cluster part of the configuration.
-fn cluster_settings(config: &Config) -> kvtier_cluster::Settings {
-    kvtier_cluster::Settings {
-        nodes: config.cluster_nodes.clone().unwrap_or_default(),
-        node_id: config.node_id.clone(),
-        port: config.port,
-        epoch: config.cluster_epoch,
-        redirect: config.cluster_redirect,
-        node_timeout_ms: config.cluster_node_timeout,
-        hot_threshold: config.hot_key_threshold,
-        hot_replicas: config.hot_key_replicas,
-        replica_reads: config.cluster_replica_reads,
-        announce_ip: config.cluster_announce_ip.clone(),
-        announce_port: config.cluster_announce_port,
-        announce_hostname: config.cluster_announce_hostname.clone(),
-        hostname_first: config.cluster_preferred_endpoint_type == "hostname",
-        handoff_ms: config.cluster_handoff_ms,
     }
 }

@@ -5,7 +5,7 @@
 //! and no shared cache lines on the data path. Latencies are counted in the
 //! fixed buckets the exporter uses ([`kvtier_store::latency`]), so a
 //! histogram costs the data path one comparison loop. What is counted here
-//! is reported by [`crate::report`], INFO and metrics alike.
+//! is reported by the `report` layer, INFO and metrics alike.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,7 +29,7 @@ pub struct CommandStat {
 
 /// A shard's counters.
 pub struct ShardStats {
-    /// Per command id (see [`crate::commands::CommandTable::id`]).
+    /// Per command id (the ids of the command catalog, `Shared::catalog`).
     pub commands: Vec<CommandStat>,
     /// Commands executed on this shard.
     pub total_commands: u64,

@@ -12,8 +12,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::config::Config;
-
 /// `tls-auth-clients`: whether clients must show a certificate the CA
 /// signed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,23 +72,40 @@ pub struct Tls {
     changing: std::sync::Mutex<()>,
 }
 
+/// What TLS is built from: the `--tls-*` flags.
+#[derive(Clone, Debug, Default)]
+pub struct TlsSettings {
+    /// `--tls-port` (0: no TLS listener).
+    pub port: u16,
+    /// `--tls-cluster`: peer links use TLS.
+    pub cluster: bool,
+    /// `--tls-cert-file`.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// `--tls-key-file`.
+    pub key_file: Option<std::path::PathBuf>,
+    /// `--tls-ca-cert-file`.
+    pub ca_cert_file: Option<std::path::PathBuf>,
+    /// `--tls-auth-clients`: yes, no or optional.
+    pub auth_clients: String,
+}
+
 impl Tls {
-    /// TLS as the flags ask (`None` when neither a TLS port nor TLS peer
+    /// TLS as the settings ask (`None` when neither a TLS port nor TLS peer
     /// links are asked for); `Err` when the files do not load.
-    pub fn new(config: &Config) -> Result<Option<Tls>, String> {
-        if config.tls_port == 0 && !config.tls_cluster {
+    pub fn new(settings: &TlsSettings) -> Result<Option<Tls>, String> {
+        if settings.port == 0 && !settings.cluster {
             return Ok(None);
         }
         let files = Files {
-            cert: path_text(&config.tls_cert_file),
-            key: path_text(&config.tls_key_file),
-            ca: path_text(&config.tls_ca_cert_file),
-            auth_clients: AuthClients::parse(&config.tls_auth_clients)?,
+            cert: path_text(&settings.cert_file),
+            key: path_text(&settings.key_file),
+            ca: path_text(&settings.ca_cert_file),
+            auth_clients: AuthClients::parse(&settings.auth_clients)?,
         };
-        let built = build(files, config.tls_cluster)?;
+        let built = build(files, settings.cluster)?;
         Ok(Some(Tls {
-            port: config.tls_port,
-            cluster: config.tls_cluster,
+            port: settings.port,
+            cluster: settings.cluster,
             built: RwLock::new(built),
             changing: std::sync::Mutex::new(()),
         }))

@@ -3,17 +3,14 @@
 //! DRYRUN / GENPASS, and logging in (AUTH, HELLO ... AUTH). The users and
 //! their rules are [`crate::acl`]'s; this family is how clients reach them.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
-use super::keyspace::help_reply;
-use super::{
-    parse_int, sanitize, table, Args, Client, CommandSpec, Handler, LocalBoxFuture, DEFAULTS,
-};
-use crate::acl::{category, Acl, Denial, User};
+use super::help_reply;
+use super::session::{permits, Denied};
+use super::{parse_int, sanitize, Args, Client, CommandSpec, Handler, LocalBoxFuture, DEFAULTS};
+use crate::acl::category;
 
 const SUB: CommandSpec = CommandSpec {
     arity: 2,
@@ -140,199 +137,12 @@ pub const COMMANDS: &[CommandSpec] = &[CommandSpec {
     ..SUB
 }];
 
-/// Why a user may not run a command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Denied {
-    /// The command itself.
-    Command,
-    /// The key at this argument.
-    Key(usize),
-}
-
-/// Whether `user` may run `spec` (table id `id`) with `args`: some selector
-/// allows the command and every key as the command uses it. When none
-/// does, the refusal reported is Redis's: a key if some selector allowed
-/// the command (the latest such key), else the command.
-pub fn permits(user: &User, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Result<(), Denied> {
-    let catalog = &table().catalog;
-    let first = args
-        .get(if catalog.is_sub[id] { 2 } else { 1 })
-        .map(|a| &a[..]);
-    let mut worst = Denied::Command;
-    for selector in user.all_selectors() {
-        if !spec.has(NO_AUTH) && !selector.may_run(id, first) {
-            continue;
-        }
-        let mut keys = spec.key_positions(args).into_iter().flatten();
-        let refused = keys
-            .find(|&i| !selector.may_touch(&args[i], spec.key_needs(args, i)))
-            .or_else(|| {
-                spec.option_key
-                    .and_then(|f| f(args))
-                    .filter(|&i| !selector.may_touch(&args[i], 0))
-            });
-        match refused {
-            None => return Ok(()),
-            Some(i) => {
-                if !matches!(worst, Denied::Key(j) if j >= i) {
-                    worst = Denied::Key(i);
-                }
-            }
-        }
-    }
-    Err(worst)
-}
-
-/// The check before a command runs: `Err` is the NOPERM reply, and the
-/// refusal goes to ACL LOG. Users allowed everything skip it.
-pub fn check(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Result<(), Reply> {
-    if client.user.unrestricted() {
-        return Ok(());
-    }
-    let denied = match permits(&client.user, id, spec, args) {
-        Ok(()) => return Ok(()),
-        Err(denied) => denied,
-    };
-    let (reason, object, reply) = match denied {
-        Denied::Command => (
-            "command",
-            spec.name.to_string(),
-            format!(
-                "NOPERM this user has no permissions to run the '{}' command",
-                spec.name
-            ),
-        ),
-        Denied::Key(i) => (
-            "key",
-            String::from_utf8_lossy(&args[i]).into_owned(),
-            "NOPERM this user has no permissions to access one of the keys used as arguments"
-                .to_string(),
-        ),
-    };
-    acl(client).log(denial(client, reason, object, client.user.name.clone()));
-    Err(Reply::error(reply))
-}
-
-/// EXEC's second look: a queued command the user may no longer run (its
-/// rules changed after MULTI) gets Redis's error in its place, logged.
-pub fn recheck(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Option<Reply> {
-    if client.user.unrestricted() || client.peer {
-        return None;
-    }
-    let denied = permits(&client.user, id, spec, args).err()?;
-    let (reason, object, why) = match denied {
-        Denied::Command => (
-            "command",
-            spec.name.to_string(),
-            "no permission to execute the command or subcommand",
-        ),
-        Denied::Key(i) => (
-            "key",
-            String::from_utf8_lossy(&args[i]).into_owned(),
-            "no permission to touch the specified keys",
-        ),
-    };
-    let mut entry = denial(client, reason, object, client.user.name.clone());
-    entry.context = "multi";
-    acl(client).log(entry);
-    Some(Reply::error(format!(
-        "NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. This command is no longer allowed for the following reason: {why}"
-    )))
-}
-
-fn acl(client: &Client) -> &Acl {
-    &client.shard.shared.config.acl
-}
-
-fn denial(client: &Client, reason: &'static str, object: String, username: String) -> Denial {
-    Denial {
-        reason,
-        context: if client.multi.is_some() {
-            "multi"
-        } else {
-            "toplevel"
-        },
-        object,
-        username,
-        client_info: client.info.borrow().line(),
-    }
-}
-
-const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-
-/// Logs the connection in as `user` with `password` (AUTH, HELLO ...
-/// AUTH); `command` is the name the client sent, for ACL LOG.
-pub fn log_in(
-    client: &mut Client,
-    command: &[u8],
-    user: &[u8],
-    password: &[u8],
-) -> Result<(), Reply> {
-    // The epoch first: a change landing between the two reads is then seen
-    // at the next command.
-    let epoch = acl(client).epoch();
-    match acl(client).authenticate(user, password) {
-        Some(found) => {
-            client.info.borrow_mut().user = found.name.clone();
-            client.user = found;
-            client.acl_epoch = epoch;
-            client.authenticated = true;
-            // Logged in anew: no longer a peer's connection.
-            client.peer = false;
-            Ok(())
-        }
-        None => {
-            let name = String::from_utf8_lossy(user).into_owned();
-            let object = String::from_utf8_lossy(command).into_owned();
-            acl(client).log(denial(client, "auth", object, name));
-            Err(Reply::error(WRONGPASS))
-        }
-    }
-}
-
-/// Before each command: a connection whose user changed takes the new
-/// rules; `false` if the user was deleted (the connection is closed, as
-/// ACL DELUSER closes it).
-pub fn refresh(client: &mut Client) -> bool {
-    let acl = &client.shard.shared.config.acl;
-    let epoch = acl.epoch();
-    if epoch == client.acl_epoch {
-        return true;
-    }
-    match acl.user(&client.user.name) {
-        Some(user) => {
-            client.user = user;
-            client.acl_epoch = epoch;
-            // The default user lost its password (`CONFIG SET requirepass
-            // ""`): a client waiting to AUTH is in, as Redis lets it.
-            if !client.authenticated && client.user.name == "default" && acl.open() {
-                client.authenticated = true;
-            }
-            true
-        }
-        None => false,
-    }
-}
-
-/// Logs a connection out: back to the default user, logged in only if
-/// that needs no password (RESET).
-pub fn log_out(client: &mut Client) {
-    let acl = acl(client);
-    let epoch = acl.epoch();
-    let (user, open) = (acl.default_user(), acl.open());
-    client.user = user;
-    client.acl_epoch = epoch;
-    client.authenticated = open;
-    client.peer = false;
-    client.info.borrow_mut().user = "default".into();
-}
-
 fn text(arg: &[u8]) -> String {
     String::from_utf8_lossy(arg).into_owned()
 }
 
-fn cat(_client: &mut Client, args: &[Bytes]) -> Reply {
-    let catalog = &table().catalog;
+fn cat(client: &mut Client, args: &[Bytes]) -> Reply {
+    let catalog = client.shard.shared.catalog;
     match args.get(2) {
         None => Reply::Array(
             category::NAMES
@@ -355,7 +165,7 @@ fn cat(_client: &mut Client, args: &[Bytes]) -> Reply {
 fn deluser(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let names: Vec<String> = args[2..].iter().map(|a| text(a)).collect();
-        let removed = match acl(client).delete(&names) {
+        let removed = match client.acl().delete(&names) {
             Ok(n) => n,
             Err(e) => return Reply::error(e),
         };
@@ -363,17 +173,17 @@ fn deluser(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             // Its own user: closed once this reply is written.
             client.close_after_reply = true;
         }
-        super::client::kill_users(client, names).await;
+        super::session::kill_users(client, names).await;
         Reply::Int(removed as i64)
     })
 }
 
 fn dryrun(client: &mut Client, args: &[Bytes]) -> Reply {
-    let Some(user) = acl(client).user(&text(&args[2])) else {
+    let Some(user) = client.acl().user(&text(&args[2])) else {
         return Reply::error(format!("ERR User '{}' not found", sanitize(&args[2], 128)));
     };
     let command = &args[3..];
-    let t = table();
+    let t = client.commands;
     let Some((mut id, mut spec)) = t.lookup(&command[0]) else {
         return Reply::error(format!(
             "ERR Command '{}' not found",
@@ -397,7 +207,7 @@ fn dryrun(client: &mut Client, args: &[Bytes]) -> Reply {
             spec.name
         ));
     }
-    match permits(&user, id, spec, command) {
+    match permits(client.shard.shared.catalog, &user, id, spec, command) {
         Ok(()) => Reply::ok(),
         Err(Denied::Command) => Reply::bulk(format!(
             "This user has no permissions to run the '{}' command",
@@ -438,10 +248,10 @@ fn fill_random(out: &mut [u8]) -> std::io::Result<()> {
 }
 
 fn getuser(client: &mut Client, args: &[Bytes]) -> Reply {
-    let Some(user) = acl(client).user(&text(&args[2])) else {
+    let Some(user) = client.acl().user(&text(&args[2])) else {
         return Reply::Nil;
     };
-    let catalog = &table().catalog;
+    let catalog = client.shard.shared.catalog;
     let selector_map = |s: &crate::acl::user::Selector| {
         vec![
             (
@@ -481,31 +291,31 @@ fn getuser(client: &mut Client, args: &[Bytes]) -> Reply {
 }
 
 fn list(client: &mut Client, _args: &[Bytes]) -> Reply {
-    Reply::Array(acl(client).list().into_iter().map(Reply::bulk).collect())
+    Reply::Array(client.acl().list().into_iter().map(Reply::bulk).collect())
 }
 
 fn load(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let requirepass = client.shard.shared.config.requirepass_text();
-        let before = acl(client).names();
-        if let Err(e) = acl(client).load(&requirepass) {
+        let before = client.acl().names();
+        if let Err(e) = client.acl().load(&requirepass) {
             return Reply::error(format!("ERR {e}"));
         }
         // The connections of users the file no longer has are closed.
-        let now = acl(client).names();
+        let now = client.acl().names();
         let removed: Vec<String> = before.into_iter().filter(|n| !now.contains(n)).collect();
         if removed.contains(&client.user.name) {
             client.close_after_reply = true;
         }
         if !removed.is_empty() {
-            super::client::kill_users(client, removed).await;
+            super::session::kill_users(client, removed).await;
         }
         Reply::ok()
     })
 }
 
 fn save(client: &mut Client, _args: &[Bytes]) -> Reply {
-    match acl(client).save() {
+    match client.acl().save() {
         Ok(()) => Reply::ok(),
         Err(e) => Reply::error(format!("ERR {e}")),
     }
@@ -515,7 +325,7 @@ fn log(client: &mut Client, args: &[Bytes]) -> Reply {
     let count = match args.get(2) {
         None => 10,
         Some(a) if super::is(a, "reset") => {
-            acl(client).reset_log();
+            client.acl().reset_log();
             return Reply::ok();
         }
         Some(a) => match parse_int(a) {
@@ -524,7 +334,8 @@ fn log(client: &mut Client, args: &[Bytes]) -> Reply {
         },
     };
     Reply::Array(
-        acl(client)
+        client
+            .acl()
             .log_entries(count)
             .into_iter()
             .map(|e| {
@@ -552,14 +363,14 @@ fn setuser(client: &mut Client, args: &[Bytes]) -> Reply {
         return Reply::error("ERR Usernames can't contain spaces or null characters");
     }
     let ops: Vec<Vec<u8>> = args[3..].iter().map(|a| a.to_vec()).collect();
-    match acl(client).set_user(&text(name), &ops) {
+    match client.acl().set_user(&text(name), &ops) {
         Ok(()) => Reply::ok(),
         Err(why) => Reply::error(format!("ERR {}", sanitize(why.as_bytes(), 512))),
     }
 }
 
 fn users(client: &mut Client, _args: &[Bytes]) -> Reply {
-    Reply::Array(acl(client).names().into_iter().map(Reply::bulk).collect())
+    Reply::Array(client.acl().names().into_iter().map(Reply::bulk).collect())
 }
 
 fn whoami(client: &mut Client, _args: &[Bytes]) -> Reply {
@@ -598,10 +409,4 @@ fn help(_client: &mut Client, _args: &[Bytes]) -> Reply {
             "    Return the current connection username.",
         ],
     )
-}
-
-/// The default user, for a connection that has not logged in.
-pub fn initial_user(acl: &Acl) -> (Arc<User>, u64) {
-    let epoch = acl.epoch();
-    (acl.default_user(), epoch)
 }

@@ -9,15 +9,15 @@ use bytes::{Bytes, BytesMut};
 use kvtier_protocol::Reply;
 use kvtier_store::{now_ms, Encoding, Store};
 
+use super::fan_out;
 use super::flags::*;
-use super::keyspace::fan_out;
 use super::{
     is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::shard::slot::key_slot;
-use crate::shard::Access;
+use crate::shard::{Access, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
     arity: 2,
@@ -149,7 +149,7 @@ fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         )
         .await;
         let Ok(values) = read else {
-            return Reply::error("ERR server is shutting down");
+            return Reply::from(ShardGone);
         };
         let values: Vec<Bytes> = values.into_iter().map(Option::unwrap_or_default).collect();
         let len = values.iter().map(Bytes::len).max().unwrap_or(0);
@@ -182,7 +182,7 @@ fn bitop(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         match stored {
             Ok(true) => Reply::Int(len as i64),
             Ok(false) => oom_error(),
-            Err(_) => Reply::error("ERR server is shutting down"),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }

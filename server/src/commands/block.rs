@@ -28,16 +28,15 @@ use kvtier_store::{
 use tokio::sync::{oneshot, Notify};
 
 use super::flags::*;
-use super::keyspace::fan_out;
-use super::string::expire_at_from;
 use super::value_reply;
 use super::{
     always, is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
     KeySpec, LocalBoxFuture, OneShard, Spread, DEFAULTS,
 };
+use super::{expire_at_from, fan_out};
 use crate::acl::{category, KeyUse};
 use crate::shard::Access;
-use crate::shard::{AfterLinks, AllStores, Shard};
+use crate::shard::{AfterLinks, AllStores, Shard, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
     arity: -3,
@@ -132,10 +131,6 @@ pub(crate) fn parse_count(
         .filter(|&end| end <= args.len())
         .ok_or_else(syntax_error)?;
     Ok((n, end))
-}
-
-fn gone() -> Reply {
-    Reply::error("ERR server is shutting down")
 }
 
 // ---- MSETBLOCK ---------------------------------------------------------------
@@ -250,12 +245,12 @@ fn msetblock(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             .await;
             return match stored {
                 Ok(codes) => Reply::Array(codes.into_iter().map(Reply::Int).collect()),
-                Err(_) => gone(),
+                Err(_) => Reply::from(ShardGone),
             };
         }
         match store_chain(&client.shard, &args, &key_indexes, &opts).await {
             Some(codes) => Reply::Array(codes.into_iter().map(Reply::Int).collect()),
-            None => gone(),
+            None => Reply::from(ShardGone),
         }
     })
 }
@@ -694,7 +689,7 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             }
         };
         let Some(values) = values else {
-            return gone();
+            return Reply::from(ShardGone);
         };
         let found = leading(values, max_bytes);
         touch_returned(&shard, &keys, found.len(), !client.no_touch);
@@ -750,11 +745,11 @@ async fn blocking_read(
 }
 
 /// One of the `max-blocked-clients` seats, held while a client may block.
-struct BlockedSeat(Arc<crate::server::Shared>);
+struct BlockedSeat(Arc<crate::shared::Shared>);
 
 impl BlockedSeat {
     /// A seat, unless every one is taken.
-    fn take(shared: &Arc<crate::server::Shared>) -> Option<BlockedSeat> {
+    fn take(shared: &Arc<crate::shared::Shared>) -> Option<BlockedSeat> {
         let max = shared.config.max_blocked_clients.load(Relaxed);
         let before = shared.blocked.fetch_add(1, Relaxed);
         if max > 0 && before >= max {
@@ -847,7 +842,7 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             match p.await {
                 Ok(Some(first_missing)) => prefix = prefix.min(first_missing),
                 Ok(None) => {}
-                Err(_) => return gone(),
+                Err(_) => return Reply::from(ShardGone),
             }
         }
         Reply::Int(prefix as i64)
@@ -874,7 +869,7 @@ fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         )
         .await
         else {
-            return gone();
+            return Reply::from(ShardGone);
         };
         // The shards are read in parallel, so block i-1 may have been read a
         // moment before a chain writer stored it and block i a moment after:
@@ -895,7 +890,9 @@ fn mexists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 |store, slot, key, _, now| store.peek(slot, key, now).is_some(),
             )
             .await;
-            let Ok(again) = again else { return gone() };
+            let Ok(again) = again else {
+                return Reply::from(ShardGone);
+            };
             for (i, p) in recheck.into_iter().zip(again) {
                 present[i - 2] = p;
             }

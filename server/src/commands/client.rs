@@ -4,15 +4,15 @@
 use bytes::Bytes;
 use kvtier_protocol::Reply;
 
-use super::connection::valid_name;
 use super::flags::*;
-use super::keyspace::help_reply;
+use super::{help_reply, valid_name};
 use super::{
     is, not_integer, parse_int, syntax_error, Args, Client, CommandSpec, Handler, LocalBoxFuture,
     DEFAULTS,
 };
 use crate::acl::category;
 use crate::clients::ClientInfo;
+use crate::shard::ShardGone;
 
 const SUB: CommandSpec = CommandSpec {
     arity: 2,
@@ -220,7 +220,7 @@ fn list(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             })
             .await;
         let Ok(lines) = lines else {
-            return Reply::error("ERR server is shutting down");
+            return Reply::from(ShardGone);
         };
         let mut lines: Vec<(u64, String)> = lines.into_iter().flatten().collect();
         lines.sort();
@@ -260,21 +260,6 @@ impl KillFilter {
                 .is_none_or(|age| c.created.elapsed().as_secs() >= age)
             && self.skip != Some(c.id)
     }
-}
-
-/// Closes every connection logged in as one of `users` (ACL DELUSER), the
-/// caller's after its reply.
-pub async fn kill_users(client: &Client, users: Vec<String>) {
-    let me = client.id();
-    let users = std::sync::Arc::new(users);
-    let _ = client
-        .shard
-        .call_all(move |s| {
-            s.clients
-                .borrow()
-                .kill(|c| users.contains(&c.user), Some(me))
-        })
-        .await;
 }
 
 fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
@@ -342,7 +327,7 @@ fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             .call_all(move |s| s.clients.borrow().kill(|c| filter.matches(c), Some(me)))
             .await;
         let Ok(killed) = killed else {
-            return Reply::error("ERR server is shutting down");
+            return Reply::from(ShardGone);
         };
         let total: usize = killed.into_iter().sum();
         if client.info.borrow().killed {

@@ -14,10 +14,11 @@ use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
-use super::keyspace::help_reply;
+use super::help_reply;
 use super::{parse_int, Args, Client, CommandSpec, Handler, LocalBoxFuture, DEFAULTS};
 use crate::acl::category;
 use crate::shard::slot::{key_slot, SLOTS};
+use crate::shard::ShardGone;
 
 const SUB: CommandSpec = CommandSpec {
     arity: 2,
@@ -509,7 +510,7 @@ fn countkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 s.store.lock().count_in_slot(slot as usize, now) as i64
             })
             .await
-            .map_or_else(|_| Reply::error("ERR server is shutting down"), Reply::Int)
+            .map_or_else(|_| Reply::from(ShardGone), Reply::Int)
     })
 }
 
@@ -539,10 +540,7 @@ fn getkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     .collect::<Vec<_>>()
             })
             .await
-            .map_or_else(
-                |_| Reply::error("ERR server is shutting down"),
-                Reply::Array,
-            )
+            .map_or_else(|_| Reply::from(ShardGone), Reply::Array)
     })
 }
 
@@ -612,7 +610,7 @@ fn handoff(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         }
         let keys = args[3..].to_vec();
         let run = |name: &'static str, list: Vec<Bytes>| {
-            let spec = super::table().get(name.as_bytes()).expect("in the table");
+            let spec = client.commands.get(name.as_bytes()).expect("in the table");
             (spec, Args::of(spec, list))
         };
         match args[2].to_ascii_lowercase().as_slice() {
@@ -677,10 +675,10 @@ fn copy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         };
         let (key, value) = (args[2].clone(), args[3].clone());
         let lease = Duration::from_millis(lease as u64).min(hot::LEASE);
-        let stored = crate::coordination::on_all_copies(&client.shard, move |c| {
-            c.insert(key.clone(), value.clone(), expire_at as u64, lease)
-        })
-        .await;
+        let stored = client
+            .shard
+            .on_all_copies(move |c| c.insert(key.clone(), value.clone(), expire_at as u64, lease))
+            .await;
         if stored {
             cluster.stats.copies_received.fetch_add(1, Relaxed);
         }
@@ -701,10 +699,10 @@ fn lease(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         };
         let key = args[2].clone();
         let lease = Duration::from_millis(lease as u64);
-        let renewed = crate::coordination::on_all_copies(&client.shard, move |c| {
-            c.renew(&key, lease, digest as u32)
-        })
-        .await;
+        let renewed = client
+            .shard
+            .on_all_copies(move |c| c.renew(&key, lease, digest as u32))
+            .await;
         Reply::Int(renewed as i64)
     })
 }
@@ -716,11 +714,13 @@ fn uncopy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         }
         let keys: Vec<Bytes> = args[2..].to_vec();
         let n = keys.len() as i64;
-        crate::coordination::on_all_copies(&client.shard, move |c| {
-            keys.iter().for_each(|k| c.invalidate(k));
-            true
-        })
-        .await;
+        client
+            .shard
+            .on_all_copies(move |c| {
+                keys.iter().for_each(|k| c.invalidate(k));
+                true
+            })
+            .await;
         Reply::Int(n)
     })
 }

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
+use super::valid_name;
 use super::{is, parse_int, Client, CommandSpec, Handler, DEFAULTS};
 use crate::acl::category;
 
@@ -102,15 +103,10 @@ fn auth(client: &mut Client, args: &[Bytes]) -> Reply {
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         );
     }
-    match super::acl::log_in(client, &args[0], user, pass) {
+    match super::session::log_in(client, &args[0], user, pass) {
         Ok(()) => Reply::ok(),
         Err(e) => e,
     }
-}
-
-/// Whether a client or library name is acceptable (no spaces or controls).
-pub fn valid_name(name: &[u8]) -> bool {
-    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
 }
 
 fn hello(client: &mut Client, args: &[Bytes]) -> Reply {
@@ -142,7 +138,7 @@ fn hello(client: &mut Client, args: &[Bytes]) -> Reply {
         }
     }
     if let Some((user, pass)) = &credentials {
-        if let Err(e) = super::acl::log_in(client, &args[0], user, pass) {
+        if let Err(e) = super::session::log_in(client, &args[0], user, pass) {
             return e;
         }
     }
@@ -189,7 +185,7 @@ fn reset(client: &mut Client, _args: &[Bytes]) -> Reply {
     client.readonly = false;
     client.multi = None;
     client.watching.clear();
-    super::acl::log_out(client);
+    super::session::log_out(client);
     let mut info = client.info.borrow_mut();
     info.name.clear();
     info.resp = 2;

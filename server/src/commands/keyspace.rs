@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvtier_protocol::Reply;
-use kvtier_store::{Encoding, Entry, Store};
+use kvtier_store::Store;
 
 use super::flags::*;
 use super::{
@@ -14,6 +14,7 @@ use super::{
     CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, OneShard, Spread, ALL_KEYS, DEFAULTS,
     KEY1, NO_KEYS,
 };
+use super::{fan_out, help_reply, object_encoding};
 use crate::acl::{category, perm, KeyUse};
 use crate::glob::glob_match;
 use crate::shard::slot::{key_slot, shard_slots, slot_shard, SLOTS};
@@ -331,84 +332,10 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
-/// A shard is gone: the server is shutting down.
-fn gone(_: ShardGone) -> Reply {
-    Reply::error("ERR server is shutting down")
-}
-
-/// Outcome of a conditional per-key write in a fan-out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fanned {
-    /// Written.
-    Done,
-    /// Left alone (a condition failed).
-    Skipped,
-    /// Refused for lack of memory.
-    Oom,
-}
-
-/// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
-/// owns it: one job per shard, all shards in parallel, this shard's keys
-/// inline. `f` gets the store, the key's slot, the key, the argument after the
-/// key (the value, for MSET-like commands) and the time; results come back in
-/// key order.
-pub async fn fan_out<R, F>(
-    client: &Client,
-    args: &Arc<Args>,
-    key_indexes: &[usize],
-    access: Access,
-    f: F,
-) -> Result<Vec<R>, ShardGone>
-where
-    R: Send + 'static,
-    F: Fn(&mut Store, u16, &[u8], Option<&Bytes>, u64) -> R + Send + Copy + 'static,
-{
-    let shard = &client.shard;
-    // (position among the keys, argument index) per shard: the jobs read
-    // the arguments where they are, shared, with no per-key clone.
-    let mut per_shard: Vec<Vec<(usize, usize)>> = (0..shard.count()).map(|_| Vec::new()).collect();
-    for (pos, &i) in key_indexes.iter().enumerate() {
-        per_shard[shard.owner_of(args.slot(i))].push((pos, i));
-    }
-    // Post every remote job first, so shards work in parallel; this shard's
-    // own keys run inline while the others are busy.
-    let mut pending = Vec::new();
-    let mut local = None;
-    for (target, work) in per_shard.into_iter().enumerate() {
-        if work.is_empty() {
-            continue;
-        }
-        let args = Arc::clone(args);
-        let job = move |store: &mut Store| {
-            let now = kvtier_store::now_ms();
-            work.into_iter()
-                .map(|(pos, i)| (pos, f(store, args.slot(i), &args[i], args.get(i + 1), now)))
-                .collect::<Vec<_>>()
-        };
-        if target == shard.id {
-            local = Some(job);
-        } else {
-            pending.push(shard.with_store(target, access, job));
-        }
-    }
-    let mut out: Vec<Option<R>> = (0..key_indexes.len()).map(|_| None).collect();
-    if let Some(job) = local {
-        for (pos, r) in job(&mut shard.store.lock()) {
-            out[pos] = Some(r);
-        }
-    }
-    for p in pending {
-        for (pos, r) in p.await? {
-            out[pos] = Some(r);
-        }
-    }
-    Ok(out.into_iter().flatten().collect())
-}
-
 fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
     match results {
         Ok(r) => Reply::Int(r.into_iter().filter(|&b| b).count() as i64),
-        Err(e) => gone(e),
+        Err(e) => Reply::from(e),
     }
 }
 
@@ -521,7 +448,7 @@ fn keys(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     .await;
                 let (keys, next, _) = match step {
                     Ok(step) => step,
-                    Err(e) => return gone(e),
+                    Err(e) => return Reply::from(e),
                 };
                 out.extend(keys.into_iter().map(Reply::Bulk));
                 slot = next;
@@ -590,7 +517,7 @@ fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 .await;
             let (keys, next, seen) = match step {
                 Ok(step) => step,
-                Err(e) => return gone(e),
+                Err(e) => return Reply::from(e),
             };
             visited += seen;
             found.extend(keys.into_iter().map(Reply::Bulk));
@@ -634,7 +561,7 @@ fn randomkey(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let sizes = match client.shard.call_all(|s| s.store.lock().len()).await {
             Ok(sizes) => sizes,
-            Err(e) => return gone(e),
+            Err(e) => return Reply::from(e),
         };
         let total: usize = sizes.iter().sum();
         if total == 0 {
@@ -665,7 +592,7 @@ fn randomkey(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             match found {
                 Ok(Some(key)) => return Reply::Bulk(key),
                 Ok(None) => continue,
-                Err(e) => return gone(e),
+                Err(e) => return Reply::from(e),
             }
         }
         Reply::Nil
@@ -782,7 +709,7 @@ fn rename(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Ok(Ok(Some(_))) => Reply::ok(),
             Ok(Ok(None)) => Reply::error("ERR no such key"),
             Ok(Err(e)) => e,
-            Err(e) => gone(e),
+            Err(e) => Reply::from(e),
         }
     })
 }
@@ -806,14 +733,14 @@ fn renamenx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             {
                 Ok(true) => Reply::Int(0),
                 Ok(false) => Reply::error("ERR no such key"),
-                Err(e) => gone(e),
+                Err(e) => Reply::from(e),
             };
         }
         match transfer(client, args[1].clone(), args[2].clone(), true, false).await {
             Ok(Ok(Some(done))) => Reply::Int(done as i64),
             Ok(Ok(None)) => Reply::error("ERR no such key"),
             Ok(Err(e)) => e,
-            Err(e) => gone(e),
+            Err(e) => Reply::from(e),
         }
     })
 }
@@ -844,7 +771,7 @@ fn copy(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Ok(Ok(Some(done))) => Reply::Int(done as i64),
             Ok(Ok(None)) => Reply::Int(0),
             Ok(Err(e)) => e,
-            Err(e) => gone(e),
+            Err(e) => Reply::from(e),
         }
     })
 }
@@ -960,18 +887,6 @@ fn copy_exists(values: &[&Bytes], _args: &[Bytes]) -> Option<Reply> {
     Some(Reply::Int(values.len() as i64))
 }
 
-/// OBJECT ENCODING's answer, as Redis would give it for a string.
-pub fn object_encoding(entry: &Entry) -> &'static str {
-    let v = &entry.value;
-    if entry.encoding == Encoding::Auto && v.len() <= 20 && parse_int(v).is_some() {
-        "int"
-    } else if entry.encoding != Encoding::Raw && v.len() <= 44 {
-        "embstr"
-    } else {
-        "raw"
-    }
-}
-
 fn object(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let sub = op.args[1].to_ascii_lowercase();
     let policy = store.policy();
@@ -1013,106 +928,6 @@ fn object_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
     )
 }
 
-/// A HELP reply in Redis's format: a title line, the lines, and HELP itself.
-pub fn help_reply(command: &str, lines: &[&str]) -> Reply {
-    let mut out = vec![Reply::status_owned(format!(
-        "{command} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
-    ))];
-    out.extend(lines.iter().map(|l| Reply::status_owned(l.to_string())));
-    out.push(Reply::status("HELP"));
-    out.push(Reply::status("    Prints this help."));
-    Reply::Array(out)
-}
-
-/// The LCS reply (`LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]`),
-/// computed and walked back exactly as Redis does.
-pub fn lcs_reply(
-    a: &[u8],
-    b: &[u8],
-    want_len: bool,
-    want_idx: bool,
-    with_match_len: bool,
-    min_len: usize,
-) -> Reply {
-    let (alen, blen) = (a.len(), b.len());
-    let cells = (alen as u128 + 1) * (blen as u128 + 1) * 4;
-    if cells > 512 * 1024 * 1024 {
-        return Reply::error(
-            "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len",
-        );
-    }
-    let width = blen + 1;
-    let mut table = vec![0u32; (alen + 1) * width];
-    for i in 1..=alen {
-        for j in 1..=blen {
-            table[i * width + j] = if a[i - 1] == b[j - 1] {
-                table[(i - 1) * width + j - 1] + 1
-            } else {
-                table[(i - 1) * width + j].max(table[i * width + j - 1])
-            };
-        }
-    }
-    let lcs_len = table[alen * width + blen] as usize;
-    if want_len {
-        return Reply::Int(lcs_len as i64);
-    }
-    let mut result = vec![0u8; lcs_len];
-    let mut matches = Vec::new();
-    let (mut i, mut j, mut idx) = (alen, blen, lcs_len);
-    let (mut a_start, mut a_end, mut b_start, mut b_end) = (alen, 0, 0, 0);
-    while i > 0 && j > 0 {
-        let mut emit = false;
-        if a[i - 1] == b[j - 1] {
-            result[idx - 1] = a[i - 1];
-            if a_start == alen {
-                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
-            } else if a_start == i && b_start == j {
-                a_start -= 1;
-                b_start -= 1;
-            } else {
-                emit = true;
-            }
-            if a_start == 0 || b_start == 0 {
-                emit = true;
-            }
-            idx -= 1;
-            i -= 1;
-            j -= 1;
-        } else {
-            if table[(i - 1) * width + j] > table[i * width + j - 1] {
-                i -= 1;
-            } else {
-                j -= 1;
-            }
-            if a_start != alen {
-                emit = true;
-            }
-        }
-        if emit {
-            let match_len = a_end - a_start + 1;
-            if min_len == 0 || match_len >= min_len {
-                let mut m = vec![
-                    Reply::Array(vec![Reply::Int(a_start as i64), Reply::Int(a_end as i64)]),
-                    Reply::Array(vec![Reply::Int(b_start as i64), Reply::Int(b_end as i64)]),
-                ];
-                if with_match_len {
-                    m.push(Reply::Int(match_len as i64));
-                }
-                matches.push(Reply::Array(m));
-            }
-            a_start = alen;
-        }
-    }
-    if want_idx {
-        Reply::Map(vec![
-            (Reply::bulk("matches"), Reply::Array(matches)),
-            (Reply::bulk("len"), Reply::Int(lcs_len as i64)),
-        ])
-    } else {
-        Reply::Bulk(Bytes::from(result))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1141,31 +956,5 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-    }
-
-    #[test]
-    fn lcs_matches_redis_example() {
-        let (a, b) = (b"ohmytext", b"mynewtext");
-        assert_eq!(
-            lcs_reply(a, b, false, false, false, 0),
-            Reply::bulk("mytext")
-        );
-        assert_eq!(lcs_reply(a, b, true, false, false, 0), Reply::Int(6));
-        let Reply::Map(fields) = lcs_reply(a, b, false, true, true, 0) else {
-            panic!("map expected")
-        };
-        let Reply::Array(matches) = &fields[0].1 else {
-            panic!("array expected")
-        };
-        // Redis: 1) [[4,7],[5,8],4]  2) [[2,3],[0,1],2]
-        assert_eq!(
-            matches[0],
-            Reply::Array(vec![
-                Reply::Array(vec![Reply::Int(4), Reply::Int(7)]),
-                Reply::Array(vec![Reply::Int(5), Reply::Int(8)]),
-                Reply::Int(4),
-            ])
-        );
-        assert_eq!(matches.len(), 2);
     }
 }

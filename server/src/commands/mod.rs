@@ -1,6 +1,12 @@
-//! The command table: every command's name, arity, flags, key positions,
+//! The command layer: every command's name, arity, flags, key positions,
 //! documentation and handler, registered by family (one file per family, as
 //! in Dragonfly's `string_family`, `generic_family`).
+//!
+//! Inside the layer, imports point one way: this file (the spec, the
+//! arguments, the [`Client`] context and what the families share) ← the
+//! helpers (`docs.rs`, `long_double.rs`, `session.rs`) ← the families
+//! (one file each; a family never imports another) ← `registry.rs` (the
+//! table of every family's commands).
 //!
 //! Handlers come in four shapes:
 //! * [`Handler::Key`]: a single-key command. It runs on the shard that owns
@@ -24,7 +30,9 @@ pub mod connection;
 pub mod docs;
 pub mod keyspace;
 pub mod long_double;
+pub mod registry;
 pub mod server;
+pub mod session;
 pub mod string;
 pub mod transaction;
 
@@ -33,16 +41,17 @@ use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use kvtier_protocol::{PendingValue, Reply};
-use kvtier_store::{now_ms, Fetched, Store};
+use kvtier_store::{now_ms, Encoding, Entry, Fetched, Store};
 
-use crate::acl::{Catalog, KeyUse};
+use crate::acl::{Acl, Catalog, KeyUse};
 use crate::clients::ClientInfo;
 use crate::shard::slot::key_slot;
-use crate::shard::{Access, Shard};
+use crate::shard::watching::Watching;
+use crate::shard::{Access, Shard, ShardGone};
 
 /// A boxed future borrowing the client, returned by async handlers.
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
@@ -281,7 +290,7 @@ pub async fn execute(client: &mut Client, spec: &'static CommandSpec, args: Args
             .shard
             .with_store(op.owner, op.access, move |store| op.run(store, now_ms()))
             .await
-            .unwrap_or_else(|_| Reply::error("ERR server is shutting down")),
+            .unwrap_or_else(|_| Reply::from(ShardGone)),
         Plan::Now(f, args) => f(client, &args),
         Plan::Await(f, args) => f(client, args).await,
         Plan::Parent(args) => unknown_subcommand(spec.name, &args[0]),
@@ -648,22 +657,8 @@ pub struct CommandTable {
 }
 
 impl CommandTable {
-    fn build() -> CommandTable {
-        let mut commands: Vec<&'static CommandSpec> = Vec::new();
-        for family in [
-            string::COMMANDS,
-            bitmap::COMMANDS,
-            block::COMMANDS,
-            keyspace::COMMANDS,
-            connection::COMMANDS,
-            client::COMMANDS,
-            acl::COMMANDS,
-            cluster::COMMANDS,
-            server::COMMANDS,
-            transaction::COMMANDS,
-        ] {
-            commands.extend(family.iter());
-        }
+    /// The table of `commands` (each with its subcommands).
+    pub fn new(mut commands: Vec<&'static CommandSpec>) -> CommandTable {
         commands.sort_by_key(|c| c.name);
         let mut all = Vec::new();
         let mut by_name = hashbrown::HashMap::new();
@@ -734,12 +729,6 @@ impl CommandTable {
     }
 }
 
-/// The process-wide command table.
-pub fn table() -> &'static CommandTable {
-    static TABLE: OnceLock<CommandTable> = OnceLock::new();
-    TABLE.get_or_init(CommandTable::build)
-}
-
 /// Per-connection state that commands read and change.
 pub struct Client {
     /// The shard serving this connection.
@@ -759,9 +748,12 @@ pub struct Client {
     /// Close once the pending replies are written (QUIT, protocol errors).
     pub close_after_reply: bool,
     /// Commands queued since MULTI.
-    pub multi: Option<transaction::Transaction>,
+    pub multi: Option<Transaction>,
     /// Keys under WATCH.
-    pub watching: transaction::Watching,
+    pub watching: Watching,
+    /// The command table this connection runs against (the registry's),
+    /// for the commands that list or look up commands.
+    pub commands: &'static CommandTable,
     /// READONLY: reads may be answered by a replica of the slot.
     pub readonly: bool,
     /// A cluster peer (`CLUSTER PEER`): its commands run here, never
@@ -773,6 +765,11 @@ impl Client {
     /// The connection's id.
     pub fn id(&self) -> u64 {
         self.info.borrow().id
+    }
+
+    /// The node's users.
+    pub fn acl(&self) -> &Acl {
+        &self.shard.shared.config.acl
     }
 }
 
@@ -872,82 +869,149 @@ pub fn is(arg: &[u8], word: &str) -> bool {
     arg.eq_ignore_ascii_case(word.as_bytes())
 }
 
+// -- what the families share -------------------------------------------------------
+
+/// A HELP reply in Redis's format: a title line, the lines, and HELP itself.
+pub fn help_reply(command: &str, lines: &[&str]) -> Reply {
+    let mut out = vec![Reply::status_owned(format!(
+        "{command} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+    ))];
+    out.extend(lines.iter().map(|l| Reply::status_owned(l.to_string())));
+    out.push(Reply::status("HELP"));
+    out.push(Reply::status("    Prints this help."));
+    Reply::Array(out)
+}
+
+/// Whether a client or library name is acceptable (no spaces or controls).
+pub fn valid_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
+/// Parses a float as Redis's `string2ld` does: no surrounding spaces, no NaN.
+pub fn parse_float(arg: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(arg).ok()?;
+    if s.is_empty() || s.len() > 5120 || s.trim() != s {
+        return None;
+    }
+    let v: f64 = s.parse().ok()?;
+    (!v.is_nan()).then_some(v)
+}
+
+/// Absolute expiry from an option: `EX`/`PX`/`EXAT`/`PXAT` and its value.
+/// Errors are Redis's: not-an-integer, or `invalid expire time in '<cmd>'`.
+pub fn expire_at_from(unit: &[u8], value: &[u8], command: &str, now: u64) -> Result<u64, Reply> {
+    let n = parse_int(value).ok_or_else(not_integer)?;
+    let invalid = || Reply::error(format!("ERR invalid expire time in '{command}' command"));
+    if n <= 0 {
+        return Err(invalid());
+    }
+    let ms = if is(unit, "ex") || is(unit, "exat") {
+        n.checked_mul(1000).ok_or_else(invalid)?
+    } else {
+        n
+    };
+    if is(unit, "ex") || is(unit, "px") {
+        ms.checked_add(now as i64)
+            .map(|t| t as u64)
+            .ok_or_else(invalid)
+    } else {
+        Ok(ms as u64)
+    }
+}
+
+/// OBJECT ENCODING's answer, as Redis would give it for a string.
+pub fn object_encoding(entry: &Entry) -> &'static str {
+    let v = &entry.value;
+    if entry.encoding == Encoding::Auto && v.len() <= 20 && parse_int(v).is_some() {
+        "int"
+    } else if entry.encoding != Encoding::Raw && v.len() <= 44 {
+        "embstr"
+    } else {
+        "raw"
+    }
+}
+
+/// Outcome of a conditional per-key write in a fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fanned {
+    /// Written.
+    Done,
+    /// Left alone (a condition failed).
+    Skipped,
+    /// Refused for lack of memory.
+    Oom,
+}
+
+/// Runs `f` for each key `args[i]`, `i` in `key_indexes`, on the shard that
+/// owns it: one job per shard, all shards in parallel, this shard's keys
+/// inline. `f` gets the store, the key's slot, the key, the argument after the
+/// key (the value, for MSET-like commands) and the time; results come back in
+/// key order.
+pub async fn fan_out<R, F>(
+    client: &Client,
+    args: &Arc<Args>,
+    key_indexes: &[usize],
+    access: Access,
+    f: F,
+) -> Result<Vec<R>, ShardGone>
+where
+    R: Send + 'static,
+    F: Fn(&mut Store, u16, &[u8], Option<&Bytes>, u64) -> R + Send + Copy + 'static,
+{
+    let shard = &client.shard;
+    // (position among the keys, argument index) per shard: the jobs read
+    // the arguments where they are, shared, with no per-key clone.
+    let mut per_shard: Vec<Vec<(usize, usize)>> = (0..shard.count()).map(|_| Vec::new()).collect();
+    for (pos, &i) in key_indexes.iter().enumerate() {
+        per_shard[shard.owner_of(args.slot(i))].push((pos, i));
+    }
+    // Post every remote job first, so shards work in parallel; this shard's
+    // own keys run inline while the others are busy.
+    let mut pending = Vec::new();
+    let mut local = None;
+    for (target, work) in per_shard.into_iter().enumerate() {
+        if work.is_empty() {
+            continue;
+        }
+        let args = Arc::clone(args);
+        let job = move |store: &mut Store| {
+            let now = kvtier_store::now_ms();
+            work.into_iter()
+                .map(|(pos, i)| (pos, f(store, args.slot(i), &args[i], args.get(i + 1), now)))
+                .collect::<Vec<_>>()
+        };
+        if target == shard.id {
+            local = Some(job);
+        } else {
+            pending.push(shard.with_store(target, access, job));
+        }
+    }
+    let mut out: Vec<Option<R>> = (0..key_indexes.len()).map(|_| None).collect();
+    if let Some(job) = local {
+        for (pos, r) in job(&mut shard.store.lock()) {
+            out[pos] = Some(r);
+        }
+    }
+    for p in pending {
+        for (pos, r) in p.await? {
+            out[pos] = Some(r);
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// A transaction being queued (between MULTI and EXEC).
+#[derive(Default)]
+pub struct Transaction {
+    /// The queued commands: statistics id, spec, arguments.
+    pub queued: Vec<(usize, &'static CommandSpec, Args)>,
+    /// A command was refused while queueing: EXEC will abort.
+    pub failed: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_is_consistent() {
-        let t = table();
-        for c in &t.all {
-            assert_eq!(c.name, c.name.to_ascii_lowercase(), "{}", c.name);
-            assert!(c.arity != 0, "{}", c.name);
-            if matches!(c.handler, Handler::Key(_)) {
-                assert!(c.keys.first > 0, "{} routes by key but has none", c.name);
-            }
-            if matches!(c.handler, Handler::Parent) {
-                assert!(!c.subcommands.is_empty(), "{}", c.name);
-            }
-            for s in c.subcommands {
-                assert!(s.name.starts_with(&format!("{}|", c.name)), "{}", s.name);
-            }
-            docs::parse_syntax(c.syntax).unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        }
-        assert!(t.get(b"GET").is_some());
-        assert!(t.get(b"gEt").is_some());
-        assert!(t.get(b"nope").is_none());
-    }
-
-    #[test]
-    fn key_indexes_follow_spec() {
-        let t = table();
-        let args =
-            |s: &str| -> Vec<Bytes> { s.split(' ').map(|w| Bytes::from(w.to_string())).collect() };
-        let keys = |cmd: &str| {
-            t.get(cmd.split(' ').next().unwrap().as_bytes())
-                .unwrap()
-                .key_indexes(&args(cmd))
-        };
-        assert_eq!(keys("mset a 1 b 2"), Some(vec![1, 3]));
-        assert_eq!(keys("del a b c"), Some(vec![1, 2, 3]));
-        assert_eq!(keys("get a"), Some(vec![1]));
-        assert_eq!(keys("ping"), Some(Vec::new()));
-        assert_eq!(keys("mgetprefix 2 a b maxbytes 9"), Some(vec![2, 3]));
-        assert_eq!(keys("msetblock 2 a 1 b 2 chain"), Some(vec![2, 4]));
-        assert_eq!(keys("mgetprefix 3 a b"), None);
-        assert_eq!(keys("msetblock 3 a 1 b 2"), None);
-        assert_eq!(keys("prefixlen 0 a"), None);
-        assert_eq!(keys("mexists x a"), None);
-    }
-
-    #[test]
-    fn args_carry_the_slots_of_their_keys() {
-        let t = table();
-        let list =
-            |s: &str| -> Vec<Bytes> { s.split(' ').map(|w| Bytes::from(w.to_string())).collect() };
-        for cmd in [
-            "get k1",
-            "mset a 1 b 2",
-            "mgetprefix 2 x y maxbytes 9",
-            "ping",
-        ] {
-            let spec = t.get(cmd.split(' ').next().unwrap().as_bytes()).unwrap();
-            let args = Args::of(spec, list(cmd));
-            for i in 1..args.len() {
-                assert_eq!(args.slot(i), key_slot(&args[i]), "{cmd}: argument {i}");
-            }
-        }
-        let spec = t.get(b"get").unwrap();
-        assert!(matches!(
-            Args::of(spec, list("get k1")).slots,
-            Slots::One { index: 1, .. }
-        ));
-        let spec = t.get(b"mget").unwrap();
-        assert!(matches!(
-            Args::of(spec, list("mget a b")).slots,
-            Slots::Each(_)
-        ));
-    }
 
     #[test]
     fn unknown_command_text_matches_redis() {
@@ -961,5 +1025,15 @@ mod tests {
             unknown_command(&args),
             Reply::error("ERR unknown command 'f', with args beginning with: 'a' ")
         );
+    }
+
+    #[test]
+    fn floats_like_string2ld() {
+        assert_eq!(parse_float(b"1.5"), Some(1.5));
+        assert_eq!(parse_float(b"1e3"), Some(1000.0));
+        assert_eq!(parse_float(b" 1"), None);
+        assert_eq!(parse_float(b"nan"), None);
+        assert_eq!(parse_float(b""), None);
+        assert_eq!(parse_float(b"abc"), None);
     }
 }

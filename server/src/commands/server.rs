@@ -10,13 +10,15 @@ use kvtier_store::{now_ms, Store, StoreStats};
 
 use super::docs::{docs_reply, info_reply};
 use super::flags::*;
-use super::keyspace::help_reply;
+use super::help_reply;
+use super::CommandTable;
 use super::{
-    is, not_integer, parse_int, syntax_error, table, unknown_subcommand, Args, Client, CommandSpec,
+    is, not_integer, parse_int, syntax_error, unknown_subcommand, Args, Client, CommandSpec,
     Handler, KeyOp, KeySpec, LocalBoxFuture, DEFAULTS,
 };
 use crate::acl::{category, KeyUse};
 use crate::report;
+use crate::shard::ShardGone;
 
 const BASE: CommandSpec = CommandSpec {
     group: "server",
@@ -385,57 +387,59 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
-fn gone() -> Reply {
-    Reply::error("ERR server is shutting down")
-}
-
 // ---- COMMAND ---------------------------------------------------------------
 
-fn command_all(_client: &mut Client, _args: &[Bytes]) -> Reply {
-    Reply::Array(table().commands.iter().map(|c| info_reply(c)).collect())
+fn command_all(client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Array(
+        client
+            .commands
+            .commands
+            .iter()
+            .map(|c| info_reply(c))
+            .collect(),
+    )
 }
 
-fn command_count(_client: &mut Client, _args: &[Bytes]) -> Reply {
-    Reply::Int(table().commands.len() as i64)
+fn command_count(client: &mut Client, _args: &[Bytes]) -> Reply {
+    Reply::Int(client.commands.commands.len() as i64)
 }
 
 /// A command or `parent|sub` by name.
-fn find_command(name: &[u8]) -> Option<&'static CommandSpec> {
-    let t = table();
+fn find_command(t: &CommandTable, name: &[u8]) -> Option<&'static CommandSpec> {
     match name.iter().position(|&b| b == b'|') {
         Some(bar) => t.get(&name[..bar]).and_then(|p| t.sub(p, &name[bar + 1..])),
         None => t.get(name),
     }
 }
 
-fn command_info(_client: &mut Client, args: &[Bytes]) -> Reply {
+fn command_info(client: &mut Client, args: &[Bytes]) -> Reply {
     if args.len() == 2 {
-        return command_all(_client, args);
+        return command_all(client, args);
     }
     Reply::Array(
         args[2..]
             .iter()
-            .map(|n| find_command(n).map_or(Reply::NilArray, info_reply))
+            .map(|n| find_command(client.commands, n).map_or(Reply::NilArray, info_reply))
             .collect(),
     )
 }
 
-fn command_docs(_client: &mut Client, args: &[Bytes]) -> Reply {
-    let t = table();
+fn command_docs(client: &mut Client, args: &[Bytes]) -> Reply {
+    let t = client.commands;
     let entries = if args.len() == 2 {
         t.commands.iter().map(|c| docs_reply(c)).collect()
     } else {
         args[2..]
             .iter()
-            .filter_map(|n| find_command(n))
+            .filter_map(|n| find_command(client.commands, n))
             .map(docs_reply)
             .collect()
     };
     Reply::Map(entries)
 }
 
-fn command_list(_client: &mut Client, args: &[Bytes]) -> Reply {
-    let t = table();
+fn command_list(client: &mut Client, args: &[Bytes]) -> Reply {
+    let t = client.commands;
     let names = t.commands.iter().map(|c| c.name);
     let chosen: Vec<&str> = match args.len() {
         2 => names.collect(),
@@ -468,14 +472,14 @@ fn command_list(_client: &mut Client, args: &[Bytes]) -> Reply {
     Reply::Array(chosen.into_iter().map(Reply::bulk).collect())
 }
 
-fn command_getkeys(_client: &mut Client, args: &[Bytes]) -> Reply {
+fn command_getkeys(client: &mut Client, args: &[Bytes]) -> Reply {
     let with_flags = is(&args[1], "getkeysandflags");
     let call = &args[2..];
-    let Some(mut spec) = table().get(&call[0]) else {
+    let Some(mut spec) = client.commands.get(&call[0]) else {
         return Reply::error("ERR Invalid command specified");
     };
     if matches!(spec.handler, Handler::Parent) && call.len() > 1 {
-        match table().sub(spec, &call[1]) {
+        match client.commands.sub(spec, &call[1]) {
             Some(sub) => spec = sub,
             None => return Reply::error("ERR Invalid command specified"),
         }
@@ -586,7 +590,7 @@ fn config_set(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 "ERR CONFIG SET failed (possibly related to argument '{name}') - {e}"
             ));
         }
-        crate::server::apply_live_config(&client.shard).await;
+        client.shard.apply_live_config().await;
         Reply::ok()
     })
 }
@@ -602,7 +606,7 @@ fn config_resetstat(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             .await;
         match done {
             Ok(_) => Reply::ok(),
-            Err(_) => gone(),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -627,7 +631,7 @@ fn info(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let sections = report::info_sections(&args[1..]);
         let Ok(reports) = report::gather(&client.shard).await else {
-            return gone();
+            return Reply::from(ShardGone);
         };
         let text = report::render_info(&client.shard.shared, &sections, &reports);
         Reply::Verbatim(Bytes::from(text))
@@ -640,7 +644,7 @@ fn dbsize(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         match client.shard.call_all(|s| s.store.lock().len()).await {
             Ok(sizes) => Reply::Int(sizes.into_iter().sum::<usize>() as i64),
-            Err(_) => gone(),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -654,7 +658,7 @@ fn flush(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         }
         match client.shard.call_all(|s| s.store.lock().clear()).await {
             Ok(_) => Reply::ok(),
-            Err(_) => gone(),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -762,7 +766,7 @@ fn memory_usage(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 fn memory_stats(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
         let Ok(reports) = report::gather(&client.shard).await else {
-            return gone();
+            return Reply::from(ShardGone);
         };
         let used: u64 = reports.iter().map(|r| r.used_memory as u64).sum();
         let keys: u64 = reports.iter().map(|r| r.keys as u64).sum();
@@ -894,7 +898,7 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let sub = args[1].to_ascii_lowercase();
         match &sub[..] {
             b"sleep" if args.len() == 3 => {
-                let secs = super::string::parse_float(&args[2]).unwrap_or(0.0).max(0.0);
+                let secs = super::parse_float(&args[2]).unwrap_or(0.0).max(0.0);
                 // Like Redis, DEBUG SLEEP stalls the thread (this shard).
                 std::thread::sleep(std::time::Duration::from_secs_f64(secs.min(3600.0)));
                 Reply::ok()
@@ -919,7 +923,7 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                         store.peek(slot, &key, now).map(|e| {
                             format!(
                                 "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
-                                super::keyspace::object_encoding(e),
+                                super::object_encoding(e),
                                 e.value.len(),
                                 (now / 1000) & 0xff_ffff,
                                 e.idle_seconds(now)
@@ -930,7 +934,7 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 match found {
                     Ok(Some(text)) => Reply::status_owned(text),
                     Ok(None) => Reply::error("ERR no such key"),
-                    Err(_) => gone(),
+                    Err(_) => Reply::from(ShardGone),
                 }
             }
             b"digest" | b"digest-value" => {
@@ -954,7 +958,9 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                         (acc, per_key)
                     })
                     .await;
-                let Ok(parts) = parts else { return gone() };
+                let Ok(parts) = parts else {
+                    return Reply::from(ShardGone);
+                };
                 if whole {
                     let mut acc = [0u8; 20];
                     for (d, _) in &parts {

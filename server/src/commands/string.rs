@@ -10,15 +10,15 @@ use kvtier_protocol::Reply;
 use kvtier_store::{Encoding, OutOfMemory, Store};
 
 use super::flags::*;
-use super::keyspace::{fan_out, Fanned};
 use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
     always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
     CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, DEFAULTS, KEY1, KEY_VALUE_PAIRS,
 };
+use super::{expire_at_from, fan_out, Fanned};
 use crate::acl::{category, perm, KeyUse};
-use crate::shard::Access;
+use crate::shard::{Access, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
     arity: 2,
@@ -270,36 +270,6 @@ pub const COMMANDS: &[CommandSpec] = &[
         ..BASE
     },
 ];
-
-/// Whether a fan-out command ran into a shard that is gone.
-const SHUTTING_DOWN: &str = "ERR server is shutting down";
-
-/// Absolute expiry from an option: `EX`/`PX`/`EXAT`/`PXAT` and its value.
-/// Errors are Redis's: not-an-integer, or `invalid expire time in '<cmd>'`.
-pub(crate) fn expire_at_from(
-    unit: &[u8],
-    value: &[u8],
-    command: &str,
-    now: u64,
-) -> Result<u64, Reply> {
-    let n = parse_int(value).ok_or_else(not_integer)?;
-    let invalid = || Reply::error(format!("ERR invalid expire time in '{command}' command"));
-    if n <= 0 {
-        return Err(invalid());
-    }
-    let ms = if is(unit, "ex") || is(unit, "exat") {
-        n.checked_mul(1000).ok_or_else(invalid)?
-    } else {
-        n
-    };
-    if is(unit, "ex") || is(unit, "px") {
-        ms.checked_add(now as i64)
-            .map(|t| t as u64)
-            .ok_or_else(invalid)
-    } else {
-        Ok(ms as u64)
-    }
-}
 
 /// Which command [`ExtendedOptions::parse`] reads options for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -586,7 +556,7 @@ fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         .await;
         match result {
             Ok(values) => Reply::Array(values),
-            Err(_) => Reply::error(SHUTTING_DOWN),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -612,7 +582,7 @@ fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         match result {
             Ok(done) if done.iter().all(|&ok| ok) => Reply::ok(),
             Ok(_) => oom_error(),
-            Err(_) => Reply::error(SHUTTING_DOWN),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -644,7 +614,7 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         match result {
             Ok(present) if present.iter().any(|&p| p) => return Reply::Int(0),
             Ok(_) => {}
-            Err(_) => return Reply::error(SHUTTING_DOWN),
+            Err(_) => return Reply::from(ShardGone),
         }
         let result = fan_out(
             client,
@@ -667,7 +637,7 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Ok(r) if r.contains(&Fanned::Oom) => oom_error(),
             Ok(r) if r.contains(&Fanned::Skipped) => Reply::Int(0),
             Ok(_) => Reply::Int(1),
-            Err(_) => Reply::error(SHUTTING_DOWN),
+            Err(_) => Reply::from(ShardGone),
         }
     })
 }
@@ -863,16 +833,6 @@ fn decrby(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     }
 }
 
-/// Parses a float as Redis's `string2ld` does: no surrounding spaces, no NaN.
-pub(crate) fn parse_float(arg: &[u8]) -> Option<f64> {
-    let s = std::str::from_utf8(arg).ok()?;
-    if s.is_empty() || s.len() > 5120 || s.trim() != s {
-        return None;
-    }
-    let v: f64 = s.parse().ok()?;
-    (!v.is_nan()).then_some(v)
-}
-
 fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     // Redis adds as C `long double` and prints with `%.17Lf`; see
     // [`LongDouble`] for why an f64 would answer different digits.
@@ -943,9 +903,9 @@ fn lcs(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         )
         .await;
         let Ok(values) = values else {
-            return Reply::error(SHUTTING_DOWN);
+            return Reply::from(ShardGone);
         };
-        super::keyspace::lcs_reply(
+        lcs_reply(
             &values[0],
             &values[1],
             want_len,
@@ -963,6 +923,95 @@ fn set_key_use(args: &[Bytes], _key: usize) -> u8 {
         perm::ALL
     } else {
         perm::WRITE
+    }
+}
+
+/// The LCS reply (`LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]`),
+/// computed and walked back exactly as Redis does.
+pub fn lcs_reply(
+    a: &[u8],
+    b: &[u8],
+    want_len: bool,
+    want_idx: bool,
+    with_match_len: bool,
+    min_len: usize,
+) -> Reply {
+    let (alen, blen) = (a.len(), b.len());
+    let cells = (alen as u128 + 1) * (blen as u128 + 1) * 4;
+    if cells > 512 * 1024 * 1024 {
+        return Reply::error(
+            "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len",
+        );
+    }
+    let width = blen + 1;
+    let mut table = vec![0u32; (alen + 1) * width];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            table[i * width + j] = if a[i - 1] == b[j - 1] {
+                table[(i - 1) * width + j - 1] + 1
+            } else {
+                table[(i - 1) * width + j].max(table[i * width + j - 1])
+            };
+        }
+    }
+    let lcs_len = table[alen * width + blen] as usize;
+    if want_len {
+        return Reply::Int(lcs_len as i64);
+    }
+    let mut result = vec![0u8; lcs_len];
+    let mut matches = Vec::new();
+    let (mut i, mut j, mut idx) = (alen, blen, lcs_len);
+    let (mut a_start, mut a_end, mut b_start, mut b_end) = (alen, 0, 0, 0);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            if a_start == alen {
+                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
+            } else if a_start == i && b_start == j {
+                a_start -= 1;
+                b_start -= 1;
+            } else {
+                emit = true;
+            }
+            if a_start == 0 || b_start == 0 {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if table[(i - 1) * width + j] > table[i * width + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            if a_start != alen {
+                emit = true;
+            }
+        }
+        if emit {
+            let match_len = a_end - a_start + 1;
+            if min_len == 0 || match_len >= min_len {
+                let mut m = vec![
+                    Reply::Array(vec![Reply::Int(a_start as i64), Reply::Int(a_end as i64)]),
+                    Reply::Array(vec![Reply::Int(b_start as i64), Reply::Int(b_end as i64)]),
+                ];
+                if with_match_len {
+                    m.push(Reply::Int(match_len as i64));
+                }
+                matches.push(Reply::Array(m));
+            }
+            a_start = alen;
+        }
+    }
+    if want_idx {
+        Reply::Map(vec![
+            (Reply::bulk("matches"), Reply::Array(matches)),
+            (Reply::bulk("len"), Reply::Int(lcs_len as i64)),
+        ])
+    } else {
+        Reply::Bulk(Bytes::from(result))
     }
 }
 
@@ -1039,12 +1088,28 @@ mod tests {
     }
 
     #[test]
-    fn floats_like_string2ld() {
-        assert_eq!(parse_float(b"1.5"), Some(1.5));
-        assert_eq!(parse_float(b"1e3"), Some(1000.0));
-        assert_eq!(parse_float(b" 1"), None);
-        assert_eq!(parse_float(b"nan"), None);
-        assert_eq!(parse_float(b""), None);
-        assert_eq!(parse_float(b"abc"), None);
+    fn lcs_matches_redis_example() {
+        let (a, b) = (b"ohmytext", b"mynewtext");
+        assert_eq!(
+            lcs_reply(a, b, false, false, false, 0),
+            Reply::bulk("mytext")
+        );
+        assert_eq!(lcs_reply(a, b, true, false, false, 0), Reply::Int(6));
+        let Reply::Map(fields) = lcs_reply(a, b, false, true, true, 0) else {
+            panic!("map expected")
+        };
+        let Reply::Array(matches) = &fields[0].1 else {
+            panic!("array expected")
+        };
+        // Redis: 1) [[4,7],[5,8],4]  2) [[2,3],[0,1],2]
+        assert_eq!(
+            matches[0],
+            Reply::Array(vec![
+                Reply::Array(vec![Reply::Int(4), Reply::Int(7)]),
+                Reply::Array(vec![Reply::Int(5), Reply::Int(8)]),
+                Reply::Int(4),
+            ])
+        );
+        assert_eq!(matches.len(), 2);
     }
 }

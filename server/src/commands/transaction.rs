@@ -12,7 +12,6 @@
 //! to the key (write, delete, expiry, flush) sets it, and EXEC then replies
 //! with a null array without running anything.
 
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -21,12 +20,13 @@ use kvtier_protocol::Reply;
 use kvtier_store::{mono_ns, now_ms};
 
 use super::flags::*;
+use super::Transaction;
 use super::{
     execute, Args, Client, CommandSpec, Handler, LocalBoxFuture, ShardOp, ALL_KEYS, DEFAULTS,
 };
 use crate::acl::{category, KeyUse};
 use crate::shard::slot::key_slot;
-use crate::shard::Shard;
+use crate::shard::ShardGone;
 
 const BASE: CommandSpec = CommandSpec {
     flags: NOSCRIPT | LOADING | STALE | FAST,
@@ -84,56 +84,6 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
-/// A transaction being queued (between MULTI and EXEC).
-#[derive(Default)]
-pub struct Transaction {
-    /// The queued commands: statistics id, spec, arguments.
-    pub queued: Vec<(usize, &'static CommandSpec, Args)>,
-    /// A command was refused while queueing: EXEC will abort.
-    pub failed: bool,
-}
-
-/// The keys a client WATCHes and the flag their shards set on any change.
-pub struct Watching {
-    shard: Rc<Shard>,
-    client: u64,
-    /// Set when a watched key changed.
-    pub dirty: Arc<AtomicBool>,
-    keys: Vec<Bytes>,
-}
-
-impl Watching {
-    /// Nothing watched yet.
-    pub fn new(shard: Rc<Shard>, client: u64) -> Watching {
-        Watching {
-            shard,
-            client,
-            dirty: Arc::new(AtomicBool::new(false)),
-            keys: Vec::new(),
-        }
-    }
-
-    /// Forgets every watched key (posting the removals to their shards).
-    pub fn clear(&mut self) {
-        let client = self.client;
-        for key in self.keys.drain(..) {
-            let slot = key_slot(&key);
-            let owner = self.shard.owner_of(slot);
-            let _ = self.shard.post(
-                owner,
-                Box::new(move |s: &Shard| s.store.lock().unwatch_changes(&key, client)),
-            );
-        }
-        self.dirty = Arc::new(AtomicBool::new(false));
-    }
-}
-
-impl Drop for Watching {
-    fn drop(&mut self) {
-        self.clear();
-    }
-}
-
 fn multi(client: &mut Client, _args: &[Bytes]) -> Reply {
     if client.multi.is_some() {
         return Reply::error("ERR MULTI calls can not be nested");
@@ -173,9 +123,9 @@ fn watch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 })
                 .await;
             if registered.is_err() {
-                return Reply::error("ERR server is shutting down");
+                return Reply::from(ShardGone);
             }
-            client.watching.keys.push(key);
+            client.watching.noted(key);
         }
         Reply::ok()
     })
@@ -199,7 +149,7 @@ fn exec(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
             refused = tx
                 .queued
                 .iter()
-                .map(|(id, spec, args)| super::acl::recheck(client, *id, spec, args))
+                .map(|(id, spec, args)| super::session::recheck(client, *id, spec, args))
                 .collect();
         }
         let reply = if let Some(owner) =
@@ -280,7 +230,7 @@ async fn run_on_one_shard(
             Reply::Array(replies)
         })
         .await;
-    done.unwrap_or_else(|_| Reply::error("ERR server is shutting down"))
+    done.unwrap_or_else(|_| Reply::from(ShardGone))
 }
 
 /// Runs one queued command outside the connection's batching.

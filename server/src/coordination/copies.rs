@@ -77,20 +77,6 @@ pub async fn uncopy(shard: &Shard, cluster: &Cluster, keys: Vec<(Bytes, Vec<Stri
     cluster.uncopy(&shard.peers, &view, keys).await;
 }
 
-/// Applies `f` to every shard's copies (a copy is served by whichever
-/// shard the reading client is on).
-pub async fn on_all_copies(
-    shard: &Shard,
-    f: impl Fn(&mut Copies) -> bool + Send + Sync + 'static,
-) -> bool {
-    let f = Arc::new(f);
-    let results = shard
-        .call_all(move |s| f(&mut s.copies.borrow_mut()))
-        .await
-        .unwrap_or_default();
-    results.into_iter().any(|r| r)
-}
-
 /// A write to keys that have copies elsewhere: run it here, then drop the
 /// copies, and only then reply (once DEL returns, no node serves the key).
 pub async fn write_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
@@ -128,11 +114,13 @@ pub async fn flush_through(client: &mut Client, spec: &'static CommandSpec, args
         cluster.end_handoff();
         let taken = cluster.take_all_replicated().into_iter().collect();
         uncopy(&client.shard, &cluster, taken).await;
-        on_all_copies(&client.shard, |c| {
-            c.clear();
-            true
-        })
-        .await;
+        client
+            .shard
+            .on_all_copies(|c| {
+                c.clear();
+                true
+            })
+            .await;
     }
     reply
 }

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
-pub use copies::{flush_through, on_all_copies, replicate_hot, uncopy, write_through};
+pub use copies::{flush_through, replicate_hot, uncopy, write_through};
 pub use handoff::{handoff_read, handoff_write};
 use kvtier_cluster::peer::{call_once, Lane};
 use kvtier_cluster::topology::View;
@@ -294,28 +294,4 @@ pub fn lane(client: &Client) -> Lane {
 /// Whether a call blocks (MGETPREFIX ... BLOCK).
 pub fn blocks(spec: &CommandSpec, args: &[Bytes]) -> bool {
     spec.has(flags::BLOCKING) && args.iter().any(|a| is(a, "block"))
-}
-
-/// The view a shard uses, refreshed when the cluster's changes.
-///
-/// Each shard keeps its own copy (an `Rc`), taken when the version changes:
-/// the per-command handle is then a plain counter on this thread, not an
-/// atomic on a cache line every shard writes.
-pub fn shard_view(shard: &Shard, cluster: &Arc<Cluster>) -> Rc<View> {
-    let version = cluster.version();
-    let mut cached = shard.view_cache.borrow_mut();
-    match &*cached {
-        Some((v, view)) if *v == version => Rc::clone(view),
-        _ => {
-            let view = Rc::new(View::clone(&cluster.view()));
-            // Connections to nodes now failed (or no longer members) go.
-            for (node, alive) in view.nodes.iter().zip(&view.alive) {
-                if !alive {
-                    shard.peers.forget(node.addr());
-                }
-            }
-            *cached = Some((version, Rc::clone(&view)));
-            view
-        }
-    }
 }

@@ -30,13 +30,14 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::clients::ClientInfo;
-use crate::commands::transaction::Watching;
+use crate::commands::registry::table;
 use crate::commands::{
-    arity_error, flags, table, unknown_command, unknown_subcommand, Args, AsyncFn, Client,
-    CommandSpec, Handler, LocalBoxFuture, Plan, ShardOp,
+    arity_error, flags, unknown_command, unknown_subcommand, Args, AsyncFn, Client, CommandSpec,
+    Handler, LocalBoxFuture, Plan, ShardOp,
 };
 use crate::coordination::{self, Routed, Through};
-use crate::shard::{Access, Shard};
+use crate::shard::watching::Watching;
+use crate::shard::{Access, Shard, ShardGone};
 
 /// Bytes read per `read` call into the shared read buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -91,7 +92,7 @@ pub async fn accept(
     tcp: TcpStream,
     peer: SocketAddr,
     tls: bool,
-    seat: crate::server::ShardSeat,
+    seat: crate::shared::ShardSeat,
 ) {
     let _seat = seat;
     let _ = tcp.set_nodelay(true);
@@ -148,7 +149,7 @@ async fn serve<S: ClientIo>(
     shard.clients.borrow_mut().add(Rc::clone(&info));
     shard.stats.borrow_mut().connections_received += 1;
     let authenticated = !shared.config.auth_required();
-    let (user, acl_epoch) = crate::commands::acl::initial_user(&shared.config.acl);
+    let (user, acl_epoch) = crate::commands::session::initial_user(&shared.config.acl);
     let mut conn = Connection {
         stream,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
@@ -167,6 +168,7 @@ async fn serve<S: ClientIo>(
             close_after_reply: false,
             multi: None,
             watching: Watching::new(Rc::clone(&shard), id),
+            commands: table(),
         },
         clock: mono_ns(),
         untimed: Vec::with_capacity(TIMING_GROUP),
@@ -592,7 +594,7 @@ impl<S: ClientIo> Connection<S> {
     /// Looks up, checks and runs (or queues) one command.
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
         let resp3 = self.client.resp3;
-        if !crate::commands::acl::refresh(&mut self.client) {
+        if !crate::commands::session::refresh(&mut self.client) {
             // Its user was deleted (ACL DELUSER, ACL LOAD).
             self.client.close_after_reply = true;
             return;
@@ -743,7 +745,7 @@ impl<S: ClientIo> Connection<S> {
         }
         // A peer's commands were checked on the node that took them.
         if !self.client.peer {
-            if let Err(refusal) = crate::commands::acl::check(&self.client, id, spec, args) {
+            if let Err(refusal) = crate::commands::session::check(&self.client, id, spec, args) {
                 reject(id);
                 return Err(refusal);
             }
@@ -898,10 +900,7 @@ impl<S: ClientIo> Connection<S> {
         for (indexes, job) in pending {
             let replies = match job.await {
                 Ok(replies) => replies,
-                Err(_) => indexes
-                    .iter()
-                    .map(|_| Reply::error("ERR server is shutting down"))
-                    .collect(),
+                Err(_) => indexes.iter().map(|_| Reply::from(ShardGone)).collect(),
             };
             for (i, reply) in indexes.into_iter().zip(replies) {
                 batch.entries[i].reply = Some(reply);

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
 use super::{sum, Info, ShardReport};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Connections accepted.
 pub const CONNECTIONS: Metric =

@@ -7,7 +7,7 @@ use kvtier_cluster::ClusterStats;
 
 use super::metric::{CounterRow, Exporter, Metric};
 use super::{Info, ShardReport};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// The node list's epoch.
 pub const EPOCH: Metric = Metric::gauge(

@@ -2,8 +2,7 @@
 
 use super::metric::{Exporter, Metric};
 use super::{Info, ShardReport};
-use crate::commands::table;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Executions, by command.
 pub const CALLS: Metric = Metric::counter(
@@ -25,8 +24,8 @@ pub const DURATION: Metric = Metric::histogram(
 pub const METRICS: &[&Metric] = &[&CALLS, &ERRORS, &DURATION];
 
 /// `# Commandstats`: every command that ran or was refused.
-pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
-    for (id, spec) in table().all.iter().enumerate() {
+pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
+    for (id, name) in shared.catalog.names.iter().enumerate() {
         let (mut calls, mut nanos, mut rejected, mut failed) = (0, 0, 0, 0);
         for r in reports {
             let c = &r.command_stats[id];
@@ -45,7 +44,7 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
             nanos as f64 / 1000.0 / calls as f64
         };
         o.field(
-            format_args!("cmdstat_{}", spec.name),
+            format_args!("cmdstat_{name}"),
             format_args!(
                 "calls={calls},usec={usec},usec_per_call={per_call:.2},rejected_calls={rejected},failed_calls={failed}"
             ),
@@ -54,13 +53,12 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
 }
 
 /// This shard's command counters and latencies.
-pub fn export(e: &mut Exporter, r: &ShardReport) {
-    let table = table();
+pub fn export(e: &mut Exporter, shared: &Shared, r: &ShardReport) {
     for (id, c) in r.command_stats.iter().enumerate() {
         if c.calls + c.rejected == 0 {
             continue;
         }
-        let name = table.all[id].name;
+        let name = shared.catalog.names[id];
         let labels = || vec![("cmd", name.to_string())];
         e.counter(&CALLS, id as u64, labels, c.calls);
         e.counter(&ERRORS, id as u64, labels, c.failed + c.rejected);

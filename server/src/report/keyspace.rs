@@ -2,7 +2,7 @@
 
 use super::metric::{Exporter, Metric};
 use super::{sum, Info, ShardReport};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Keys, by shard.
 pub const KEYS: Metric = Metric::gauge("kvtier_keys", "Keys stored, by shard.");

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::metric::{Exporter, Metric};
 use super::{rss_bytes, sum, Info, ShardReport};
 use crate::config::human_bytes;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Memory charged, by shard.
 pub const USED: Metric = Metric::gauge(

@@ -38,8 +38,8 @@ use kvtier_store::StoreStats;
 
 pub use metric::{describe_metrics, Exporter, Metric};
 
-use crate::server::Shared;
 use crate::shard::{Shard, ShardGone};
+use crate::shared::Shared;
 use crate::stats::CommandStat;
 
 /// One shard's figures at one moment.
@@ -255,7 +255,7 @@ pub fn export(shard: &mut Exporter, node: &mut Exporter, shared: &Shared, report
     clients::export(shard, report);
     memory::export(shard, report);
     stats::export(shard, report);
-    commands::export(shard, report);
+    commands::export(shard, shared, report);
     keyspace::export(shard, report);
     if report.id == 0 {
         memory::export_node(node, shared);

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Info, ShardReport};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// `# Server`
 pub fn server(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {

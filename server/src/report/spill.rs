@@ -8,7 +8,7 @@ use kvtier_store::spill::SpillCounters;
 use super::metric::{CounterRow, Exporter, Metric};
 use super::{Info, ShardReport};
 use crate::config::{admission_name, human_bytes};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Bytes of segment files.
 pub const USED: Metric = Metric::gauge(

@@ -7,7 +7,7 @@ use kvtier_store::EvictReason;
 
 use super::metric::{Exporter, Metric};
 use super::{sum, Info, ShardReport};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Bytes read from clients.
 pub const NET_INPUT: Metric =

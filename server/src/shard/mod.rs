@@ -16,22 +16,27 @@
 //! shard's thread. Writes always run on the owner.
 
 pub mod slot;
+pub mod watching;
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use kvtier_cluster::hot::{Copies, HotCounter};
 use kvtier_cluster::peer::PeerPool;
 use kvtier_cluster::topology::View;
+use kvtier_cluster::Cluster;
+use kvtier_protocol::Reply;
 use kvtier_store::links::{LinkEvent, Route};
 use kvtier_store::Store;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clients::ClientRegistry;
-use crate::server::Shared;
+use crate::config::LiveConfig;
+use crate::shared::Shared;
 use crate::stats::ShardStats;
 
 /// Work sent to a shard: runs on that shard's thread with its state.
@@ -39,6 +44,48 @@ pub type ShardJob = Box<dyn FnOnce(&Shard) + Send>;
 
 /// The sending half of a shard's mailbox.
 pub type Mailbox = mpsc::UnboundedSender<ShardJob>;
+
+/// How the shards of a node reach each other (Dragonfly's `EngineShardSet`):
+/// each one's mailbox, its store for reads taken without waking it, the
+/// link events queued for it and its cron tick.
+pub struct ShardSet {
+    /// Each shard's mailbox.
+    pub mailboxes: Vec<Mailbox>,
+    /// Each shard's store, filled in as each shard starts, for reads taken
+    /// without waking its thread ([`Shard::with_store`]).
+    pub stores: StoreCells,
+    /// Link events posted to each shard and not yet applied there: a read
+    /// of that shard's store from another thread waits behind them in the
+    /// mailbox instead ([`Shard::read_now`]).
+    pub links_queued: Vec<AtomicUsize>,
+    /// Each shard's cron tick, rung `hz` times a second by the ticker
+    /// thread: the shards' runtimes then hold no timer of their own, so a
+    /// request's park does not walk a timer wheel.
+    pub ticks: Vec<Arc<Notify>>,
+}
+
+impl ShardSet {
+    /// The set of shards whose mailboxes these are.
+    pub fn new(mailboxes: Vec<Mailbox>) -> Arc<ShardSet> {
+        let n = mailboxes.len();
+        Arc::new(ShardSet {
+            mailboxes,
+            stores: (0..n).map(|_| OnceLock::new()).collect(),
+            links_queued: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            ticks: (0..n).map(|_| Arc::default()).collect(),
+        })
+    }
+
+    /// Number of shards.
+    pub fn len(&self) -> usize {
+        self.mailboxes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.mailboxes.is_empty()
+    }
+}
 
 /// What waits for a round of link events ([`LinkRound`]).
 pub enum AfterLinks {
@@ -51,11 +98,11 @@ pub enum AfterLinks {
 
 impl AfterLinks {
     /// Runs or posts it now.
-    fn go(self, shared: &Shared) {
+    fn go(self, set: &ShardSet) {
         match self {
             // A shard gone drops the job, and what waits with it.
             AfterLinks::Post(target, job) => {
-                let _ = shared.mailboxes[target].send(job);
+                let _ = set.mailboxes[target].send(job);
             }
             AfterLinks::Run(f) => f(),
         }
@@ -73,7 +120,7 @@ impl AfterLinks {
 /// the events it takes may be a connection's, which then joins it
 /// ([`Shard::links_applied`]).
 pub struct LinkRound {
-    shared: Arc<Shared>,
+    set: Arc<ShardSet>,
     /// What waits: the one it was opened for, then any that joined it.
     /// Locked only to join a round in flight; the last owner takes it with
     /// `get_mut`.
@@ -82,9 +129,9 @@ pub struct LinkRound {
 
 impl LinkRound {
     /// A round after which `then` (if any) goes.
-    pub fn new(shared: Arc<Shared>, then: Option<AfterLinks>) -> Arc<LinkRound> {
+    pub fn new(set: Arc<ShardSet>, then: Option<AfterLinks>) -> Arc<LinkRound> {
         Arc::new(LinkRound {
-            shared,
+            set,
             then: Mutex::new((then, Vec::new())),
         })
     }
@@ -112,7 +159,7 @@ impl Drop for LinkRound {
         let (first, joined) =
             std::mem::take(self.then.get_mut().unwrap_or_else(|e| e.into_inner()));
         for then in first.into_iter().chain(joined) {
-            then.go(&self.shared);
+            then.go(&self.set);
         }
     }
 }
@@ -165,12 +212,23 @@ pub type StoreCells = Vec<OnceLock<Arc<StoreCell>>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardGone;
 
+/// The reply to a command that needed a shard which is gone.
+pub const SHUTTING_DOWN: &str = "ERR server is shutting down";
+
+impl From<ShardGone> for Reply {
+    fn from(_: ShardGone) -> Reply {
+        Reply::error(SHUTTING_DOWN)
+    }
+}
+
 /// One shard's thread-local state.
 pub struct Shard {
     /// Index of this shard, 0-based.
     pub id: usize,
-    /// State shared by all shards (configuration, mailboxes, ...).
+    /// The node's state (configuration, users, counters, cluster).
     pub shared: Arc<Shared>,
+    /// How this shard reaches the others.
+    pub set: Arc<ShardSet>,
     /// The keyspace of this shard's slots.
     pub store: Arc<StoreCell>,
     /// Connections served by this shard.
@@ -210,16 +268,23 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Creates shard `id`'s state.
-    pub fn new(id: usize, shared: Arc<Shared>, store: Store, me: std::rc::Weak<Shard>) -> Shard {
-        let commands = crate::commands::table().len();
+    /// Creates shard `id`'s state, counting `commands` command ids.
+    pub fn new(
+        id: usize,
+        shared: Arc<Shared>,
+        set: Arc<ShardSet>,
+        store: Store,
+        commands: usize,
+        me: std::rc::Weak<Shard>,
+    ) -> Shard {
         let store = Arc::new(StoreCell::new(store));
-        if let Some(cell) = shared.stores.get(id) {
+        if let Some(cell) = set.stores.get(id) {
             let _ = cell.set(Arc::clone(&store));
         }
         Shard {
             id,
             shared,
+            set,
             store,
             clients: RefCell::new(ClientRegistry::default()),
             stats: RefCell::new(ShardStats::new(commands)),
@@ -252,7 +317,7 @@ impl Shard {
     /// The cluster view (a cached handle; cluster mode only).
     pub fn view(&self) -> Rc<View> {
         match &self.shared.cluster {
-            Some(cluster) => crate::coordination::shard_view(self, cluster),
+            Some(cluster) => self.view_of(cluster),
             None => Rc::new(View::new(0, Vec::new(), Vec::new(), None)),
         }
     }
@@ -260,10 +325,31 @@ impl Shard {
     /// Whether this node owns `key` (always, outside a cluster).
     pub fn node_owns(&self, key: &[u8]) -> bool {
         match &self.shared.cluster {
-            Some(cluster) => {
-                crate::coordination::shard_view(self, cluster).owns(slot::key_slot(key))
-            }
+            Some(cluster) => self.view_of(cluster).owns(slot::key_slot(key)),
             None => true,
+        }
+    }
+
+    /// The view of `cluster` this shard uses, refreshed when the cluster's
+    /// changes. Each shard keeps its own copy (an `Rc`), taken when the
+    /// version changes: the per-command handle is then a plain counter on
+    /// this thread, not an atomic on a cache line every shard writes.
+    fn view_of(&self, cluster: &Cluster) -> Rc<View> {
+        let version = cluster.version();
+        let mut cached = self.view_cache.borrow_mut();
+        match &*cached {
+            Some((v, view)) if *v == version => Rc::clone(view),
+            _ => {
+                let view = Rc::new(View::clone(&cluster.view()));
+                // Connections to nodes now failed (or no longer members) go.
+                for (node, alive) in view.nodes.iter().zip(&view.alive) {
+                    if !alive {
+                        self.peers.forget(node.addr());
+                    }
+                }
+                *cached = Some((version, Rc::clone(&view)));
+                view
+            }
         }
     }
 
@@ -279,9 +365,7 @@ impl Shard {
 
     /// Sends `job` to shard `target`'s mailbox (never runs it inline).
     pub fn post(&self, target: usize, job: ShardJob) -> Result<(), ShardGone> {
-        self.shared.mailboxes[target]
-            .send(job)
-            .map_err(|_| ShardGone)
+        self.set.mailboxes[target].send(job).map_err(|_| ShardGone)
     }
 
     /// Runs `f` on shard `target` and returns its result: inline when the
@@ -366,7 +450,7 @@ impl Shard {
     where
         F: FnOnce(&mut Store) -> R,
     {
-        let cell = match self.shared.stores.get(target).and_then(OnceLock::get) {
+        let cell = match self.set.stores.get(target).and_then(OnceLock::get) {
             Some(cell) if target != self.id => cell,
             _ => return Err(read),
         };
@@ -415,7 +499,7 @@ impl Shard {
     /// Whether link events posted to shard `target` wait in its mailbox.
     #[inline]
     fn links_queued_at(&self, target: usize) -> bool {
-        self.shared.links_queued[target].load(Acquire) > 0
+        self.set.links_queued[target].load(Acquire) > 0
     }
 
     /// Delivers the link changes this shard's store recorded (see
@@ -449,15 +533,15 @@ impl Shard {
     fn deliver_prepared(&self, ordered: Option<bool>, then: Option<AfterLinks>) {
         match ordered {
             Some(true) => {
-                let round = LinkRound::new(Arc::clone(&self.shared), then);
+                let round = LinkRound::new(Arc::clone(&self.set), then);
                 self.note_round(&round);
                 self.send_link_events(Some(&round));
             }
             Some(false) => {
                 self.send_link_events(None);
-                then.into_iter().for_each(|t| t.go(&self.shared));
+                then.into_iter().for_each(|t| t.go(&self.set));
             }
-            None => then.into_iter().for_each(|t| t.go(&self.shared)),
+            None => then.into_iter().for_each(|t| t.go(&self.set)),
         }
     }
 
@@ -498,7 +582,7 @@ impl Shard {
         }));
         if !joined.is_empty() {
             // A latch over the joined rounds and the batch's own.
-            let all = LinkRound::new(Arc::clone(&self.shared), Some(then));
+            let all = LinkRound::new(Arc::clone(&self.set), Some(then));
             for round in joined {
                 round.join(LinkRound::hold(&all));
             }
@@ -535,7 +619,7 @@ impl Shard {
                     batch.into_iter().for_each(|e| store.apply_link(e));
                     continue;
                 }
-                let queued = &self.shared.links_queued[target];
+                let queued = &self.set.links_queued[target];
                 queued.fetch_add(1, Release);
                 let round = round.cloned();
                 let posted = self.post(
@@ -562,7 +646,7 @@ impl Shard {
                             // (a policy changed on one shard first).
                             (None, ordered) => s.deliver_prepared(ordered, None),
                         }
-                        s.shared.links_queued[s.id].fetch_sub(1, Release);
+                        s.set.links_queued[s.id].fetch_sub(1, Release);
                         drop(round);
                     }),
                 );
@@ -597,7 +681,7 @@ impl Shard {
         let own = self.store.lock();
         let mut guards = (0..count)
             .filter(|&t| t != self.id)
-            .map(|t| self.shared.stores.get(t)?.get()?.try_lock())
+            .map(|t| self.set.stores.get(t)?.get()?.try_lock())
             .collect::<Option<Vec<_>>>()?;
         guards.insert(self.id, own);
         Some(AllStores {
@@ -616,6 +700,27 @@ impl Shard {
         let mut rounds = self.rounds.borrow_mut();
         rounds.retain(|(_, r)| r.strong_count() > 0);
         rounds.push((seq, Arc::downgrade(round)));
+    }
+
+    /// Applies `f` to every shard's copies of other nodes' hot keys (a copy
+    /// is served by whichever shard the reading client is on); whether `f`
+    /// said yes on any.
+    pub async fn on_all_copies(
+        &self,
+        f: impl Fn(&mut Copies) -> bool + Send + Sync + 'static,
+    ) -> bool {
+        let results = self
+            .call_all(move |s| f(&mut s.copies.borrow_mut()))
+            .await
+            .unwrap_or_default();
+        results.into_iter().any(|r| r)
+    }
+
+    /// Puts the live settings into every shard's store, after CONFIG SET.
+    pub async fn apply_live_config(&self) {
+        let _ = self
+            .call_all(|s| configure_store(&mut s.store.lock(), &s.shared.config, s.shared.shards))
+            .await;
     }
 
     /// Runs `f` on every shard in parallel; results in shard order.
@@ -713,6 +818,27 @@ pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<Shard
     }
 }
 
+/// Puts the live settings a store follows (CONFIG SET can change them)
+/// into a shard's store: the policy, the sampling, the longest value, its
+/// share of `maxmemory` and the spill tier's admission.
+pub fn configure_store(store: &mut Store, config: &LiveConfig, shards: usize) {
+    store.set_policy(config.policy());
+    store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
+    store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
+    store.set_budget(shard_budget(config, shards));
+    store.set_spill_admission(spill_admission(config));
+}
+
+/// A shard's share of `maxmemory`.
+pub fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
+    (config.maxmemory.load(Relaxed) / shards as u64) as usize
+}
+
+/// Reads a block needs before the spill tier keeps it (`spill-admission`).
+pub fn spill_admission(config: &LiveConfig) -> u8 {
+    config.spill_admission.load(Relaxed).min(u8::MAX as u64) as u8
+}
+
 /// Pins the calling thread to `core` (best effort: containers may forbid it).
 pub fn pin_to_core(core: usize) {
     // SAFETY: `set` is a plain bit set on a zeroed cpu_set_t that lives on this
@@ -743,12 +869,15 @@ mod tests {
         let config = Config::parse_from(["kvtier-server"]);
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..2).map(|_| mpsc::unbounded_channel()).unzip();
-        let acl = Shared::acl_of(&config).unwrap();
-        let shared = Shared::new(&config, 0, senders, None, None, acl).unwrap();
+        let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
+        let acl = crate::acl::Acl::new(catalog, "", None).unwrap();
+        let shared = Shared::new(&config, 0, 2, None, None, acl).unwrap();
+        let set = ShardSet::new(senders);
         let shards = (0..2)
             .map(|id| {
                 let store = Store::new(shard_slots(id, 2), 1 << 20, EvictionPolicy::Prefix);
-                Rc::new_cyclic(|me| Shard::new(id, Arc::clone(&shared), store, me.clone()))
+                let set = Arc::clone(&set);
+                Rc::new_cyclic(|me| Shard::new(id, Arc::clone(&shared), set, store, 1, me.clone()))
             })
             .collect();
         (shards, receivers)
