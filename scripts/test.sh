@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command. On a fresh Debian machine it installs what is
 # missing (redis-server and redis-tools from apt, a Python venv in .venv) and
-# runs everything: rustfmt, clippy, the Rust tests, the Python tests (redis-py
+# runs everything: rustfmt, the layer check of kvtier-server
+# (scripts/check-layers.py), clippy, the Rust tests, the Python tests (redis-py
 # and a differential run against a real redis-server) and the redis-cli /
 # redis-benchmark checks, and the Python connectors (the kvtier package, its
 # LMCache plugin and SGLang backend, in a cached venv with torch, lmcache and
@@ -126,6 +127,7 @@ if [[ $FAILED -ne 0 ]]; then
     exit 1
 fi
 step "cargo fmt --check" 120 cargo fmt --all -- --check
+step "layers: kvtier-server imports one way" 60 python3 scripts/check-layers.py
 step "cargo clippy" 1200 cargo clippy --all-targets -- -D warnings
 step "cargo test" 1800 cargo test --workspace
 step "cargo build kvtier-server" 1200 cargo build -p kvtier-server

@@ -6,7 +6,6 @@ use std::ops::Deref;
 
 use bytes::Bytes;
 
-use super::eviction;
 use super::slab::SlotRef;
 use super::spill::DiskLoc;
 
@@ -153,6 +152,22 @@ impl Deref for Value {
     }
 }
 
+// -- the LFU counter an entry keeps (LFU policies) --
+
+/// Initial LFU counter of a new key (so it is not evicted at once).
+pub const LFU_INIT: u8 = 5;
+
+/// A 16-bit minutes clock for LFU decay.
+pub fn minutes(now_ms: u64) -> u16 {
+    ((now_ms / 60_000) & 0xffff) as u16
+}
+
+/// The LFU counter after one decrement per minute idle since `since`.
+pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
+    let elapsed = minutes(now_ms).wrapping_sub(since);
+    counter.saturating_sub(elapsed.min(255) as u8)
+}
+
 /// Where an entry is queued for the `prefix` policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queue {
@@ -215,8 +230,8 @@ impl Entry {
             expire_at,
             atime: (now / 1000) as u32,
             tick: 0,
-            lfu: eviction::LFU_INIT,
-            lfu_minutes: eviction::minutes(now),
+            lfu: LFU_INIT,
+            lfu_minutes: minutes(now),
             encoding: Encoding::Auto,
             parent: None,
             children: 0,
@@ -264,7 +279,7 @@ impl Entry {
 
     /// The LFU counter after decay, as OBJECT FREQ reports it.
     pub fn frequency(&self, now: u64) -> u8 {
-        eviction::decayed(self.lfu, self.lfu_minutes, now)
+        decayed(self.lfu, self.lfu_minutes, now)
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::entry::Queue;
+use crate::entry::{decayed, minutes, Queue, LFU_INIT};
 use crate::slot::key_slot;
 use crate::{now_ms, Entry, EvictReason, Protect, Store};
 
@@ -114,20 +114,7 @@ impl FromStr for EvictionPolicy {
     }
 }
 
-/// Initial LFU counter of a new key (so it is not evicted at once).
-pub const LFU_INIT: u8 = 5;
 const LFU_LOG_FACTOR: f64 = 10.0;
-
-/// A 16-bit minutes clock for LFU decay.
-pub fn minutes(now_ms: u64) -> u16 {
-    ((now_ms / 60_000) & 0xffff) as u16
-}
-
-/// The LFU counter after one decrement per minute idle since `since`.
-pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
-    let elapsed = minutes(now_ms).wrapping_sub(since);
-    counter.saturating_sub(elapsed.min(255) as u8)
-}
 
 /// Records an access at logical time `tick`: recency always (the store's
 /// clock, exact, for LRU; seconds for OBJECT IDLETIME), the use count the

@@ -24,7 +24,7 @@ use kvtier_protocol::Reply;
 use kvtier_store::Encoding;
 
 use super::copies::write_through;
-use super::lane;
+use super::forward::lane;
 use crate::commands::{execute, Args, Client, CommandSpec};
 use crate::shard::Shard;
 

@@ -14,6 +14,7 @@
 //!   run here: a disagreement between views costs at most one hop.
 
 mod copies;
+mod forward;
 mod handoff;
 mod multi_node;
 
@@ -23,17 +24,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 pub use copies::{flush_through, replicate_hot, uncopy, write_through};
+use forward::{forward, lane};
 pub use handoff::{handoff_read, handoff_write};
-use kvtier_cluster::peer::{call_once, Lane};
 use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
-use kvtier_protocol::reply::RemoteReply;
 use kvtier_protocol::Reply;
 pub use multi_node::coordinate;
-use tokio::sync::oneshot;
 
 use crate::commands::{flags, is, Args, Client, CommandSpec, Spread};
-use crate::shard::Shard;
 
 /// Where a command runs in a cluster, as the connection needs to know.
 pub enum Routed {
@@ -253,42 +251,6 @@ pub fn moved(cluster: &Cluster, view: &View, slot: u16) -> Reply {
         e.preferred(cluster.hostname_first),
         e.port
     ))
-}
-
-/// Sends `args` to node `node` and returns the pending reply. Commands that
-/// block get a connection of their own.
-pub fn forward(
-    shard: &Rc<Shard>,
-    cluster: &Cluster,
-    view: &View,
-    node: usize,
-    lane: Lane,
-    args: Vec<Bytes>,
-    blocking: bool,
-) -> Reply {
-    let target = &view.nodes[node];
-    cluster.stats.forwarded.fetch_add(1, Relaxed);
-    let rx = if blocking {
-        let (tx, rx) = oneshot::channel();
-        let (identity, addr) = (cluster.identity.clone(), target.addr().to_string());
-        tokio::task::spawn_local(async move {
-            if let Ok(reply) = call_once(&identity, &addr, lane.resp3, &args).await {
-                let _ = tx.send(reply);
-            }
-        });
-        rx
-    } else {
-        shard.peers.send(&cluster.identity, target, lane, args)
-    };
-    Reply::Remote(RemoteReply::new(rx, target.name()))
-}
-
-/// The pooled connection `client`'s forwarded commands take.
-pub fn lane(client: &Client) -> Lane {
-    Lane {
-        resp3: client.resp3,
-        id: client.id(),
-    }
 }
 
 /// Whether a call blocks (MGETPREFIX ... BLOCK).

@@ -9,7 +9,8 @@ use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
-use super::{forward, lane, write_through};
+use super::copies::write_through;
+use super::forward::{forward, lane};
 use crate::commands::{block, execute, flags, is, parse_int, Args, Client, CommandSpec, Spread};
 
 /// Runs a command whose keys live on several nodes, as its spec's
@@ -87,9 +88,9 @@ impl Spreading<'_> {
                     let args = Args::of(spec, part.args.clone());
                     let handed = !super::handoff::handoff_keys(cluster, view, &args).is_empty();
                     if handed && spec.has(flags::READONLY) {
-                        super::handoff_read(client, spec, args).await
+                        super::handoff::handoff_read(client, spec, args).await
                     } else if handed && spec.has(flags::WRITE) {
-                        super::handoff_write(client, spec, args).await
+                        super::handoff::handoff_write(client, spec, args).await
                     } else if spec.has(flags::WRITE) && cluster.has_replicated() {
                         write_through(client, spec, args).await
                     } else {

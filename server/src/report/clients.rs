@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
-use super::{sum, Info, ShardReport};
+use super::snapshot::{sum, Info, ShardReport};
 use crate::shared::Shared;
 
 /// Connections accepted.

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use kvtier_cluster::ClusterStats;
 
 use super::metric::{CounterRow, Exporter, Metric};
-use super::{Info, ShardReport};
+use super::snapshot::{Info, ShardReport};
 use crate::shared::Shared;
 
 /// The node list's epoch.

@@ -1,7 +1,7 @@
 //! `# Commandstats`, and the per-command metrics.
 
 use super::metric::{Exporter, Metric};
-use super::{Info, ShardReport};
+use super::snapshot::{Info, ShardReport};
 use crate::shared::Shared;
 
 /// Executions, by command.

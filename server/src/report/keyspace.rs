@@ -1,7 +1,7 @@
 //! `# Keyspace` and `# Shards`, and the keys metric.
 
 use super::metric::{Exporter, Metric};
-use super::{sum, Info, ShardReport};
+use super::snapshot::{sum, Info, ShardReport};
 use crate::shared::Shared;
 
 /// Keys, by shard.

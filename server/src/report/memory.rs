@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
-use super::{rss_bytes, sum, Info, ShardReport};
+use super::snapshot::{rss_bytes, sum, Info, ShardReport};
 use crate::config::human_bytes;
 use crate::shared::Shared;
 

@@ -77,7 +77,8 @@ impl Metric {
         }
     }
 
-    fn describe(&self) {
+    /// Declares this metric to the recorder (its `# HELP` and `# TYPE`).
+    pub fn describe(&self) {
         let (name, help) = (self.name, self.help);
         match (self.kind, self.unit) {
             (Kind::Counter, Some(unit)) => describe_counter!(name, unit, help),
@@ -87,13 +88,6 @@ impl Metric {
             (Kind::Histogram, Some(unit)) => describe_histogram!(name, unit, help),
             (Kind::Histogram, None) => describe_histogram!(name, help),
         }
-    }
-}
-
-/// Declares every metric to the recorder (its `# HELP` and `# TYPE`).
-pub fn describe_metrics() {
-    for m in super::all_metrics() {
-        m.describe();
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{Info, ShardReport};
+use super::snapshot::{Info, ShardReport};
 use crate::shared::Shared;
 
 /// `# Server`

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use kvtier_store::spill::SpillCounters;
 
 use super::metric::{CounterRow, Exporter, Metric};
-use super::{Info, ShardReport};
+use super::snapshot::{Info, ShardReport};
 use crate::config::{admission_name, human_bytes};
 use crate::shared::Shared;
 

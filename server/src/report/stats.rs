@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use kvtier_store::EvictReason;
 
 use super::metric::{Exporter, Metric};
-use super::{sum, Info, ShardReport};
+use super::snapshot::{sum, Info, ShardReport};
 use crate::shared::Shared;
 
 /// Bytes read from clients.
