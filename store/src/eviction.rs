@@ -169,7 +169,8 @@ pub fn score(entry: &Entry, policy: EvictionPolicy, now_ms: u64, tick: u32) -> u
 pub(crate) const LEVELS: usize = 8;
 
 /// The `prefix` policy's parameters (the defaults are what the policy
-/// study chose; the simulator varies them).
+/// study in docs/decisions.md chose; the policy simulator, bench/src/sim.rs,
+/// varies them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefixTuning {
     /// Levels in use (1..=8): a block's level is min(log2(uses), levels-1).
@@ -234,13 +235,10 @@ impl PrefixTuning {
 /// first in its key's set and the set's oldest is forgotten, so a key is
 /// remembered for about as many evictions as there are slots. A set is 16
 /// bytes of one cache line: one memory access per eviction and per write
-/// of a new key. A first version kept a hash map and an eviction order (40
-/// bytes a key, four scattered accesses) and cost 11% more CPU per 4 KiB
-/// write under eviction; one slot per key instead of a set (a direct-mapped
-/// table) forgot keys early when two met, and its hit rates moved with the
-/// hash seed (rag-1 10%: 0.4283–0.4352 over three seeds, four ways
-/// 0.4360–0.4361, the exact list 0.4356). The hash has a fixed seed, so a
-/// replay through the server makes the simulator's choices; keys crafted
+/// of a new key (why a set and not a map or one slot per key:
+/// docs/decisions.md, "Why the ghost list"). The hash has a fixed seed, so a
+/// replay through the server makes the policy simulator's (bench/src/sim.rs)
+/// choices; keys crafted
 /// to meet in one set can only make the policy forget other ghosts. A tag
 /// collision (about one in 16 million lookups that meet a filled slot)
 /// gives a block the uses of another.

@@ -111,7 +111,8 @@ impl LinkEvent {
 /// `i`) recorded, and what they cascade into, until none is left: each
 /// store's events in turn, applied by the stores they concern at once. What
 /// the shards' rounds of mailbox jobs do, on one thread, for a caller that
-/// holds every store (the simulator; a chain write stored directly).
+/// holds every store (the policy simulator, bench/src/sim.rs; a chain write
+/// stored directly).
 /// `keep` filters the events (a parent on another node is not tracked).
 pub fn deliver_all<S>(stores: &mut [S], keep: impl Fn(&LinkEvent) -> bool)
 where

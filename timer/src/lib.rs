@@ -3,8 +3,8 @@
 //! A shard runtime parks whenever it has nothing to do, which with one
 //! waiting client is once per request, and tokio's time driver walks its
 //! timer wheel, takes its lock and reads the clock at every park, whether
-//! any timer is set or not: about 390 of the 5,670 instructions a GET cost
-//! (callgrind, one client; docs/benchmarks.md). So the shard runtimes run
+//! any timer is set or not: about 7% of a GET's instructions (callgrind,
+//! one client; docs/decisions.md). So the shard runtimes run
 //! without a time driver, and their few timers (a blocked MGETPREFIX's
 //! timeout, a client slow to take its replies, connect and hand-off
 //! timeouts) are served by one thread, `kvtier-timer`, whose runtime has

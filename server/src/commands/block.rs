@@ -359,7 +359,8 @@ impl ChainRelay {
         // run's owner learns that its blocks have children here before it
         // stores, and may evict for, the blocks that follow) and before the
         // reply (the client's next request meets them applied): the next
-        // step waits for the round, as the simulator's next run does.
+        // step waits for the round, as the next run does in the policy
+        // simulator (bench/src/sim.rs).
         let then = match chain.runs.front() {
             // Through the mailbox even when the next step is this shard's:
             // what is queued meanwhile runs in between. If the next shard

@@ -911,92 +911,101 @@ fn debug(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             // There is no snapshot to reload from: the dataset after a
             // "reload" is the dataset before it.
             b"reload" => Reply::ok(),
-            b"object" if args.len() == 3 => {
-                let key = args[2].clone();
-                let slot = crate::shard::slot::key_slot(&key);
-                let owner = client.shard.owner_of(slot);
-                let found = client
-                    .shard
-                    .call(owner, move |s| {
-                        let now = now_ms();
-                        let mut store = s.store.lock();
-                        store.peek(slot, &key, now).map(|e| {
-                            format!(
-                                "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
-                                super::object_encoding(e),
-                                e.value.len(),
-                                (now / 1000) & 0xff_ffff,
-                                e.idle_seconds(now)
-                            )
-                        })
-                    })
-                    .await;
-                match found {
-                    Ok(Some(text)) => Reply::status_owned(text),
-                    Ok(None) => Reply::error("ERR no such key"),
-                    Err(_) => Reply::from(ShardGone),
-                }
-            }
-            b"digest" | b"digest-value" => {
-                let keys: Vec<Bytes> = args[2..].to_vec();
-                let whole = sub == b"digest";
-                let parts = client
-                    .shard
-                    .call_all(move |s| {
-                        let store = s.store.lock();
-                        let now = now_ms();
-                        let mut acc = [0u8; 20];
-                        let mut per_key = Vec::new();
-                        store.for_each_live(now, |k, e| {
-                            let d = entry_digest(k, &e.value, e.expire_at);
-                            if whole {
-                                acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
-                            } else if let Some(i) = keys.iter().position(|x| x == k) {
-                                per_key.push((i, value_digest(&e.value)));
-                            }
-                        });
-                        (acc, per_key)
-                    })
-                    .await;
-                let Ok(parts) = parts else {
-                    return Reply::from(ShardGone);
-                };
-                if whole {
-                    let mut acc = [0u8; 20];
-                    for (d, _) in &parts {
-                        acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
-                    }
-                    Reply::status_owned(hex(&acc))
-                } else {
-                    let mut out = vec![Reply::status_owned(hex(&[0u8; 20])); args.len() - 2];
-                    for (_, per_key) in parts {
-                        for (i, d) in per_key {
-                            out[i] = Reply::status_owned(hex(&d));
-                        }
-                    }
-                    Reply::Array(out)
-                }
-            }
-            b"help" => help_reply(
-                "DEBUG",
-                &[
-                    "DIGEST",
-                    "    Output a hex signature representing the current DB content.",
-                    "DIGEST-VALUE <key> [<key> ...]",
-                    "    Output a hex signature of the values of all the specified keys.",
-                    "OBJECT <key>",
-                    "    Show low level info about the key and associated value.",
-                    "RELOAD",
-                    "    Nothing to reload: kvtier keeps no snapshot; replies OK.",
-                    "SET-ACTIVE-EXPIRE <0|1>",
-                    "    Setting it to 0 disables expiring keys in background.",
-                    "SLEEP <seconds>",
-                    "    Stop the server's shard thread for <seconds>.",
-                ],
-            ),
+            b"object" if args.len() == 3 => debug_object(client, args[2].clone()).await,
+            b"digest" => debug_digest(client, None).await,
+            b"digest-value" => debug_digest(client, Some(args[2..].to_vec())).await,
+            b"help" => help_reply("DEBUG", DEBUG_HELP),
             _ => unknown_subcommand("debug", &args[1]),
         }
     })
+}
+
+/// DEBUG HELP's lines.
+const DEBUG_HELP: &[&str] = &[
+    "DIGEST",
+    "    Output a hex signature representing the current DB content.",
+    "DIGEST-VALUE <key> [<key> ...]",
+    "    Output a hex signature of the values of all the specified keys.",
+    "OBJECT <key>",
+    "    Show low level info about the key and associated value.",
+    "RELOAD",
+    "    Nothing to reload: kvtier keeps no snapshot; replies OK.",
+    "SET-ACTIVE-EXPIRE <0|1>",
+    "    Setting it to 0 disables expiring keys in background.",
+    "SLEEP <seconds>",
+    "    Stop the server's shard thread for <seconds>.",
+];
+
+/// DEBUG OBJECT key: Redis's line about the key's value.
+async fn debug_object(client: &Client, key: Bytes) -> Reply {
+    let slot = crate::shard::slot::key_slot(&key);
+    let owner = client.shard.owner_of(slot);
+    let found = client
+        .shard
+        .call(owner, move |s| {
+            let now = now_ms();
+            let mut store = s.store.lock();
+            store.peek(slot, &key, now).map(|e| {
+                format!(
+                    "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
+                    super::object_encoding(e),
+                    e.value.len(),
+                    (now / 1000) & 0xff_ffff,
+                    e.idle_seconds(now)
+                )
+            })
+        })
+        .await;
+    match found {
+        Ok(Some(text)) => Reply::status_owned(text),
+        Ok(None) => Reply::error("ERR no such key"),
+        Err(gone) => Reply::from(gone),
+    }
+}
+
+/// DEBUG DIGEST (`keys` None: the whole dataset, one digest) or DEBUG
+/// DIGEST-VALUE keys (one digest per key, zeros for a missing one).
+async fn debug_digest(client: &Client, keys: Option<Vec<Bytes>>) -> Reply {
+    let (whole, count) = (keys.is_none(), keys.as_ref().map_or(0, Vec::len));
+    let parts = client
+        .shard
+        .call_all(move |s| {
+            let store = s.store.lock();
+            let now = now_ms();
+            let mut acc = [0u8; 20];
+            let mut per_key = Vec::new();
+            store.for_each_live(now, |k, e| match &keys {
+                None => {
+                    let d = entry_digest(k, &e.value, e.expire_at);
+                    acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
+                }
+                Some(keys) => {
+                    if let Some(i) = keys.iter().position(|x| x == k) {
+                        per_key.push((i, value_digest(&e.value)));
+                    }
+                }
+            });
+            (acc, per_key)
+        })
+        .await;
+    let parts = match parts {
+        Ok(parts) => parts,
+        Err(gone) => return Reply::from(gone),
+    };
+    if whole {
+        let mut acc = [0u8; 20];
+        for (d, _) in &parts {
+            acc.iter_mut().zip(d).for_each(|(a, b)| *a ^= b);
+        }
+        return Reply::status_owned(hex(&acc));
+    }
+    let mut out = vec![Reply::status_owned(hex(&[0u8; 20])); count];
+    for (_, per_key) in parts {
+        for (i, d) in per_key {
+            out[i] = Reply::status_owned(hex(&d));
+        }
+    }
+    Reply::Array(out)
 }
 
 /// A 160-bit digest (five 32-bit FNV-1a lanes with different seeds).

@@ -77,44 +77,62 @@ pub fn route(
     } else {
         decide(client, cluster, &view, spec, &args)
     };
-    let in_multi = client.multi.is_some();
     match decision {
-        Decision::Local => {}
-        Decision::Reply(reply) => return Routed::Done(reply),
-        _ if in_multi => {
-            return Routed::Done(Reply::error(
-                "CROSSSLOT a transaction can only use keys of the node it runs on",
-            ))
-        }
+        Decision::Local => here(client, cluster, &view, spec, args),
+        Decision::Reply(reply) => Routed::Done(reply),
+        _ if client.multi.is_some() => Routed::Done(Reply::error(
+            "CROSSSLOT a transaction can only use keys of the node it runs on",
+        )),
         Decision::Forward(node) => {
-            if spec.has(flags::WRITE) {
-                // A read later in this pipeline must not answer from the
-                // copy this write is about to replace.
-                let mut copies = client.shard.copies.borrow_mut();
-                if !copies.is_empty() {
-                    for (i, _) in args.key_slots() {
-                        copies.invalidate(&args[i]);
-                    }
-                }
-            }
-            let blocking = blocks(spec, &args);
-            let lane = lane(client);
-            let reply = forward(
-                &client.shard,
-                cluster,
-                &view,
-                node,
-                lane,
-                args.into_vec(),
-                blocking,
-            );
-            return Routed::Done(reply);
+            Routed::Done(forward_to(client, cluster, &view, node, spec, args))
         }
-        Decision::Coordinate => return Routed::Through(Through::Coordinate, args),
+        Decision::Coordinate => Routed::Through(Through::Coordinate, args),
     }
-    // Runs here: count reads for hot-key detection; writes to keys with
-    // copies elsewhere (and flushes) drop the copies before replying.
-    let handed = handoff::handoff_keys(cluster, &view, &args);
+}
+
+/// Forwards a command whose keys are all on node `node`.
+fn forward_to(
+    client: &Client,
+    cluster: &Cluster,
+    view: &View,
+    node: usize,
+    spec: &CommandSpec,
+    args: Args,
+) -> Reply {
+    if spec.has(flags::WRITE) {
+        // A read later in this pipeline must not answer from the copy this
+        // write is about to replace.
+        let mut copies = client.shard.copies.borrow_mut();
+        if !copies.is_empty() {
+            for (i, _) in args.key_slots() {
+                copies.invalidate(&args[i]);
+            }
+        }
+    }
+    let blocking = blocks(spec, &args);
+    forward(
+        &client.shard,
+        cluster,
+        view,
+        node,
+        lane(client),
+        args.into_vec(),
+        blocking,
+    )
+}
+
+/// A command that runs on this node: reads are counted for hot-key
+/// detection; reads and writes of slots handed off to this node, flushes,
+/// and writes to keys with copies elsewhere take their cluster path.
+fn here(
+    client: &Client,
+    cluster: &Arc<Cluster>,
+    view: &Rc<View>,
+    spec: &'static CommandSpec,
+    args: Args,
+) -> Routed {
+    let in_multi = client.multi.is_some();
+    let handed = handoff::handoff_keys(cluster, view, &args);
     let handoff = !handed.is_empty();
     if handoff && in_multi && spec.has(flags::WRITE) {
         // Queued in MULTI: the previous owner's old values go now, ahead of
@@ -124,7 +142,7 @@ pub fn route(
             cluster.handoff_write_started(*slot);
         }
         let (shard, cluster, lane) = (Rc::clone(&client.shard), Arc::clone(cluster), lane(client));
-        let view = Rc::clone(&view);
+        let view = Rc::clone(view);
         tokio::task::spawn_local(async move {
             handoff::delete_on_previous(&shard, &cluster, &view, lane, handed).await;
         });

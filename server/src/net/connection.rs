@@ -111,6 +111,33 @@ pub async fn accept(
     }
 }
 
+/// How long a connection closed after an error reads what its client
+/// still sends ([`linger`]).
+const LINGER: Duration = Duration::from_millis(500);
+/// Most bytes [`linger`] reads after a protocol error.
+const LINGER_BYTES: usize = 64 << 20;
+
+/// Closes the way HTTP servers do after an error: the write side is shut
+/// (the client reads the error, then EOF) and what the client is still
+/// sending is read and dropped, for at most [`LINGER`] and `max` bytes, so
+/// the close does not turn into a reset that destroys the error before it
+/// is read.
+async fn linger<S: ClientIo>(stream: &mut S, max: usize) {
+    let _ = kvtier_timer::timeout(LINGER, async {
+        stream.shutdown().await?;
+        let mut sink = vec![0u8; READ_CHUNK];
+        let mut drained = 0;
+        while drained < max {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
 /// Serves one connection until it closes.
 async fn serve<S: ClientIo>(
     shard: Rc<Shard>,
@@ -121,25 +148,10 @@ async fn serve<S: ClientIo>(
 ) {
     if shard.shared.config.refuses(peer.ip()) {
         // Protected mode: explain, then close (as Redis does at accept).
-        // What the client already sent is read and dropped for a moment
-        // after our FIN, so the close does not reset the connection before
-        // the client has read the explanation.
-        let _ = kvtier_timer::timeout(Duration::from_millis(500), async {
-            stream
-                .write_all(crate::config::PROTECTED_MODE_ERROR.as_bytes())
-                .await?;
-            stream.shutdown().await?;
-            let mut sink = [0u8; 4096];
-            let mut drained = 0;
-            while drained < 64 * 1024 {
-                match stream.read(&mut sink).await? {
-                    0 => break,
-                    n => drained += n,
-                }
-            }
-            std::io::Result::Ok(())
-        })
-        .await;
+        let error = crate::config::PROTECTED_MODE_ERROR.as_bytes();
+        if let Ok(Ok(())) = kvtier_timer::timeout(LINGER, stream.write_all(error)).await {
+            linger(&mut stream, 64 * 1024).await;
+        }
         shard.stats.borrow_mut().rejected_connections += 1;
         return;
     }
@@ -266,112 +278,147 @@ struct Batch {
     rounds_from: u64,
 }
 
+/// How a batch of requests ended.
+enum BatchEnd {
+    /// Every complete request in the read buffer was taken.
+    Drained,
+    /// The batch is full (or so are the replies): the rest is taken right
+    /// after these replies go out, before any read.
+    CutShort,
+    /// A command asked for the connection to close (QUIT, a deleted user).
+    Closing,
+    /// The request could not be parsed: its error is the last reply.
+    Fatal(String),
+}
+
 impl<S: ClientIo> Connection<S> {
+    /// Serves the connection: batches of the requests read so far, their
+    /// replies, then more reading, until the client or the server ends it.
     async fn run(&mut self) -> std::io::Result<()> {
-        let shared = Arc::clone(&self.client.shard.shared);
-        if shared.shutting_down() {
+        if self.client.shard.shared.shutting_down() {
             return Ok(());
         }
         loop {
-            self.parser
-                .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
-            // `remote` gets its per-shard queues when a command is first
-            // queued for another shard: none for a batch that runs here.
-            let mut batch = Batch::default();
-            let mut fatal = None;
-            let mut cut_short = false;
-            if self.client.shard.links_queued_here() {
-                self.client.shard.settle_links().await;
-            }
-            batch.rounds_from = self.client.shard.round_mark();
-            self.clock = mono_ns();
-            self.note_reader();
-            self.now_ms = kvtier_store::ms_at(self.clock);
-            {
-                let mut info = self.client.info.borrow_mut();
-                info.last_active = self.clock;
-                info.idle_since = None;
-            }
-            loop {
-                if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
-                    cut_short = true;
-                    break;
-                }
-                self.parser.set_unauthenticated(!self.client.authenticated);
-                match self.parser.parse(&mut self.rbuf) {
-                    Ok(Some(request)) => {
-                        self.dispatch(request, &mut batch).await;
-                        if self.client.close_after_reply {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        fatal = Some(e);
-                        break;
-                    }
-                }
-            }
+            let mut batch = self.start_batch().await;
+            let end = self.take_requests(&mut batch).await;
             self.finish(batch).await;
-            if let Some(e) = &fatal {
-                debug!("protocol error from client {}: {}", self.client.id(), e.0);
-                let reply = Reply::error(format!("ERR {}", e.0));
-                self.count_error(&reply);
-                self.out.push(&reply, self.client.resp3);
-                self.client.close_after_reply = true;
-            }
-            if !self.out.is_empty() {
-                let bytes = self.out.pending() as u64;
-                if !self.write_watched().await? {
-                    return Ok(());
-                }
-                self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
-            }
-            if self.client.close_after_reply {
-                if fatal.is_some() {
-                    self.linger().await;
-                }
+            if !self.send_replies(&end).await? {
                 return Ok(());
             }
-            if cut_short {
+            if matches!(end, BatchEnd::CutShort) {
                 continue;
             }
-            if !self.within_query_limits() {
+            if !self.within_query_limits() || !self.read_more().await? {
                 return Ok(());
             }
-            if let Some(n) = self.idle_poll().await? {
-                self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
-                continue;
-            }
-            // Waiting for the client from now: past `--timeout` the shard's
-            // cron closes the connection (as Redis's clientsCron does), so
-            // the read needs no timer of its own.
-            self.client.info.borrow_mut().idle_since = Some(self.clock);
-            let Connection {
-                stream,
-                rbuf,
-                parser,
-                ..
-            } = self;
-            // CLIENT KILL, shutdown and the idle timeout shut the socket
-            // down, which ends this read; nothing else needs watching on
-            // the hot path.
-            let n = match parser.big_bulk_buffer() {
-                Some(big) => stream.read_buf(big).await?,
-                None => {
-                    // Room for a chunk is made only when little is left
-                    // (reserving on every read costs a reclaim each time).
-                    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-                        rbuf.reserve(READ_CHUNK);
-                    }
-                    stream.read_buf(rbuf).await?
-                }
-            };
-            if n == 0 || self.client.info.borrow().killed {
-                return Ok(());
-            }
-            self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
         }
+    }
+
+    /// A new batch: link events queued here are applied first (the
+    /// client's previous replies waited for them), the clock is read once.
+    async fn start_batch(&mut self) -> Batch {
+        let shared = &self.client.shard.shared;
+        self.parser
+            .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        // `remote` gets its per-shard queues when a command is first
+        // queued for another shard: none for a batch that runs here.
+        let mut batch = Batch::default();
+        if self.client.shard.links_queued_here() {
+            self.client.shard.settle_links().await;
+        }
+        batch.rounds_from = self.client.shard.round_mark();
+        self.clock = mono_ns();
+        self.note_reader();
+        self.now_ms = kvtier_store::ms_at(self.clock);
+        let mut info = self.client.info.borrow_mut();
+        info.last_active = self.clock;
+        info.idle_since = None;
+        drop(info);
+        batch
+    }
+
+    /// Parses and dispatches the requests in the read buffer.
+    async fn take_requests(&mut self, batch: &mut Batch) -> BatchEnd {
+        loop {
+            if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
+                return BatchEnd::CutShort;
+            }
+            self.parser.set_unauthenticated(!self.client.authenticated);
+            match self.parser.parse(&mut self.rbuf) {
+                Ok(Some(request)) => {
+                    self.dispatch(request, batch).await;
+                    if self.client.close_after_reply {
+                        return BatchEnd::Closing;
+                    }
+                }
+                Ok(None) => return BatchEnd::Drained,
+                Err(e) => return BatchEnd::Fatal(e.0),
+            }
+        }
+    }
+
+    /// Writes the batch's replies (after a protocol error, its error last);
+    /// `false` when the connection is to close now.
+    async fn send_replies(&mut self, end: &BatchEnd) -> std::io::Result<bool> {
+        if let BatchEnd::Fatal(why) = end {
+            debug!("protocol error from client {}: {why}", self.client.id());
+            let reply = Reply::error(format!("ERR {why}"));
+            self.count_error(&reply);
+            self.out.push(&reply, self.client.resp3);
+            self.client.close_after_reply = true;
+        }
+        if !self.out.is_empty() {
+            let bytes = self.out.pending() as u64;
+            if !self.write_watched().await? {
+                return Ok(false);
+            }
+            self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
+        }
+        if self.client.close_after_reply {
+            if matches!(end, BatchEnd::Fatal(_)) {
+                linger(&mut self.stream, LINGER_BYTES).await;
+            }
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Reads the client's next bytes (polling first, `--idle-poll-us`);
+    /// `false` when the client closed or was killed.
+    async fn read_more(&mut self) -> std::io::Result<bool> {
+        if let Some(n) = self.idle_poll().await? {
+            self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
+            return Ok(true);
+        }
+        // Waiting for the client from now: past `--timeout` the shard's
+        // cron closes the connection (as Redis's clientsCron does), so
+        // the read needs no timer of its own.
+        self.client.info.borrow_mut().idle_since = Some(self.clock);
+        let Connection {
+            stream,
+            rbuf,
+            parser,
+            ..
+        } = self;
+        // CLIENT KILL, shutdown and the idle timeout shut the socket
+        // down, which ends this read; nothing else needs watching on
+        // the hot path.
+        let n = match parser.big_bulk_buffer() {
+            Some(big) => stream.read_buf(big).await?,
+            None => {
+                // Room for a chunk is made only when little is left
+                // (reserving on every read costs a reclaim each time).
+                if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
+                    rbuf.reserve(READ_CHUNK);
+                }
+                stream.read_buf(rbuf).await?
+            }
+        };
+        if n == 0 || self.client.info.borrow().killed {
+            return Ok(false);
+        }
+        self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
+        Ok(true)
     }
 
     /// Before reading more: what the request still arriving holds (read
@@ -568,116 +615,153 @@ impl<S: ClientIo> Connection<S> {
         }
     }
 
-    /// Closes after a protocol error the way HTTP servers do: the write side
-    /// is shut (the client reads the error, then EOF) and what the client is
-    /// still sending is read and dropped for a bounded time, so the close
-    /// does not turn into a reset that destroys the error before it is read.
-    async fn linger(&mut self) {
-        const LINGER: Duration = Duration::from_millis(500);
-        const LINGER_BYTES: usize = 64 << 20;
-        if self.stream.shutdown().await.is_err() {
-            return;
-        }
-        let mut sink = vec![0u8; READ_CHUNK];
-        let mut drained = 0;
-        let _ = kvtier_timer::timeout(LINGER, async {
-            while drained < LINGER_BYTES {
-                match self.stream.read(&mut sink).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => drained += n,
-                }
-            }
-        })
-        .await;
-    }
-
     /// Looks up, checks and runs (or queues) one command.
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
+        let Some((id, spec, args, through)) = self.admit(request, batch) else {
+            return;
+        };
+        let Some(args) = self.queue_in_multi(id, spec, args, batch) else {
+            return;
+        };
+        self.client.info.borrow_mut().last_cmd = spec.name;
+        if spec.has(flags::DENYOOM) {
+            self.wait_for_spill(batch).await;
+        }
+        let Some((body, args)) = self.plan(id, spec, args, through, batch) else {
+            return;
+        };
+        self.run_awaited(id, spec, body, args, batch).await;
+    }
+
+    /// The command the request names, its arguments (their keys' slots
+    /// found once for routing, fan-out and the store) and, in a cluster,
+    /// the path it runs by; `None` when it was answered already (refused,
+    /// forwarded, redirected) or the connection is to close (its user was
+    /// deleted).
+    fn admit(
+        &mut self,
+        request: Request,
+        batch: &mut Batch,
+    ) -> Option<(usize, &'static CommandSpec, Args, Option<Through>)> {
         let resp3 = self.client.resp3;
         if !crate::commands::session::refresh(&mut self.client) {
             // Its user was deleted (ACL DELUSER, ACL LOAD).
             self.client.close_after_reply = true;
-            return;
+            return None;
         }
         let (id, spec) = match self.resolve(&request.args) {
             Ok(found) => found,
             Err(refusal) => {
-                // Inside MULTI a refused command dooms the transaction.
-                if let Some(tx) = &mut self.client.multi {
-                    tx.failed = true;
-                }
+                self.doom_transaction();
                 self.ready(batch, refusal, resp3);
-                return;
+                return None;
             }
         };
-        // The keys' slots, found once for routing, fan-out and the store.
-        let mut args = Args::of(spec, request.args);
+        let args = Args::of(spec, request.args);
         // In a cluster, keys of other nodes are forwarded, redirected or
         // coordinated; writes to keys with copies elsewhere drop the
         // copies before they reply (see `coordination`).
-        let mut through = None;
-        if let Some(cluster) = self.client.shard.shared.cluster.clone() {
-            match coordination::route(&mut self.client, &cluster, spec, args) {
-                Routed::Here(a) => args = a,
-                Routed::Through(t, a) => (through, args) = (Some(t), a),
-                Routed::Done(reply) => {
-                    if let Some(tx) = &mut self.client.multi {
-                        tx.failed = true;
-                    }
-                    self.record(id, &reply);
-                    self.ready(batch, reply, resp3);
-                    return;
-                }
-            }
-        }
-        if let Some(tx) = &mut self.client.multi {
-            if !spec.has(flags::TX_NOW) {
-                tx.queued.push((id, spec, args));
-                self.ready(batch, Reply::status("QUEUED"), resp3);
-                return;
-            }
-        }
-        self.client.info.borrow_mut().last_cmd = spec.name;
-        // A write queue the disk cannot keep up with slows the writers (and
-        // only them) down, so evicted blocks are written, not dropped.
-        if spec.has(flags::DENYOOM) {
-            if let Some(tier) = &self.client.shard.shared.spill {
-                if tier.dir.congested() {
-                    let dir = Arc::clone(&tier.dir);
-                    self.send_remote(batch).await;
-                    dir.drain(kvtier_timer::sleep(Duration::from_secs(1))).await;
-                    self.now_ms = now_ms();
-                }
-            }
-        }
-        let body = match through {
-            Some(t) => Awaited::Through(t),
-            None => match Plan::of(&self.client, spec, args) {
-                // Batched with the pipeline for the owning shard, inline
-                // when that is this one.
-                Plan::Shard(op) => {
-                    self.run_on(id, op, batch);
-                    return;
-                }
-                Plan::Now(f, a) => {
-                    let reply = f(&mut self.client, &a);
-                    self.parser.recycle(a.into_vec());
-                    self.record(id, &reply);
-                    let resp3 = self.client.resp3;
-                    self.ready(batch, reply, resp3);
-                    return;
-                }
-                Plan::Parent(a) => {
-                    self.ready(batch, unknown_subcommand(spec.name, &a[0]), resp3);
-                    return;
-                }
-                Plan::Await(f, a) => {
-                    args = a;
-                    Awaited::Command(f)
-                }
-            },
+        let Some(cluster) = self.client.shard.shared.cluster.clone() else {
+            return Some((id, spec, args, None));
         };
-        // Commands that span shards see everything queued before them.
+        match coordination::route(&mut self.client, &cluster, spec, args) {
+            Routed::Here(args) => Some((id, spec, args, None)),
+            Routed::Through(t, args) => Some((id, spec, args, Some(t))),
+            Routed::Done(reply) => {
+                self.doom_transaction();
+                self.record(id, &reply);
+                self.ready(batch, reply, resp3);
+                None
+            }
+        }
+    }
+
+    /// Inside MULTI a refused command dooms the transaction.
+    fn doom_transaction(&mut self) {
+        if let Some(tx) = &mut self.client.multi {
+            tx.failed = true;
+        }
+    }
+
+    /// Inside MULTI, queues the command (`QUEUED`) unless it runs at once
+    /// (EXEC, DISCARD, ...); gives the arguments back when it is to run.
+    fn queue_in_multi(
+        &mut self,
+        id: usize,
+        spec: &'static CommandSpec,
+        args: Args,
+        batch: &mut Batch,
+    ) -> Option<Args> {
+        match &mut self.client.multi {
+            Some(tx) if !spec.has(flags::TX_NOW) => {
+                tx.queued.push((id, spec, args));
+                let resp3 = self.client.resp3;
+                self.ready(batch, Reply::status("QUEUED"), resp3);
+                None
+            }
+            _ => Some(args),
+        }
+    }
+
+    /// A write queue the disk cannot keep up with slows the writers (and
+    /// only them) down, so evicted blocks are written, not dropped.
+    async fn wait_for_spill(&mut self, batch: &mut Batch) {
+        if let Some(tier) = &self.client.shard.shared.spill {
+            if tier.dir.congested() {
+                let dir = Arc::clone(&tier.dir);
+                self.send_remote(batch).await;
+                dir.drain(kvtier_timer::sleep(Duration::from_secs(1))).await;
+                self.now_ms = now_ms();
+            }
+        }
+    }
+
+    /// How the command runs: batched with the pipeline for the owning
+    /// shard (inline when that is this one) or answered now, both done
+    /// here (`None`); or awaited, by its own handler or a cluster path.
+    fn plan(
+        &mut self,
+        id: usize,
+        spec: &'static CommandSpec,
+        args: Args,
+        through: Option<Through>,
+        batch: &mut Batch,
+    ) -> Option<(Awaited, Args)> {
+        if let Some(t) = through {
+            return Some((Awaited::Through(t), args));
+        }
+        let resp3 = self.client.resp3;
+        match Plan::of(&self.client, spec, args) {
+            Plan::Shard(op) => {
+                self.run_on(id, op, batch);
+                None
+            }
+            Plan::Now(f, a) => {
+                let reply = f(&mut self.client, &a);
+                self.parser.recycle(a.into_vec());
+                self.record(id, &reply);
+                let resp3 = self.client.resp3;
+                self.ready(batch, reply, resp3);
+                None
+            }
+            Plan::Parent(a) => {
+                self.ready(batch, unknown_subcommand(spec.name, &a[0]), resp3);
+                None
+            }
+            Plan::Await(f, a) => Some((Awaited::Command(f), a)),
+        }
+    }
+
+    /// Runs a command that awaits other shards or nodes, after everything
+    /// queued before it (it sees their effects), timed on its own.
+    async fn run_awaited(
+        &mut self,
+        id: usize,
+        spec: &'static CommandSpec,
+        body: Awaited,
+        args: Args,
+        batch: &mut Batch,
+    ) {
         self.send_remote(batch).await;
         self.take_time();
         let reply = if spec.has(flags::BLOCKING) {
@@ -926,7 +1010,7 @@ impl<S: ClientIo> Connection<S> {
         self.take_time();
         // The replies go out once the link events the batch recorded here
         // are applied on every shard: the client's next request reads after
-        // them, as the simulator's does. Whatever took them while the batch
+        // them, as in the policy simulator (bench/src/sim.rs). Whatever took them while the batch
         // waited for other shards (the mailbox, the cron, another
         // connection) is waited for too.
         let mark = batch.rounds_from;

@@ -114,8 +114,9 @@ impl AfterLinks {
 /// round's events and by every job their cascades post, on any shard; the
 /// last holder to drop it lets what waits go. A write's reply, and a chain
 /// write's next run, wait so for the link events the write recorded to be
-/// applied on every shard, as the simulator applies them before the next
-/// request (and the next run). Every delivery under an order that matters
+/// applied on every shard, as the policy simulator (bench/src/sim.rs)
+/// applies them before the next request (and the next run): a replay
+/// through the server then makes the simulator's choices. Every delivery under an order that matters
 /// opens one, whoever asked for it (a mailbox job's aftermath, the cron):
 /// the events it takes may be a connection's, which then joins it
 /// ([`Shard::links_applied`]).
@@ -506,10 +507,11 @@ impl Shard {
     /// [`kvtier_store::links`]) to the stores they concern: applied here
     /// when the key is this shard's, posted to the owner otherwise, to every
     /// shard for a departed parent. A round's events for one shard go in one
-    /// mailbox job, in the order they were recorded. (The simulator applies
-    /// all of a round's events before what they cascade into; here what
-    /// another shard's job cascades into may reach a shard first. The
-    /// replays of docs/benchmarks.md still equal the simulator's.)
+    /// mailbox job, in the order they were recorded. (The policy simulator,
+    /// bench/src/sim.rs, applies all of a round's events before what they
+    /// cascade into; here what another shard's job cascades into may reach
+    /// a shard first, which moves no victim: eviction ranks by links only
+    /// once a round is applied.)
     pub fn deliver_links(&self) {
         self.deliver_links_or_then(None);
     }
@@ -759,7 +761,7 @@ impl AllStores<'_> {
 
     /// Applies every store's link events, and what they cascade into, at
     /// once: what a round of mailbox jobs and its cascades would do, in the
-    /// simulator's order.
+    /// policy simulator's order (bench/src/sim.rs).
     pub fn deliver_links(&mut self) {
         let shard = self.shard;
         kvtier_store::links::deliver_all(&mut self.guards, |e| shard.tracks(e));
@@ -803,11 +805,10 @@ const SETTLE_YIELDS: usize = 16;
 /// Runs shard jobs as they arrive, until every sender is gone. Jobs run
 /// back to back; after one that asked for it ([`Shard::give_turn`]: a
 /// step of a long command), the shard's connections get a turn first if
-/// more are queued. Yielding after every 500 µs of jobs instead (6d8d481
-/// up to this change) cost a quarter of the writes per second with 50
-/// clients on two shards (docs/benchmarks.md, "Writes under eviction"): on
-/// two busy cores a stretch of short jobs is often that long only because
-/// the thread was preempted.
+/// more are queued. Not by time: on busy cores a stretch of short jobs is
+/// often long only because the thread was preempted, and yielding then
+/// costs writes throughput (docs/decisions.md, "A shard's mailbox yields
+/// after a long command's step").
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
     while let Some(job) = rx.recv().await {
         job(&shard);
