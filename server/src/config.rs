@@ -927,6 +927,14 @@ fn number(s: &str) -> Result<Value, String> {
         .map_err(|_| "argument couldn't be parsed into an integer".into())
 }
 
+/// A memory value of at least 1 MiB (the buffer and bulk limits).
+fn memory_of_1mb_or_more(s: &str) -> Result<Value, String> {
+    match memory(s)? {
+        Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
+        _ => Err("argument must be a memory value of at least 1mb".into()),
+    }
+}
+
 fn memory(s: &str) -> Result<Value, String> {
     parse_memory(s)
         .map(Value::Number)
@@ -1002,19 +1010,13 @@ const PARAMS: &[Param] = &[
     Param {
         name: "proto-max-bulk-len",
         get: |c| c.proto_max_bulk_len.load(Relaxed).to_string(),
-        parse: |s| match memory(s)? {
-            Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
-            _ => Err("argument must be a memory value of at least 1mb".into()),
-        },
+        parse: memory_of_1mb_or_more,
         apply: |c, v| set_num(&c.proto_max_bulk_len, v),
     },
     Param {
         name: "client-query-buffer-limit",
         get: |c| c.client_query_buffer_limit.load(Relaxed).to_string(),
-        parse: |s| match memory(s)? {
-            Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
-            _ => Err("argument must be a memory value of at least 1mb".into()),
-        },
+        parse: memory_of_1mb_or_more,
         apply: |c, v| set_num(&c.client_query_buffer_limit, v),
     },
     Param {

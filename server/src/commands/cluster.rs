@@ -493,12 +493,17 @@ fn parse_slot(arg: &Bytes) -> Result<u16, Reply> {
     }
 }
 
+/// The slot argument of a per-slot command, in cluster mode.
+fn slot_here(client: &Client, arg: &Bytes) -> Result<u16, Reply> {
+    if cluster(client).is_none() {
+        return Err(disabled());
+    }
+    parse_slot(arg)
+}
+
 fn countkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        if cluster(client).is_none() {
-            return disabled();
-        }
-        let slot = match parse_slot(&args[2]) {
+        let slot = match slot_here(client, &args[2]) {
             Ok(s) => s,
             Err(e) => return e,
         };
@@ -516,10 +521,7 @@ fn countkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn getkeysinslot(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        if cluster(client).is_none() {
-            return disabled();
-        }
-        let slot = match parse_slot(&args[2]) {
+        let slot = match slot_here(client, &args[2]) {
             Ok(s) => s,
             Err(e) => return e,
         };

@@ -332,64 +332,57 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
-fn count_true(results: Result<Vec<bool>, ShardGone>) -> Reply {
-    match results {
+/// How many of the command's keys `f` says yes for, each asked on the
+/// shard that owns it (DEL, EXISTS, TOUCH).
+async fn count_keys_where(
+    client: &Client,
+    args: Args,
+    access: Access,
+    f: fn(&mut Store, u16, &[u8], u64) -> bool,
+) -> Reply {
+    let args = Arc::new(args);
+    let keys: Vec<usize> = (1..args.len()).collect();
+    let found = fan_out(
+        client,
+        &args,
+        &keys,
+        access,
+        move |store, slot, key, _, now| f(store, slot, key, now),
+    )
+    .await;
+    match found {
         Ok(r) => Reply::Int(r.into_iter().filter(|&b| b).count() as i64),
         Err(e) => Reply::from(e),
     }
 }
 
 fn del(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let args = Arc::new(args);
-        let keys: Vec<usize> = (1..args.len()).collect();
-        count_true(
-            fan_out(
-                client,
-                &args,
-                &keys,
-                Access::Write,
-                |store, slot, key, _, now| {
-                    store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
-                },
-            )
-            .await,
-        )
-    })
+    Box::pin(count_keys_where(
+        client,
+        args,
+        Access::Write,
+        |store, slot, key, now| {
+            store.peek(slot, key, now).is_some() && store.remove(slot, key).is_some()
+        },
+    ))
 }
 
 fn exists(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let args = Arc::new(args);
-        let keys: Vec<usize> = (1..args.len()).collect();
-        count_true(
-            fan_out(
-                client,
-                &args,
-                &keys,
-                Access::Read,
-                |store, slot, key, _, now| store.read(slot, key, now, false).is_some(),
-            )
-            .await,
-        )
-    })
+    Box::pin(count_keys_where(
+        client,
+        args,
+        Access::Read,
+        |store, slot, key, now| store.read(slot, key, now, false).is_some(),
+    ))
 }
 
 fn touch(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
-    Box::pin(async move {
-        let args = Arc::new(args);
-        let keys: Vec<usize> = (1..args.len()).collect();
-        count_true(
-            fan_out(
-                client,
-                &args,
-                &keys,
-                Access::Write,
-                |store, slot, key, _, now| store.touch(slot, key, now),
-            )
-            .await,
-        )
-    })
+    Box::pin(count_keys_where(
+        client,
+        args,
+        Access::Write,
+        |store, slot, key, now| store.touch(slot, key, now),
+    ))
 }
 
 fn count_keys(op: &KeyOp, mut f: impl FnMut(u16, &[u8]) -> bool) -> Reply {

@@ -225,17 +225,7 @@ fn parse_decimal(s: &[u8]) -> Result<((Big, i64), bool), NotAFloat> {
     let mut exp10: i64 = 0;
     if i < s.len() && (s[i] == b'e' || s[i] == b'E') {
         i += 1;
-        let negative = match s.get(i) {
-            Some(b'-') => {
-                i += 1;
-                true
-            }
-            Some(b'+') => {
-                i += 1;
-                false
-            }
-            _ => false,
-        };
+        let negative = sign(s, &mut i);
         let start = i;
         while i < s.len() && s[i].is_ascii_digit() {
             exp10 = (exp10 * 10 + (s[i] - b'0') as i64).min(1_000_000);
@@ -321,17 +311,7 @@ fn parse_hex(s: &[u8]) -> Result<((Big, i64), bool), NotAFloat> {
     }
     if i < s.len() && s[i] == b'p' {
         i += 1;
-        let negative = match s.get(i) {
-            Some(b'-') => {
-                i += 1;
-                true
-            }
-            Some(b'+') => {
-                i += 1;
-                false
-            }
-            _ => false,
-        };
+        let negative = sign(s, &mut i);
         let start = i;
         let mut p: i64 = 0;
         while i < s.len() && s[i].is_ascii_digit() {
@@ -580,6 +560,22 @@ fn largest_power(base: u32) -> (u32, u32) {
         power += 1;
     }
     (value, power)
+}
+
+/// An exponent's sign at `s[*i]` (`-` or `+`, skipped): whether it is
+/// negative.
+fn sign(s: &[u8], i: &mut usize) -> bool {
+    match s.get(*i) {
+        Some(b'-') => {
+            *i += 1;
+            true
+        }
+        Some(b'+') => {
+            *i += 1;
+            false
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
