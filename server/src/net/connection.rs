@@ -294,38 +294,72 @@ enum BatchEnd {
 impl<S: ClientIo> Connection<S> {
     /// Serves the connection: batches of the requests read so far, their
     /// replies, then more reading, until the client or the server ends it.
+    /// (The steps' awaits stay here: an `async fn` per step would cost
+    /// every request a future of its own.)
     async fn run(&mut self) -> std::io::Result<()> {
         if self.client.shard.shared.shutting_down() {
             return Ok(());
         }
         loop {
-            let mut batch = self.start_batch().await;
-            let end = self.take_requests(&mut batch).await;
+            // Link events queued here go first: the client's previous
+            // replies waited for them.
+            if self.client.shard.links_queued_here() {
+                self.client.shard.settle_links().await;
+            }
+            let mut batch = Batch::default();
+            self.start_batch(&mut batch);
+            let end = loop {
+                match self.next_request(&batch) {
+                    Ok(request) => {
+                        self.dispatch(request, &mut batch).await;
+                        if self.client.close_after_reply {
+                            break BatchEnd::Closing;
+                        }
+                    }
+                    Err(end) => break end,
+                }
+            };
             self.finish(batch).await;
-            if !self.send_replies(&end).await? {
+            self.queue_protocol_error(&end);
+            if !self.out.is_empty() && !self.send_replies().await? {
+                return Ok(());
+            }
+            if self.client.close_after_reply {
+                if matches!(end, BatchEnd::Fatal(_)) {
+                    linger(&mut self.stream, LINGER_BYTES).await;
+                }
                 return Ok(());
             }
             if matches!(end, BatchEnd::CutShort) {
                 continue;
             }
-            if !self.within_query_limits() || !self.read_more().await? {
+            if !self.within_query_limits() {
                 return Ok(());
             }
+            // Polling first (`--idle-poll-us`), then a read that may wait.
+            let n = match self.idle_poll().await? {
+                Some(n) => n,
+                None => {
+                    self.before_waiting();
+                    let n = self.read_into_buffers().await?;
+                    if n == 0 || self.client.info.borrow().killed {
+                        return Ok(());
+                    }
+                    n
+                }
+            };
+            self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
         }
     }
 
-    /// A new batch: link events queued here are applied first (the
-    /// client's previous replies waited for them), the clock is read once.
-    async fn start_batch(&mut self) -> Batch {
+    /// Starts a batch: the clock is read once for it. (`remote` gets its
+    /// per-shard queues when a command is first queued for another shard:
+    /// none for a batch that runs here.)
+    #[inline(always)]
+    fn start_batch(&mut self, batch: &mut Batch) {
         let shared = &self.client.shard.shared;
         self.parser
             .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
-        // `remote` gets its per-shard queues when a command is first
-        // queued for another shard: none for a batch that runs here.
-        let mut batch = Batch::default();
-        if self.client.shard.links_queued_here() {
-            self.client.shard.settle_links().await;
-        }
         batch.rounds_from = self.client.shard.round_mark();
         self.clock = mono_ns();
         self.note_reader();
@@ -333,33 +367,27 @@ impl<S: ClientIo> Connection<S> {
         let mut info = self.client.info.borrow_mut();
         info.last_active = self.clock;
         info.idle_since = None;
-        drop(info);
-        batch
     }
 
-    /// Parses and dispatches the requests in the read buffer.
-    async fn take_requests(&mut self, batch: &mut Batch) -> BatchEnd {
-        loop {
-            if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
-                return BatchEnd::CutShort;
-            }
-            self.parser.set_unauthenticated(!self.client.authenticated);
-            match self.parser.parse(&mut self.rbuf) {
-                Ok(Some(request)) => {
-                    self.dispatch(request, batch).await;
-                    if self.client.close_after_reply {
-                        return BatchEnd::Closing;
-                    }
-                }
-                Ok(None) => return BatchEnd::Drained,
-                Err(e) => return BatchEnd::Fatal(e.0),
-            }
+    /// The next request of the batch, or how the batch ends (full, drained,
+    /// or a request that cannot be parsed).
+    #[inline(always)]
+    fn next_request(&mut self, batch: &Batch) -> Result<Request, BatchEnd> {
+        if batch.entries.len() >= MAX_BATCH || self.out.pending() >= MAX_PENDING_OUTPUT {
+            return Err(BatchEnd::CutShort);
+        }
+        self.parser.set_unauthenticated(!self.client.authenticated);
+        match self.parser.parse(&mut self.rbuf) {
+            Ok(Some(request)) => Ok(request),
+            Ok(None) => Err(BatchEnd::Drained),
+            Err(e) => Err(BatchEnd::Fatal(e.0)),
         }
     }
 
-    /// Writes the batch's replies (after a protocol error, its error last);
-    /// `false` when the connection is to close now.
-    async fn send_replies(&mut self, end: &BatchEnd) -> std::io::Result<bool> {
+    /// After a protocol error, its error is the batch's last reply and the
+    /// connection closes once the replies are out.
+    #[inline(always)]
+    fn queue_protocol_error(&mut self, end: &BatchEnd) {
         if let BatchEnd::Fatal(why) = end {
             debug!("protocol error from client {}: {why}", self.client.id());
             let reply = Reply::error(format!("ERR {why}"));
@@ -367,58 +395,49 @@ impl<S: ClientIo> Connection<S> {
             self.out.push(&reply, self.client.resp3);
             self.client.close_after_reply = true;
         }
-        if !self.out.is_empty() {
-            let bytes = self.out.pending() as u64;
-            if !self.write_watched().await? {
-                return Ok(false);
-            }
-            self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
-        }
-        if self.client.close_after_reply {
-            if matches!(end, BatchEnd::Fatal(_)) {
-                linger(&mut self.stream, LINGER_BYTES).await;
-            }
+    }
+
+    /// Writes the pending replies (watched, [`Connection::write_watched`]);
+    /// `false` when the connection is to close.
+    async fn send_replies(&mut self) -> std::io::Result<bool> {
+        let bytes = self.out.pending() as u64;
+        if !self.write_watched().await? {
             return Ok(false);
         }
+        self.client.shard.stats.borrow_mut().net_output_bytes += bytes;
         Ok(true)
     }
 
-    /// Reads the client's next bytes (polling first, `--idle-poll-us`);
-    /// `false` when the client closed or was killed.
-    async fn read_more(&mut self) -> std::io::Result<bool> {
-        if let Some(n) = self.idle_poll().await? {
-            self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
-            return Ok(true);
-        }
-        // Waiting for the client from now: past `--timeout` the shard's
-        // cron closes the connection (as Redis's clientsCron does), so
-        // the read needs no timer of its own.
+    /// The client is waiting to be read from now: past `--timeout` the
+    /// shard's cron closes the connection (as Redis's clientsCron does), so
+    /// the read needs no timer of its own.
+    #[inline(always)]
+    fn before_waiting(&mut self) {
         self.client.info.borrow_mut().idle_since = Some(self.clock);
+    }
+
+    /// Reads what the client sends next: into the big argument arriving,
+    /// else into the read buffer. CLIENT KILL, shutdown and the idle
+    /// timeout shut the socket down, which ends this read; nothing else
+    /// needs watching on the hot path.
+    async fn read_into_buffers(&mut self) -> std::io::Result<usize> {
         let Connection {
             stream,
             rbuf,
             parser,
             ..
         } = self;
-        // CLIENT KILL, shutdown and the idle timeout shut the socket
-        // down, which ends this read; nothing else needs watching on
-        // the hot path.
-        let n = match parser.big_bulk_buffer() {
-            Some(big) => stream.read_buf(big).await?,
+        match parser.big_bulk_buffer() {
+            Some(big) => stream.read_buf(big).await,
             None => {
                 // Room for a chunk is made only when little is left
                 // (reserving on every read costs a reclaim each time).
                 if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
                     rbuf.reserve(READ_CHUNK);
                 }
-                stream.read_buf(rbuf).await?
+                stream.read_buf(rbuf).await
             }
-        };
-        if n == 0 || self.client.info.borrow().killed {
-            return Ok(false);
         }
-        self.client.shard.stats.borrow_mut().net_input_bytes += n as u64;
-        Ok(true)
     }
 
     /// Before reading more: what the request still arriving holds (read
@@ -426,6 +445,7 @@ impl<S: ClientIo> Connection<S> {
     /// and, with every connection's, against `maxmemory-clients`. `false`:
     /// over a limit, the connection is to be closed (as Redis closes it,
     /// with no reply: the request never ends).
+    #[inline(always)]
     fn within_query_limits(&mut self) -> bool {
         let held = self.rbuf.len() + self.parser.pending_bytes();
         {
@@ -620,9 +640,9 @@ impl<S: ClientIo> Connection<S> {
         let Some((id, spec, args, through)) = self.admit(request, batch) else {
             return;
         };
-        let Some(args) = self.queue_in_multi(id, spec, args, batch) else {
-            return;
-        };
+        if self.client.multi.is_some() && !spec.has(flags::TX_NOW) {
+            return self.queue_in_multi(id, spec, args, batch);
+        }
         self.client.info.borrow_mut().last_cmd = spec.name;
         if spec.has(flags::DENYOOM) {
             self.wait_for_spill(batch).await;
@@ -638,6 +658,7 @@ impl<S: ClientIo> Connection<S> {
     /// the path it runs by; `None` when it was answered already (refused,
     /// forwarded, redirected) or the connection is to close (its user was
     /// deleted).
+    #[inline(always)]
     fn admit(
         &mut self,
         request: Request,
@@ -677,30 +698,27 @@ impl<S: ClientIo> Connection<S> {
     }
 
     /// Inside MULTI a refused command dooms the transaction.
+    #[inline(always)]
     fn doom_transaction(&mut self) {
         if let Some(tx) = &mut self.client.multi {
             tx.failed = true;
         }
     }
 
-    /// Inside MULTI, queues the command (`QUEUED`) unless it runs at once
-    /// (EXEC, DISCARD, ...); gives the arguments back when it is to run.
+    /// Inside MULTI, queues a command that does not run at once (EXEC,
+    /// DISCARD, ... do): `QUEUED`.
     fn queue_in_multi(
         &mut self,
         id: usize,
         spec: &'static CommandSpec,
         args: Args,
         batch: &mut Batch,
-    ) -> Option<Args> {
-        match &mut self.client.multi {
-            Some(tx) if !spec.has(flags::TX_NOW) => {
-                tx.queued.push((id, spec, args));
-                let resp3 = self.client.resp3;
-                self.ready(batch, Reply::status("QUEUED"), resp3);
-                None
-            }
-            _ => Some(args),
+    ) {
+        if let Some(tx) = &mut self.client.multi {
+            tx.queued.push((id, spec, args));
         }
+        let resp3 = self.client.resp3;
+        self.ready(batch, Reply::status("QUEUED"), resp3);
     }
 
     /// A write queue the disk cannot keep up with slows the writers (and
@@ -719,6 +737,7 @@ impl<S: ClientIo> Connection<S> {
     /// How the command runs: batched with the pipeline for the owning
     /// shard (inline when that is this one) or answered now, both done
     /// here (`None`); or awaited, by its own handler or a cluster path.
+    #[inline(always)]
     fn plan(
         &mut self,
         id: usize,
