@@ -187,6 +187,7 @@ async fn serve<S: ClientIo>(
         last_lookup: None,
         now_ms: now_ms(),
         query_bytes: 0,
+        protocol_error: None,
     };
     if let Err(e) = conn.run().await {
         debug!("client {id} ({peer}): {e}");
@@ -215,6 +216,8 @@ struct Connection<S: ClientIo> {
     now_ms: u64,
     /// This connection's share of `Shared::client_query_bytes`.
     query_bytes: usize,
+    /// Why the last request could not be parsed (the batch's last reply).
+    protocol_error: Option<String>,
 }
 
 /// A command body that awaits other shards or nodes.
@@ -279,6 +282,7 @@ struct Batch {
 }
 
 /// How a batch of requests ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum BatchEnd {
     /// Every complete request in the read buffer was taken.
     Drained,
@@ -287,8 +291,9 @@ enum BatchEnd {
     CutShort,
     /// A command asked for the connection to close (QUIT, a deleted user).
     Closing,
-    /// The request could not be parsed: its error is the last reply.
-    Fatal(String),
+    /// The request could not be parsed: its error
+    /// ([`Connection::protocol_error`]) is the last reply.
+    Fatal,
 }
 
 impl<S: ClientIo> Connection<S> {
@@ -320,17 +325,19 @@ impl<S: ClientIo> Connection<S> {
                 }
             };
             self.finish(batch).await;
-            self.queue_protocol_error(&end);
+            if end == BatchEnd::Fatal {
+                self.queue_protocol_error();
+            }
             if !self.out.is_empty() && !self.send_replies().await? {
                 return Ok(());
             }
             if self.client.close_after_reply {
-                if matches!(end, BatchEnd::Fatal(_)) {
+                if end == BatchEnd::Fatal {
                     linger(&mut self.stream, LINGER_BYTES).await;
                 }
                 return Ok(());
             }
-            if matches!(end, BatchEnd::CutShort) {
+            if end == BatchEnd::CutShort {
                 continue;
             }
             if !self.within_query_limits() {
@@ -380,21 +387,23 @@ impl<S: ClientIo> Connection<S> {
         match self.parser.parse(&mut self.rbuf) {
             Ok(Some(request)) => Ok(request),
             Ok(None) => Err(BatchEnd::Drained),
-            Err(e) => Err(BatchEnd::Fatal(e.0)),
+            Err(e) => {
+                self.protocol_error = Some(e.0);
+                Err(BatchEnd::Fatal)
+            }
         }
     }
 
     /// After a protocol error, its error is the batch's last reply and the
     /// connection closes once the replies are out.
-    #[inline(always)]
-    fn queue_protocol_error(&mut self, end: &BatchEnd) {
-        if let BatchEnd::Fatal(why) = end {
-            debug!("protocol error from client {}: {why}", self.client.id());
-            let reply = Reply::error(format!("ERR {why}"));
-            self.count_error(&reply);
-            self.out.push(&reply, self.client.resp3);
-            self.client.close_after_reply = true;
-        }
+    #[cold]
+    fn queue_protocol_error(&mut self) {
+        let why = self.protocol_error.take().unwrap_or_default();
+        debug!("protocol error from client {}: {why}", self.client.id());
+        let reply = Reply::error(format!("ERR {why}"));
+        self.count_error(&reply);
+        self.out.push(&reply, self.client.resp3);
+        self.client.close_after_reply = true;
     }
 
     /// Writes the pending replies (watched, [`Connection::write_watched`]);
