@@ -561,3 +561,60 @@ fn concurrent_reads_of_a_block_share_one_disk_read_and_replies_keep_their_order(
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Many small blocks through a small DRAM tier: the index of the blocks
+/// that went to disk is not charged to `maxmemory` (it is the disk index,
+/// INFO `spill_index_bytes`), so ingest never fills the DRAM tier with
+/// index entries and refuses writes; every block is stored, none refused.
+#[test]
+fn small_blocks_past_maxmemory_are_all_stored_and_refusals_are_counted() {
+    let dir = spill_dir("small");
+    let server = Server::start(&[
+        "--maxmemory",
+        "2mb",
+        "--threads",
+        "1",
+        "--spill-dir",
+        dir.to_str().unwrap(),
+        "--spill-admission",
+        "0",
+    ]);
+    let mut con = server.redis();
+    let value = vec![7u8; 4096];
+    // 12,800 blocks of 4 KiB: 50 MiB, with keys like LMCache's; their index
+    // alone would be 2.2 MiB at the DRAM tier's charge per key, more than
+    // the whole DRAM tier.
+    for call in 0..50u64 {
+        let mut cmd = redis::cmd("MSETBLOCK");
+        cmd.arg(256);
+        for i in 0..256u64 {
+            cmd.arg(format!("model@1@0@{:040x}@bf16", call * 256 + i))
+                .arg(&value[..]);
+        }
+        let codes: Vec<i64> = cmd.query(&mut con).expect("MSETBLOCK");
+        assert!(codes.iter().all(|&c| c == 1), "call {call}: {codes:?}");
+    }
+    settle(&mut con);
+    let stats: String = redis::cmd("INFO").arg("stats").query(&mut con).unwrap();
+    assert_eq!(info_num(&stats, "refused_writes"), 0, "{stats}");
+    let info = spill_info(&mut con);
+    assert!(info_num(&info, "spill_index_bytes") > 0, "{info}");
+    assert_eq!(info_num(&info, "spill_dropped"), 0, "{info}");
+    let memory: String = redis::cmd("INFO").arg("memory").query(&mut con).unwrap();
+    assert!(info_num(&memory, "used_memory") <= 2 << 20, "{memory}");
+    let dbsize: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(dbsize, 12_800);
+    // A block larger than the shard's share of maxmemory: refused, counted.
+    let big = vec![1u8; 3 << 20];
+    let codes: Vec<i64> = redis::cmd("MSETBLOCK")
+        .arg(1)
+        .arg("too-big")
+        .arg(&big[..])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(codes, vec![-1]);
+    let stats: String = redis::cmd("INFO").arg("stats").query(&mut con).unwrap();
+    assert_eq!(info_num(&stats, "refused_writes_too_large"), 1, "{stats}");
+    assert_eq!(info_num(&stats, "refused_writes"), 1, "{stats}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

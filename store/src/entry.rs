@@ -250,22 +250,44 @@ impl Entry {
         self.expire_at != 0 && self.expire_at <= now
     }
 
-    /// Bytes charged to the index for this entry under `key_len`: the key,
-    /// index overhead, a heap value and the parent link. Slab values are
-    /// charged through the arena's mapped pages instead, spilled ones are on
-    /// disk.
+    /// Bytes charged to the DRAM tier's index for this entry under
+    /// `key_len`: the key, index overhead, a heap value and the parent link.
+    /// Slab values are charged through the arena's mapped pages instead; an
+    /// entry whose block is only on disk charges nothing here, its index is
+    /// the disk index's ([`Entry::disk_index_charge`]).
     pub fn charge(&self, key_len: usize) -> usize {
         let value = match &self.value {
             Value::Heap(b) => b.len(),
+            Value::Spilled(_) => return 0,
             _ => 0,
         };
-        super::Store::charge(key_len, value, self.expire_at != 0)
+        self.index_charge(key_len, value)
+    }
+
+    /// Bytes of the disk index for an entry whose block is only on disk
+    /// (0 for any other): outside `maxmemory`, which bounds the DRAM tier,
+    /// reported as INFO `spill_index_bytes`.
+    pub fn disk_index_charge(&self, key_len: usize) -> usize {
+        match &self.value {
+            Value::Spilled(_) => self.index_charge(key_len, 0),
+            _ => 0,
+        }
+    }
+
+    /// Both charges: `(DRAM tier, disk index)`.
+    pub fn charges(&self, key_len: usize) -> (usize, usize) {
+        (self.charge(key_len), self.disk_index_charge(key_len))
+    }
+
+    fn index_charge(&self, key_len: usize, heap_value: usize) -> usize {
+        super::Store::charge(key_len, heap_value, self.expire_at != 0)
             + self.parent.as_ref().map_or(0, |p| p.len())
     }
 
     /// What MEMORY USAGE reports: everything this key costs.
     pub fn memory_usage(&self, key_len: usize) -> usize {
         self.charge(key_len)
+            + self.disk_index_charge(key_len)
             + match &self.value {
                 Value::Heap(_) => 0,
                 v => v.footprint(),

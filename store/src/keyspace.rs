@@ -15,7 +15,7 @@ use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
 use crate::{
-    InPrefix, OutOfMemory, Protect, Recency, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
+    InPrefix, OutOfMemory, Protect, Recency, Refusal, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
 };
 
 /// A value to store: its bytes, or (the policy simulator) only its size.
@@ -326,7 +326,8 @@ impl Store {
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
             index_growth = new_charge.saturating_sub(old_charge);
             if index_growth > 0 {
-                self.ensure_room(index_growth, protect)?;
+                self.ensure_room(index_growth, protect)
+                    .map_err(|_| self.refused(index_growth + value.len()))?;
             }
         }
         let stored = match value {
@@ -334,7 +335,13 @@ impl Store {
             Contents::Bytes(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
             Contents::Owned(b) if b.len() < SLAB_MIN => Value::Heap(Bytes::copy_from_slice(b)),
             Contents::Unwritten(len) if len < SLAB_MIN => Value::Heap(Bytes::from(vec![0; len])),
-            _ => Value::Slab(self.place_in_slab(value, protect, index_growth)?),
+            _ => {
+                let len = value.len();
+                match self.place_in_slab(value, protect, index_growth) {
+                    Ok(slot) => Value::Slab(slot),
+                    Err(_) => return Err(self.refused(index_growth + len)),
+                }
+            }
         };
         let mut entry = Entry::new(stored, expire_at, now);
         entry.encoding = encoding;
@@ -416,9 +423,9 @@ impl Store {
             self.relink(slot, key, write.parent.as_deref());
             return 0;
         }
-        if self.budget != 0
-            && Self::charge(key.len(), value.len(), write.expire_at != 0) > self.budget
-        {
+        let charge = Self::charge(key.len(), value.len(), write.expire_at != 0);
+        if self.budget != 0 && charge > self.budget {
+            self.refused(charge);
             return -1;
         }
         let write = Write {
@@ -433,6 +440,20 @@ impl Store {
             Ok(_) => 1,
             Err(OutOfMemory) => -1,
         }
+    }
+
+    /// Counts a write refused for lack of memory (needing `needed` bytes)
+    /// by its cause, and gives the error back.
+    fn refused(&mut self, needed: usize) -> OutOfMemory {
+        let cause = if self.budget != 0 && needed > self.budget {
+            Refusal::TooLarge
+        } else if self.policy == EvictionPolicy::NoEviction {
+            Refusal::NoEviction
+        } else {
+            Refusal::NoRoom
+        };
+        self.stats.refused_by[cause as usize] += 1;
+        OutOfMemory
     }
 
     /// A block written again under the parent it has, while it is marked
@@ -513,15 +534,15 @@ impl Store {
         };
         let old = entry.expire_at;
         if old != expire_at {
-            let before = entry.charge(stored.len());
+            let before = entry.charges(stored.len());
             entry.expire_at = expire_at;
-            let after = entry.charge(stored.len());
+            let after = entry.charges(stored.len());
             let on_disk = entry.on_disk;
             let stored = stored.clone();
             self.meta.modified(&stored);
             self.meta.unindex_expiry(&stored, old);
             self.meta.index_expiry(&stored, expire_at);
-            self.meta.used = self.meta.used - before + after;
+            self.meta.recharge(before, after);
             // The record on disk has the old expiry: a warm restart must
             // not bring the key back with it (a miss is fine, a key that
             // outlives its TTL is not).

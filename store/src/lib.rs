@@ -160,6 +160,34 @@ impl EvictReason {
     }
 }
 
+/// Why a write was not stored: each one is counted (INFO
+/// `refused_writes_<cause>`, metric `kvtier_refused_writes_total{cause}`),
+/// and MSETBLOCK answers `-1` for the block, SET an `OOM` error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Larger than the shard's whole share of `maxmemory`.
+    TooLarge,
+    /// `maxmemory-policy noeviction`, and no room.
+    NoEviction,
+    /// Nothing could be evicted to make room (every block held by a lookup
+    /// or a reply being written, or protected by the write itself).
+    NoRoom,
+}
+
+impl Refusal {
+    /// Every cause, in metric order.
+    pub const ALL: [Refusal; 3] = [Refusal::TooLarge, Refusal::NoEviction, Refusal::NoRoom];
+
+    /// Metric label and INFO suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::TooLarge => "too_large",
+            Refusal::NoEviction => "noeviction",
+            Refusal::NoRoom => "no_room",
+        }
+    }
+}
+
 /// Counters a shard reports in INFO stats.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -175,6 +203,8 @@ pub struct StoreStats {
     pub keyspace_misses: u64,
     /// Lookup holds (`PREFIXLEN ... HOLD`).
     pub holds: HoldStats,
+    /// Writes not stored, by [`Refusal`] (same order as `Refusal::ALL`).
+    pub refused_by: [u64; 3],
 }
 
 /// How the store's memory is set up (flags `--hugepages`, `--prealloc`).
@@ -295,6 +325,12 @@ impl Store {
     /// Bytes charged to the index: keys, overhead, small values, links.
     pub fn index_memory(&self) -> usize {
         self.meta.used
+    }
+
+    /// Bytes of the disk index: what the keys whose blocks are only on disk
+    /// cost in DRAM (outside `maxmemory`, which bounds the DRAM tier).
+    pub fn disk_index_memory(&self) -> usize {
+        self.meta.disk_index
     }
 
     /// The arena's figures (INFO slabs, MEMORY STATS).

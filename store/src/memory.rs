@@ -181,12 +181,15 @@ impl Store {
             }
             // Evicting a block frees a slot, not always a whole page: after
             // a few tries, empty a page outright.
+            // With the spill tier, only blocks in DRAM are worth evicting:
+            // one only on disk frees no DRAM.
+            let dram_only = self.spill.is_some();
             misses += 1;
-            if misses <= 16 && self.evict_one(protect, false).is_some() {
+            if misses <= 16 && self.evict_one(protect, dram_only).is_some() {
                 continue;
             }
             if !self.empty_a_page(None, protect)
-                && self.evict_one(protect, false).is_none()
+                && self.evict_one(protect, dram_only).is_none()
                 && !self.break_holds()
             {
                 return Err(OutOfMemory);

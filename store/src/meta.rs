@@ -25,6 +25,9 @@ pub(crate) struct Meta {
     pub(crate) keys: usize,
     /// Bytes charged to the index (keys, overhead, small values, links).
     pub(crate) used: usize,
+    /// Bytes of the disk index: entries whose block is only on disk
+    /// ([`Entry::disk_index_charge`]).
+    pub(crate) disk_index: usize,
     /// WATCHed keys: the flags of the clients watching each (set on any
     /// change of the key, EXEC then fails).
     pub(crate) watched: HashMap<Bytes, Vec<(u64, Arc<AtomicBool>)>>,
@@ -102,7 +105,9 @@ impl Meta {
             self.track_disk(key, loc);
         }
         self.index_expiry(key, entry.expire_at);
-        self.used += entry.charge(key.len());
+        let (dram, disk) = entry.charges(key.len());
+        self.used += dram;
+        self.disk_index += disk;
         self.keys += 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.insert(slot, key.clone());
@@ -126,13 +131,21 @@ impl Meta {
 
     /// `replaced`: a new value takes the key's place at once (its children
     /// stay its children).
+    /// An entry's charges changed from `before` to `after` ([`Entry::charges`]).
+    pub(crate) fn recharge(&mut self, before: (usize, usize), after: (usize, usize)) {
+        self.used = self.used - before.0 + after.0;
+        self.disk_index = self.disk_index - before.1 + after.1;
+    }
+
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         self.modified(key);
         if let Some(loc) = entry.value.disk() {
             self.untrack_disk(key, loc);
         }
         self.unindex_expiry(key, entry.expire_at);
-        self.used -= entry.charge(key.len());
+        let (dram, disk) = entry.charges(key.len());
+        self.used -= dram;
+        self.disk_index -= disk;
         self.keys -= 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.remove(&slot);

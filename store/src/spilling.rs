@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::entry::{Cached, InFlight};
 use super::spill::record::{self, Record};
 use super::spill::{
-    aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, BATCH_SIZE, QUEUE_HARD,
+    aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, SpillDrop, BATCH_SIZE, QUEUE_HARD,
 };
 use super::{
     Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Protect, Store,
@@ -505,7 +505,7 @@ impl Store {
             return;
         };
         let stored = stored.clone();
-        let before = entry.charge(stored.len());
+        let before = entry.charges(stored.len());
         if let Some(old) = entry.value.slot().and_then(|s| s.page_location()) {
             self.meta.slot_keys.remove(&old);
         }
@@ -530,8 +530,8 @@ impl Store {
             });
         }
         entry.value = value;
-        let after = entry.charge(stored.len());
-        self.meta.used = self.meta.used - before + after;
+        let after = entry.charges(stored.len());
+        self.meta.recharge(before, after);
         let same = matches!((&old_disk, &new_disk), (Some(o), Some(n)) if same_loc(o, n));
         if !same {
             if let Some(old) = &old_disk {
@@ -581,11 +581,17 @@ impl Store {
         // decides the disk: an orphan (no prefix lookup reaches it) and a
         // cold partial block never read are dropped.
         let unwanted = self.policy == EvictionPolicy::Prefix && (entry.orphan || entry.uses == 0);
-        if ((entry.reads < spill.config.admission || unwanted) && !admit)
-            || (dir.in_flight() >= QUEUE_HARD && !spill.shutting_down)
-            || too_long
-        {
-            dir.counters.dropped.fetch_add(1, Relaxed);
+        let dropped = if (entry.reads < spill.config.admission || unwanted) && !admit {
+            Some(SpillDrop::Admission)
+        } else if dir.in_flight() >= QUEUE_HARD && !spill.shutting_down {
+            Some(SpillDrop::QueueFull)
+        } else if too_long {
+            Some(SpillDrop::KeyTooLong)
+        } else {
+            None
+        };
+        if let Some(cause) = dropped {
+            dir.counters.drop_for(cause);
             return false;
         }
         let value = match entry.value.bytes() {
@@ -606,7 +612,7 @@ impl Store {
             return false;
         };
         let Some((segment, offset)) = spill.place(len) else {
-            dir.counters.dropped.fetch_add(1, Relaxed);
+            dir.counters.drop_for(SpillDrop::NoSpace);
             self.reclaim_disk();
             return false;
         };
@@ -662,7 +668,7 @@ impl Store {
                 self.replace_value(slot, &key, Value::Spilled(loc));
             } else {
                 if let Some(spill) = &self.spill {
-                    spill.config.dir.counters.dropped.fetch_add(1, Relaxed);
+                    spill.config.dir.counters.drop_for(SpillDrop::WriteFailed);
                 }
                 self.drop_entry(slot, &key);
             }
@@ -781,7 +787,7 @@ impl Store {
                     continue;
                 }
             }
-            dir.counters.dropped.fetch_add(1, Relaxed);
+            dir.counters.drop_for(SpillDrop::Reclaimed);
             self.drop_entry(slot, &key);
             self.stats.evicted_keys += 1;
             self.stats.evicted_by[EvictReason::Policy as usize] += 1;
@@ -839,7 +845,7 @@ impl Store {
                 return;
             }
         }
-        dir.counters.dropped.fetch_add(1, Relaxed);
+        dir.counters.drop_for(SpillDrop::Reclaimed);
         self.drop_entry(slot, &key);
         self.stats.evicted_keys += 1;
         self.stats.evicted_by[EvictReason::Policy as usize] += 1;

@@ -111,6 +111,7 @@ pub fn export(shard: &mut Exporter, node: &mut Exporter, shared: &Shared, report
     stats::export(shard, report);
     commands::export(shard, shared, report);
     keyspace::export(shard, report);
+    spill::export_shard(shard, report);
     if report.id == 0 {
         memory::export_node(node, shared);
         spill::export(node, shared);

@@ -30,6 +30,8 @@ pub struct ShardReport {
     pub arena: ArenaStats,
     /// Keys with a record in the spill tier.
     pub spill_keys: usize,
+    /// DRAM of the index of blocks only on disk.
+    pub spill_index_bytes: usize,
     /// Keys lookups hold against eviction, and their bytes.
     pub holds: (usize, usize),
     /// Connections.
@@ -94,6 +96,7 @@ impl ShardReport {
             store: store.stats,
             arena: store.arena_stats(),
             spill_keys: store.spill_keys(),
+            spill_index_bytes: store.disk_index_memory(),
             holds: (store.holds().len(), store.holds().bytes()),
             clients: shard.clients.borrow().len(),
             blocked_clients: stats.blocked_clients,

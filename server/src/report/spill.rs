@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use kvtier_store::spill::SpillCounters;
+use kvtier_store::spill::{SpillCounters, SpillDrop};
 
 use super::metric::{CounterRow, Exporter, Metric};
 use super::snapshot::{Info, ShardReport};
@@ -49,8 +49,20 @@ pub const WRITE_SECONDS: Metric = Metric::histogram(
     "Latency of one spill tier batch write (sum approximated from bucket bounds).",
 );
 
+/// Blocks not kept on disk, by cause.
+pub const DROPPED: Metric = Metric::counter(
+    "kvtier_spill_dropped_total",
+    "Blocks evicted from DRAM and not kept on disk, by cause (admission, queue_full, key_too_long, no_space, write_failed, reclaimed).",
+);
+/// DRAM of the disk index.
+pub const INDEX_BYTES: Metric = Metric::gauge(
+    "kvtier_spill_index_bytes",
+    "DRAM the index of the blocks that are only on disk takes (outside maxmemory), by shard.",
+)
+.bytes();
+
 /// The tier's counters: INFO field, metric, where the count is.
-pub static COUNTERS: [CounterRow<SpillCounters>; 12] = [
+pub static COUNTERS: [CounterRow<SpillCounters>; 11] = [
     (
         "spill_writes",
         Metric::counter(
@@ -118,14 +130,6 @@ pub static COUNTERS: [CounterRow<SpillCounters>; 12] = [
         |c| &c.rewrites,
     ),
     (
-        "spill_dropped",
-        Metric::counter(
-            "kvtier_spill_dropped_total",
-            "Blocks the spill tier dropped (reclaim, full queue or full disk).",
-        ),
-        |c| &c.dropped,
-    ),
-    (
         "spill_checksum_failures",
         Metric::counter(
             "kvtier_spill_checksum_failures_total",
@@ -160,6 +164,8 @@ pub const METRICS: &[&Metric] = &[
     &QUEUE_BYTES,
     &READ_SECONDS,
     &WRITE_SECONDS,
+    &DROPPED,
+    &INDEX_BYTES,
 ];
 
 /// `# Spill`
@@ -188,8 +194,19 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
         "spill_keys",
         reports.iter().map(|r| r.spill_keys).sum::<usize>(),
     );
+    o.field(
+        "spill_index_bytes",
+        reports.iter().map(|r| r.spill_index_bytes).sum::<usize>(),
+    );
     for (name, _, count) in COUNTERS.iter() {
         o.field(name, get(count(c)));
+    }
+    o.field("spill_dropped", c.dropped());
+    for cause in SpillDrop::ALL {
+        o.field(
+            format_args!("spill_dropped_{}", cause.name()),
+            get(&c.dropped_by[cause as usize]),
+        );
     }
     o.field("spill_queue_depth", c.queue_depth.load(Relaxed));
     o.field("spill_queue_bytes", dir.in_flight());
@@ -203,6 +220,12 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("spill_recovery_skipped", get(&c.recovery_skipped));
     let last = dir.last_error.lock().map(|e| e.clone()).unwrap_or_default();
     o.field("spill_last_error", last.replace(['\r', '\n'], " "));
+}
+
+/// This shard's disk index.
+pub fn export_shard(e: &mut Exporter, r: &ShardReport) {
+    let labels = vec![("shard", r.id.to_string())];
+    e.gauge(&INDEX_BYTES, labels, r.spill_index_bytes as f64);
 }
 
 /// The tier's figures (shared by the shards: from shard 0).
@@ -219,6 +242,15 @@ pub fn export(e: &mut Exporter, shared: &Shared) {
     e.gauge(&QUEUE_BYTES, Vec::new(), dir.in_flight() as f64);
     for (_, metric, count) in COUNTERS.iter() {
         e.counter(metric, 0, Vec::new, count(c).load(Relaxed));
+    }
+    for cause in SpillDrop::ALL {
+        let labels = || vec![("cause", cause.name().to_string())];
+        e.counter(
+            &DROPPED,
+            cause as u64,
+            labels,
+            c.dropped_by[cause as usize].load(Relaxed),
+        );
     }
     e.histogram(&READ_SECONDS, 0, Vec::new, &c.read_latency.counts());
     e.histogram(&WRITE_SECONDS, 0, Vec::new, &c.write_latency.counts());

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kvtier_store::EvictReason;
+use kvtier_store::{EvictReason, Refusal};
 
 use super::metric::{Exporter, Metric};
 use super::snapshot::{sum, Info, ShardReport};
@@ -24,6 +24,11 @@ pub const EXPIRED: Metric = Metric::counter(
 pub const EVICTED: Metric = Metric::counter(
     "kvtier_evicted_keys_total",
     "Keys evicted to stay under maxmemory, by shard and reason (orphan, leaf, inner, policy, rebalance).",
+);
+/// Writes refused, by shard and cause.
+pub const REFUSED: Metric = Metric::counter(
+    "kvtier_refused_writes_total",
+    "Writes not stored for lack of memory (MSETBLOCK -1, SET OOM), by shard and cause (too_large, noeviction, no_room).",
 );
 /// Lookups that found their key, by shard.
 pub const HITS: Metric = Metric::counter(
@@ -84,6 +89,7 @@ pub const METRICS: &[&Metric] = &[
     &NET_OUTPUT,
     &EXPIRED,
     &EVICTED,
+    &REFUSED,
     &HITS,
     &MISSES,
     &DIRECT_READS,
@@ -121,6 +127,16 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
         o.field(
             format_args!("evicted_{}_keys", reason.name()),
             sum(reports, |r| r.store.evicted_by[i]),
+        );
+    }
+    o.field(
+        "refused_writes",
+        sum(reports, |r| r.store.refused_by.iter().sum()),
+    );
+    for (i, cause) in Refusal::ALL.iter().enumerate() {
+        o.field(
+            format_args!("refused_writes_{}", cause.name()),
+            sum(reports, |r| r.store.refused_by[i]),
         );
     }
     o.field("keyspace_hits", sum(reports, |r| r.store.keyspace_hits));
@@ -201,5 +217,14 @@ pub fn export(e: &mut Exporter, r: &ShardReport) {
             ]
         };
         e.counter(&EVICTED, i as u64, labels, r.store.evicted_by[i]);
+    }
+    for (i, cause) in Refusal::ALL.iter().enumerate() {
+        let labels = || {
+            vec![
+                ("shard", r.id.to_string()),
+                ("cause", cause.name().to_string()),
+            ]
+        };
+        e.counter(&REFUSED, i as u64, labels, r.store.refused_by[i]);
     }
 }

@@ -94,6 +94,52 @@ impl std::fmt::Debug for DiskLoc {
     }
 }
 
+/// Why a block evicted from DRAM was not kept on disk (it is gone: the
+/// next read misses). Each is counted (INFO `spill_dropped_<cause>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpillDrop {
+    /// Not read enough since it was written (`--spill-admission`), or, under
+    /// `prefix`, no prefix lookup reaches it (an orphan) or a request's
+    /// final partial block never read.
+    Admission,
+    /// The write queue was over its hard limit (the disk cannot keep up
+    /// and writers were already slowed down).
+    QueueFull,
+    /// A key or parent key longer than a record holds (64 KiB).
+    KeyTooLong,
+    /// No room within the disk budget (an old segment is being reclaimed).
+    NoSpace,
+    /// The write failed (an I/O error, the disk full).
+    WriteFailed,
+    /// Its segment was reclaimed to free disk space and it was not read
+    /// since it was written (blocks read since are rewritten).
+    Reclaimed,
+}
+
+impl SpillDrop {
+    /// Every cause, in counter order.
+    pub const ALL: [SpillDrop; 6] = [
+        SpillDrop::Admission,
+        SpillDrop::QueueFull,
+        SpillDrop::KeyTooLong,
+        SpillDrop::NoSpace,
+        SpillDrop::WriteFailed,
+        SpillDrop::Reclaimed,
+    ];
+
+    /// INFO suffix and metric name part.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpillDrop::Admission => "admission",
+            SpillDrop::QueueFull => "queue_full",
+            SpillDrop::KeyTooLong => "key_too_long",
+            SpillDrop::NoSpace => "no_space",
+            SpillDrop::WriteFailed => "write_failed",
+            SpillDrop::Reclaimed => "reclaimed",
+        }
+    }
+}
+
 /// Counters of the tier (INFO spill, metrics), shared by all shards.
 #[derive(Default)]
 pub struct SpillCounters {
@@ -113,8 +159,9 @@ pub struct SpillCounters {
     pub reclaims: AtomicU64,
     /// Records rewritten by reclaim.
     pub rewrites: AtomicU64,
-    /// Records dropped (reclaim, admission, full queue or disk).
-    pub dropped: AtomicU64,
+    /// Blocks dropped instead of kept on disk, by [`SpillDrop`] (same order
+    /// as `SpillDrop::ALL`); [`SpillCounters::dropped`] is their sum.
+    pub dropped_by: [AtomicU64; 6],
     /// Records that failed their checksum.
     pub checksum_failures: AtomicU64,
     /// Failed reads and writes.
@@ -140,6 +187,18 @@ pub struct SpillCounters {
     pub recovered: AtomicU64,
     /// Records the warm-restart scan skipped (torn tail, flipped bytes).
     pub recovery_skipped: AtomicU64,
+}
+
+impl SpillCounters {
+    /// Counts a block dropped for `cause`.
+    pub fn drop_for(&self, cause: SpillDrop) {
+        self.dropped_by[cause as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Blocks dropped, all causes.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_by.iter().map(|c| c.load(Relaxed)).sum()
+    }
 }
 
 /// The spill directory: its segments and budget.
