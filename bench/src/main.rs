@@ -10,6 +10,7 @@ mod report;
 mod resp;
 mod sim;
 mod skew;
+mod spill_index;
 mod trace;
 mod workload;
 
@@ -48,6 +49,10 @@ enum Command {
     /// p99.9 of GET, EXISTS, PREFIXLEN and MGETPREFIX against redis-server,
     /// targets alternated round by round.
     Latency(latency::LatencyArgs),
+    /// Writes a spill directory of sparse segments whose footers list
+    /// many small blocks: restart time and DRAM per block on disk at a
+    /// scale the disk could not hold.
+    SpillIndex(spill_index::SpillIndexArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -73,6 +78,7 @@ fn main() -> std::process::ExitCode {
             Command::Prefix(a) => prefix::run(a).await,
             Command::Sim(a) => sim::run(a),
             Command::Latency(a) => latency::run(a),
+            Command::SpillIndex(a) => spill_index::run(a),
         }
     });
     match result {

@@ -63,7 +63,7 @@ impl Server {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
         let spill = match &config.spill_dir {
-            Some(path) => Some(SpillTier::open(config, path, shards).map_err(|e| {
+            Some(path) => Some(SpillTier::open(config, path).map_err(|e| {
                 io::Error::new(e.kind(), format!("spill dir {}: {e}", path.display()))
             })?),
             None => None,
@@ -102,6 +102,13 @@ impl Server {
                 .name(format!("kvtier-shard-{id}"))
                 .spawn(move || run_shard(id, shared, set, listener, tls_listener, rx, cpu))?;
             threads.push(handle);
+        }
+        if let Some(tier) = shared.spill.as_ref().filter(|t| t.dir.loading()) {
+            threads.push(start_loader(
+                Arc::clone(&shared),
+                Arc::clone(&set),
+                tier.take_segments(),
+            )?);
         }
         threads.push(start_ticker(Arc::clone(&shared), set)?);
         if let Some(cluster) = &shared.cluster {
@@ -228,7 +235,9 @@ fn run_shard(
                 shard: id,
                 admission: shard::spill_admission(&shared.config),
             });
-            store.insert_recovered(tier.take_recovered(id), kvtier_store::now_ms());
+            if tier.dir.loading() {
+                store.begin_loading();
+            }
         }
         let commands = crate::commands::registry::table().len();
         let shard = Rc::new_cyclic(|me| {
@@ -267,6 +276,8 @@ fn run_shard(
                 "shard {id}: DRAM blocks written to the spill tier in {:.1?}",
                 started.elapsed()
             );
+        } else if shared.spill.is_some() {
+            shard.store.lock().close_spill();
         }
     });
 }
@@ -358,6 +369,120 @@ fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandl
                     tick.notify_one();
                 }
             }
+        })
+}
+
+/// Records the loader hands a shard per mailbox job, and jobs in flight
+/// per shard: a shard takes a batch between its clients' requests, and the
+/// loader's memory stays bounded whatever the tier's size.
+const LOAD_BATCH: usize = 4096;
+const LOAD_IN_FLIGHT: usize = 4;
+
+/// The warm restart's loader: indexes `segments` newest first (from their
+/// footers; scanned when they have none) and hands each shard the records
+/// of its keys, while the shards already serve clients. A read of a key
+/// not loaded yet misses (a miss costs a recompute; waiting would hold
+/// every client of the shard until the load ends). Once every shard took
+/// its records, segments with nothing live go.
+fn start_loader(
+    shared: Arc<Shared>,
+    set: Arc<ShardSet>,
+    segments: Vec<Arc<kvtier_store::spill::Segment>>,
+) -> io::Result<JoinHandle<()>> {
+    use kvtier_store::slot::{key_slot, slot_shard};
+    use kvtier_store::spill::{Loader, Recovered};
+    std::thread::Builder::new()
+        .name("kvtier-loader".into())
+        .spawn(move || {
+            let Some(tier) = &shared.spill else {
+                return;
+            };
+            let dir = &tier.dir;
+            let started = Instant::now();
+            let n = set.mailboxes.len();
+            let (ack, acks) = std::sync::mpsc::channel::<()>();
+            let mut in_flight = 0usize;
+            // Hands `job` to shard `id` once fewer than LOAD_IN_FLIGHT
+            // jobs per shard wait; false when the server is stopping.
+            let mut post = |id: usize, job: Box<dyn FnOnce(&mut Store) + Send>| -> bool {
+                while in_flight >= LOAD_IN_FLIGHT * n {
+                    if shared.shutting_down() {
+                        return false;
+                    }
+                    if acks.recv_timeout(Duration::from_millis(100)).is_ok() {
+                        in_flight -= 1;
+                    }
+                }
+                let ack = ack.clone();
+                let sent = set.mailboxes[id].send(Box::new(move |shard: &Shard| {
+                    job(&mut shard.store.lock());
+                    let _ = ack.send(());
+                }));
+                in_flight += sent.is_ok() as usize;
+                sent.is_ok()
+            };
+            let mut loader = Loader::new(segments);
+            let mut batches: Vec<Vec<Recovered>> = (0..n).map(|_| Vec::new()).collect();
+            let mut running = true;
+            while running {
+                let Some(found) = loader.next(dir, kvtier_store::now_ms()) else {
+                    break;
+                };
+                let records = match found {
+                    Ok((records, _)) => records,
+                    Err(e) => {
+                        dir.note_error(&e);
+                        continue;
+                    }
+                };
+                for r in records {
+                    let id = slot_shard(key_slot(&r.key), n);
+                    batches[id].push(r);
+                    if batches[id].len() >= LOAD_BATCH {
+                        let batch = std::mem::take(&mut batches[id]);
+                        running &= post(
+                            id,
+                            Box::new(move |store| {
+                                store.insert_loaded(batch, kvtier_store::now_ms());
+                            }),
+                        );
+                    }
+                }
+                running &= !shared.shutting_down();
+            }
+            for (id, batch) in batches.into_iter().enumerate() {
+                running = running
+                    && post(
+                        id,
+                        Box::new(move |store| {
+                            store.insert_loaded(batch, kvtier_store::now_ms());
+                            store.loading_done();
+                        }),
+                    );
+            }
+            if !running {
+                return;
+            }
+            while in_flight > 0 && !shared.shutting_down() {
+                if acks.recv_timeout(Duration::from_millis(100)).is_ok() {
+                    in_flight -= 1;
+                }
+            }
+            if shared.shutting_down() {
+                return;
+            }
+            dir.finish_loading();
+            let took = started.elapsed();
+            let c = &dir.counters;
+            c.load_ms.store(took.as_millis() as u64, Relaxed);
+            info!(
+                "spill tier: {} block(s) indexed from {} footer(s) and {} scanned segment(s) in {:.1?} ({} damaged record(s) skipped)",
+                c.recovered.load(Relaxed),
+                c.footers_read.load(Relaxed),
+                c.segments_scanned.load(Relaxed),
+                took,
+                c.recovery_skipped.load(Relaxed),
+            );
         })
 }
 

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvtier_cluster::Cluster;
-use kvtier_store::slot::{key_slot, slot_shard};
-use kvtier_store::spill::{self, IoPool, Recovered, SpillDir};
+use kvtier_store::spill::{IoPool, Segment, SpillDir};
 use tokio::sync::watch;
 use tracing::info;
 
@@ -73,18 +72,21 @@ pub struct SpillTier {
     pub dir: Arc<SpillDir>,
     /// The I/O threads.
     pub pool: Arc<IoPool>,
-    /// What the warm-restart scan found, per shard, until the shard takes it.
-    recovered: std::sync::Mutex<Vec<Vec<Recovered>>>,
+    /// The segments an earlier run left, oldest first, until the loader
+    /// takes them.
+    segments: std::sync::Mutex<Vec<Arc<Segment>>>,
 }
 
 impl SpillTier {
-    /// Opens the directory, applies the budget and scans what an earlier
-    /// run left (routing each record to the shard that owns its key now,
-    /// whatever the shard count was then).
-    pub fn open(config: &Config, path: &std::path::Path, shards: usize) -> io::Result<SpillTier> {
+    /// Opens the directory, applies the budget and registers the segments
+    /// an earlier run left, without reading them: their index loads in the
+    /// background once the shards run (`server::start_loader`).
+    pub fn open(config: &Config, path: &std::path::Path) -> io::Result<SpillTier> {
         let dir = SpillDir::open(path, config.spill_max_bytes)?;
-        let started = Instant::now();
-        let found = spill::recover(&dir)?;
+        let segments = dir.open_segments()?;
+        if segments.is_empty() {
+            dir.finish_loading();
+        }
         if config.spill_max_bytes == 0 {
             // The default: 90% of what the filesystem has, counting what
             // the tier already holds.
@@ -92,31 +94,29 @@ impl SpillTier {
             dir.set_max_bytes(room / 10 * 9);
         }
         info!(
-            "spill tier at {}: {} block(s) recovered from {} segment(s) in {:.1?} ({} damaged record(s) skipped), budget {}, O_DIRECT {}",
+            "spill tier at {}: {} segment(s), {} on disk, budget {}, O_DIRECT {}",
             path.display(),
-            found.records.len(),
-            dir.segment_count(),
-            started.elapsed(),
-            found.skipped,
+            segments.len(),
+            human_bytes(dir.used_bytes()),
             human_bytes(dir.max_bytes()),
-            if dir.direct() { "on" } else { "off (filesystem does not support it)" },
+            if dir.direct() {
+                "on"
+            } else {
+                "off (filesystem does not support it)"
+            },
         );
-        let mut per_shard: Vec<Vec<Recovered>> = (0..shards).map(|_| Vec::new()).collect();
-        for r in found.records {
-            per_shard[slot_shard(key_slot(&r.key), shards)].push(r);
-        }
         Ok(SpillTier {
             dir: Arc::new(dir),
             pool: Arc::new(IoPool::start(config.spill_io_threads.max(1))),
-            recovered: std::sync::Mutex::new(per_shard),
+            segments: std::sync::Mutex::new(segments),
         })
     }
 
-    pub fn take_recovered(&self, shard: usize) -> Vec<Recovered> {
-        self.recovered
+    /// The segments to load (once).
+    pub fn take_segments(&self) -> Vec<Arc<Segment>> {
+        self.segments
             .lock()
-            .ok()
-            .and_then(|mut all| all.get_mut(shard).map(std::mem::take))
+            .map(|mut s| std::mem::take(&mut *s))
             .unwrap_or_default()
     }
 }

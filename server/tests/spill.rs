@@ -77,6 +77,19 @@ fn spill_info(con: &mut redis::Connection) -> String {
         .expect("INFO spill")
 }
 
+/// INFO spill once the warm restart has indexed every segment (the server
+/// answers from its first second; blocks not indexed yet are misses).
+fn loaded(con: &mut redis::Connection) -> String {
+    let mut info = spill_info(con);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while info_num(&info, "spill_loading") == 1 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        info = spill_info(con);
+    }
+    assert_eq!(info_num(&info, "spill_loading"), 0, "{info}");
+    info
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
@@ -190,8 +203,12 @@ fn graceful_restart_brings_every_block_back_with_other_thread_counts() {
         let mut server =
             Server::start(&["--maxmemory", "8mb", "--spill-dir", d, "--threads", threads]);
         let mut con = server.redis();
-        let info = spill_info(&mut con);
+        let info = loaded(&mut con);
         assert!(info_num(&info, "spill_recovered") >= n - 4, "{info}");
+        // A graceful stop leaves a footer on every segment: nothing is
+        // scanned record by record.
+        assert_eq!(info_num(&info, "spill_segments_scanned"), 0, "{info}");
+        assert!(info_num(&info, "spill_footers_read") >= 1, "{info}");
         let (exact, missing) = check_blocks(&mut con, 5..n);
         assert_eq!((exact, missing), (n - 5, 0), "with --threads {threads}");
         let gone: i64 = con.exists(&[key(0), key(1)]).unwrap();
@@ -218,7 +235,16 @@ fn kill_9_during_heavy_writes_then_every_block_served_is_exact() {
     let d = dir.to_str().unwrap();
     let written = Arc::new(AtomicU64::new(0));
     {
-        let mut server = Server::start(&["--maxmemory", "8mb", "--spill-dir", d]);
+        // Segments of 16 MiB: sealed ones (with footers) and the open ones
+        // the kill leaves without.
+        let mut server = Server::start(&[
+            "--maxmemory",
+            "8mb",
+            "--spill-dir",
+            d,
+            "--spill-max-bytes",
+            "256mb",
+        ]);
         let url = server.url();
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
@@ -261,10 +287,18 @@ fn kill_9_during_heavy_writes_then_every_block_served_is_exact() {
     torn.extend_from_slice(&first[..4096 + 100]);
     std::fs::write(&newest, &torn).unwrap();
 
-    let server = Server::start(&["--maxmemory", "8mb", "--spill-dir", d]);
+    let server = Server::start(&[
+        "--maxmemory",
+        "8mb",
+        "--spill-dir",
+        d,
+        "--spill-max-bytes",
+        "256mb",
+    ]);
     let mut con = server.redis();
-    let info = spill_info(&mut con);
+    let info = loaded(&mut con);
     assert!(info_num(&info, "spill_recovered") > 0, "{info}");
+    assert!(info_num(&info, "spill_segments_scanned") >= 1, "{info}");
     assert!(
         info_num(&info, "spill_recovery_skipped") >= 1,
         "the torn tail is skipped:\n{info}"
@@ -275,6 +309,58 @@ fn kill_9_during_heavy_writes_then_every_block_served_is_exact() {
         exact >= info_num(&info, "spill_recovered") / 2,
         "{exact} blocks served"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn damaged_footers_fall_back_to_the_scan_and_serve_no_wrong_byte() {
+    let dir = spill_dir("footers");
+    let d = dir.to_str().unwrap();
+    let args = [
+        "--maxmemory",
+        "8mb",
+        "--spill-dir",
+        d,
+        "--spill-max-bytes",
+        "64mb",
+    ];
+    let n = 400;
+    {
+        let mut server = Server::start(&args);
+        let mut con = server.redis();
+        write_blocks(&mut con, 0..n);
+        drop(con);
+        assert!(server.stop().is_some_and(|s| s.success()), "graceful exit");
+    }
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 3, "{segments:?}");
+    // One trailer flipped, one footer body flipped, one footer cut off.
+    let flip = |path: &PathBuf, from_end: usize| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let at = bytes.len() - from_end;
+        bytes[at] ^= 0x40;
+        std::fs::write(path, &bytes).unwrap();
+    };
+    flip(&segments[0], 4096 - 20);
+    flip(&segments[1], 4096 + 4096 - 40);
+    let len = std::fs::metadata(&segments[2]).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segments[2])
+        .unwrap()
+        .set_len(len - 4096)
+        .unwrap();
+    let server = Server::start(&args);
+    let mut con = server.redis();
+    let info = loaded(&mut con);
+    assert_eq!(info_num(&info, "spill_segments_scanned"), 3, "{info}");
+    let (exact, missing) = check_blocks(&mut con, 0..n);
+    assert_eq!((exact, missing), (n, 0), "{info}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -576,9 +576,15 @@ impl Store {
             dirty.store(true, Ordering::Release);
         }
         let disk = self.meta.disk.take();
+        // Records still loading belong to the keys just flushed.
+        let loading = self.meta.loading.take().map(|_| crate::meta::Loading {
+            flushed: true,
+            ..Default::default()
+        });
         self.meta = Meta {
             watched,
             disk,
+            loading,
             ..Meta::default()
         };
         // Empty queues (the index is empty).

@@ -48,9 +48,33 @@ pub(crate) struct Meta {
     pub(crate) disk: Option<Arc<spill::SpillDir>>,
     /// Keys of this store with a record in each segment (for reclaim).
     pub(crate) disk_keys: HashMap<u64, HashSet<Bytes>>,
+    /// While the warm restart loads: the keys written or deleted since.
+    pub(crate) loading: Option<Loading>,
+}
+
+/// What a store remembers while the warm restart brings its records.
+#[derive(Default)]
+pub(crate) struct Loading {
+    /// Keys written or deleted since the start: older records of them on
+    /// disk are dead.
+    pub(crate) touched: HashSet<Bytes>,
+    /// Touched keys not yet given a tombstone.
+    pub(crate) pending: Vec<Bytes>,
+    /// FLUSHALL ran: nothing loaded is kept.
+    pub(crate) flushed: bool,
 }
 
 impl Meta {
+    /// While the warm restart loads, `key` is written or deleted: no older
+    /// record of it may come back.
+    fn touched(&mut self, key: &Bytes) {
+        if let Some(loading) = &mut self.loading {
+            if loading.touched.insert(key.clone()) {
+                loading.pending.push(key.clone());
+            }
+        }
+    }
+
     pub(crate) fn modified(&self, key: &[u8]) {
         if !self.watched.is_empty() {
             if let Some(flags) = self.watched.get(key) {
@@ -101,6 +125,7 @@ impl Meta {
 
     pub(crate) fn added(&mut self, key: &Bytes, entry: &Entry) {
         self.modified(key);
+        self.touched(key);
         if let Some(loc) = entry.value.disk() {
             self.track_disk(key, loc);
         }
@@ -139,6 +164,7 @@ impl Meta {
 
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         self.modified(key);
+        self.touched(key);
         if let Some(loc) = entry.value.disk() {
             self.untrack_disk(key, loc);
         }

@@ -19,7 +19,8 @@ use tokio::sync::oneshot;
 use super::entry::{Cached, InFlight};
 use super::spill::record::{self, Record};
 use super::spill::{
-    aligned, DiskLoc, IoPool, Recovered, Segment, SpillDir, SpillDrop, BATCH_SIZE, QUEUE_HARD,
+    aligned, footer, DiskLoc, IoPool, Recovered, Segment, SpillDir, SpillDrop, BATCH_SIZE,
+    QUEUE_HARD,
 };
 use super::{
     Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Protect, Store,
@@ -126,6 +127,9 @@ struct Batch {
 pub struct SpillState {
     config: SpillConfig,
     active: Option<Arc<Segment>>,
+    /// The active segment's footer so far: an entry per record appended
+    /// ([`footer::note_record`]), and how many.
+    footer: (bytes::BytesMut, u64),
     open: Option<Batch>,
     /// Disk reads in flight, by (segment, offset): their waiting readers.
     reading: HashMap<(u64, u64), Vec<oneshot::Sender<Option<Bytes>>>>,
@@ -141,6 +145,7 @@ impl SpillState {
         SpillState {
             config,
             active: None,
+            footer: (bytes::BytesMut::new(), 0),
             open: None,
             reading: HashMap::new(),
             tombstones: Vec::new(),
@@ -165,10 +170,7 @@ impl SpillState {
             None => true,
         };
         if needs_new {
-            self.flush();
-            if let Some(old) = self.active.take() {
-                dir.seal(&old);
-            }
+            self.seal_active();
             match dir.new_segment(self.config.shard) {
                 Ok(s) => self.active = Some(s),
                 Err(e) => {
@@ -198,6 +200,8 @@ impl SpillState {
                 keys: Vec::new(),
             });
         }
+        let (body, entries) = &mut self.footer;
+        *entries += footer::note_record(body, offset, &rec);
         if let Some(batch) = &mut self.open {
             batch.bytes += rec.len();
             batch.records.push(rec);
@@ -210,12 +214,41 @@ impl SpillState {
         }
     }
 
-    /// Hands the open batch to an I/O thread.
     /// Whether tombstones or an open write batch wait for `flush_spill`.
     pub(crate) fn has_unflushed(&self) -> bool {
         self.open.is_some() || !self.tombstones.is_empty()
     }
 
+    /// No more appends to the active segment: its open batch goes to the
+    /// disk, then its footer (after the last record, if the budget has
+    /// room; without one the next restart scans the segment).
+    fn seal_active(&mut self) {
+        self.flush();
+        let (body, entries) = std::mem::take(&mut self.footer);
+        let Some(segment) = self.active.take() else {
+            return;
+        };
+        let dir = Arc::clone(&self.config.dir);
+        let len = footer::footer_len(body.len());
+        if let Some(at) = (entries > 0)
+            .then(|| dir.reserve(&segment, len as u64))
+            .flatten()
+        {
+            let buf = footer::encode(at, &body, entries);
+            let on_disk = Arc::clone(&segment);
+            let io = Arc::clone(&dir);
+            dir.counters.queue_depth.fetch_add(1, Relaxed);
+            self.config.pool.submit(Box::new(move || {
+                if let Err(e) = io.write(&on_disk, at, &buf) {
+                    io.note_error(&e);
+                }
+                io.counters.queue_depth.fetch_sub(1, Relaxed);
+            }));
+        }
+        dir.seal(&segment);
+    }
+
+    /// Hands the open batch to an I/O thread.
     fn flush(&mut self) {
         let Some(batch) = self.open.take() else {
             return;
@@ -310,11 +343,8 @@ impl Store {
     /// After FLUSHALL: no segment of the old keys stays in use.
     pub(super) fn spill_cleared(&mut self) {
         if let Some(spill) = &mut self.spill {
-            spill.flush();
             spill.tombstones.clear();
-            if let Some(active) = spill.active.take() {
-                spill.config.dir.seal(&active);
-            }
+            spill.seal_active();
         }
     }
 
@@ -682,6 +712,9 @@ impl Store {
         let Some(spill) = &mut self.spill else {
             return;
         };
+        if let Some(loading) = &mut self.meta.loading {
+            spill.tombstones.append(&mut loading.pending);
+        }
         let tombstones = std::mem::take(&mut spill.tombstones);
         // Packed: one record lists up to ~1 MiB of keys.
         let mut start = 0;
@@ -743,10 +776,7 @@ impl Store {
             return;
         };
         if spill.active.as_ref().is_some_and(|a| a.seq == seq) {
-            spill.flush();
-            if let Some(active) = spill.active.take() {
-                spill.config.dir.seal(&active);
-            }
+            spill.seal_active();
         }
         let dir = Arc::clone(&spill.config.dir);
         let keys: Vec<Bytes> = self
@@ -875,45 +905,82 @@ impl Store {
             }
             self.spill_out(slot, &key, true);
         }
+        self.close_spill();
+    }
+
+    /// Graceful shutdown: writes what waits (tombstones, the open batch)
+    /// and the active segment's footer, and waits for the I/O threads, so
+    /// the next start reads every segment's index from its footer.
+    pub fn close_spill(&mut self) {
         self.flush_spill();
-        // Wait for the I/O threads: the batches report through the mailbox,
-        // which is not polled any more, so watch the queue instead.
-        if let Some(spill) = &self.spill {
-            let dir = Arc::clone(&spill.config.dir);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-            while dir.counters.queue_depth.load(Relaxed) > 0 && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
+        let Some(spill) = &mut self.spill else {
+            return;
+        };
+        spill.seal_active();
+        // The batches report through the mailbox, which is not polled any
+        // more: watch the queue instead.
+        let dir = Arc::clone(&spill.config.dir);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while dir.counters.queue_depth.load(Relaxed) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 
-    /// Warm restart: index entries for the records the scan found.
-    pub fn insert_recovered(&mut self, records: Vec<Recovered>, now: u64) {
+    /// The warm restart starts: until [`Store::loading_done`], every key
+    /// written or deleted here is remembered (and gets a tombstone, so an
+    /// older record of it cannot come back at a later restart either), and
+    /// records loaded later never take its place.
+    pub fn begin_loading(&mut self) {
+        self.meta.loading = Some(super::meta::Loading::default());
+    }
+
+    /// Whether the warm restart is still bringing this store's records.
+    pub fn loading(&self) -> bool {
+        self.meta.loading.is_some()
+    }
+
+    /// The warm restart is done: nothing more comes.
+    pub fn loading_done(&mut self) {
+        self.meta.loading = None;
+    }
+
+    /// Index entries for records the warm restart found, newest first: a
+    /// record is kept only if its key is not in the index (a newer record
+    /// of it came first) and was not written or deleted since the start
+    /// (nor everything flushed). Returns how many were kept.
+    pub fn insert_loaded(&mut self, records: Vec<Recovered>, now: u64) -> usize {
+        let Some(loading) = self.meta.loading.take() else {
+            return 0;
+        };
+        let mut kept = 0;
         for r in records {
-            if r.expire_at != 0 && r.expire_at <= now {
-                if let Some(spill) = &self.spill {
-                    spill.config.dir.drop_live(&r.loc.segment);
-                }
+            if loading.flushed || loading.touched.contains(&r.key[..]) {
                 continue;
             }
-            let slot = key_slot(&r.key);
-            let index = self.index(slot);
+            if r.expire_at != 0 && r.expire_at <= now {
+                continue;
+            }
+            let index = self.index(key_slot(&r.key));
+            if self.maps[index].contains_key(&r.key[..]) {
+                continue;
+            }
             let mut entry = Entry::new(Value::Spilled(r.loc.clone()), r.expire_at, now);
             entry.encoding = Encoding::Raw;
-            entry.parent = r.parent.clone();
+            entry.parent = r.parent;
             entry.on_disk = true;
             entry.queue = super::Queue::Out;
-            let key = r.key.clone();
-            if self.maps[index].contains_key(&key[..]) {
-                if let Some(spill) = &self.spill {
-                    spill.config.dir.drop_live(&r.loc.segment);
-                }
-                continue;
+            if let Some(dir) = &self.meta.disk {
+                dir.add_live(&r.loc.segment);
             }
-            self.meta.added(&key, &entry);
-            self.maps[index].insert(key, entry);
+            self.meta.added(&r.key, &entry);
+            self.maps[index].insert(r.key, entry);
+            kept += 1;
         }
+        if let Some(dir) = &self.meta.disk {
+            dir.counters.recovered.fetch_add(kept as u64, Relaxed);
+        }
+        self.meta.loading = Some(loading);
+        kept
     }
 
     /// This shard's keys with a record in the spill tier (INFO).
@@ -959,4 +1026,120 @@ fn submit_read(
             done(store, key, loc, result.ok().flatten())
         }));
     }));
+}
+
+#[cfg(test)]
+mod loading_tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::spill::record::encode;
+    use crate::spill::{footer, Loader};
+
+    type Jobs = Arc<Mutex<Vec<StoreJob>>>;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("kvtier-loading-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// A store with the tier on over `d`; the I/O threads' reports wait in
+    /// the returned queue until [`run`].
+    fn store(d: &Arc<SpillDir>) -> (Store, Jobs) {
+        let jobs: Jobs = Arc::default();
+        let queue = Arc::clone(&jobs);
+        let mut s = Store::new(0..crate::slot::SLOTS, 64 << 20, EvictionPolicy::AllKeysLru);
+        s.enable_spill(SpillConfig {
+            dir: Arc::clone(d),
+            pool: Arc::new(IoPool::start(1)),
+            post: Arc::new(move |job| queue.lock().unwrap().push(job)),
+            shard: 0,
+            admission: 0,
+        });
+        (s, jobs)
+    }
+
+    /// One segment with a footer holding `keys` (each a 5000-byte block).
+    fn old_segment(d: &SpillDir, keys: &[&str]) {
+        let seg = d.new_segment(0).unwrap();
+        let mut batch = aligned(0);
+        let (mut body, mut entries) = (bytes::BytesMut::new(), 0);
+        for k in keys {
+            let at = batch.len();
+            let r = Record {
+                key: Bytes::copy_from_slice(k.as_bytes()),
+                parent: None,
+                value: Bytes::from(vec![1u8; 5000]),
+                expire_at: 0,
+                tombstone: false,
+            };
+            encode(&mut batch, &r);
+            entries += footer::note_record(&mut body, at as u64, &batch[at..]);
+        }
+        let off = d.reserve(&seg, batch.len() as u64).unwrap();
+        let mut out = aligned(batch.len());
+        out.copy_from_slice(&batch);
+        d.write(&seg, off, &out).unwrap();
+        let at = d
+            .reserve(&seg, footer::footer_len(body.len()) as u64)
+            .unwrap();
+        d.write(&seg, at, &footer::encode(at, &body, entries))
+            .unwrap();
+    }
+
+    #[test]
+    fn keys_written_or_deleted_while_loading_win_over_older_records() {
+        let path = dir("touched");
+        {
+            let d = SpillDir::open(&path, 0).unwrap();
+            old_segment(&d, &["kept", "overwritten", "deleted", "flushed"]);
+        }
+        let d = Arc::new(SpillDir::open(&path, 0).unwrap());
+        let segments = d.open_segments().unwrap();
+        let (mut s, _jobs) = store(&d);
+        s.begin_loading();
+        let now = crate::now_ms();
+        let slot = |k: &str| key_slot(k.as_bytes());
+        // Before the loader reaches them: one key written, one deleted
+        // (it is not in the index yet: DEL finds nothing, and still counts).
+        s.insert(
+            slot("overwritten"),
+            b"overwritten",
+            Bytes::from("new"),
+            0,
+            now,
+        )
+        .unwrap();
+        s.insert(slot("deleted"), b"deleted", Bytes::from("tmp"), 0, now)
+            .unwrap();
+        s.remove(slot("deleted"), b"deleted");
+        let mut loader = Loader::new(segments);
+        let (records, _) = loader.next(&d, now).unwrap().unwrap();
+        assert_eq!(records.len(), 4);
+        assert_eq!(s.insert_loaded(records.clone(), now), 2, "kept and flushed");
+        let value = |s: &mut Store, k: &str| match s.fetch(slot(k), k.as_bytes(), now) {
+            Some(Fetched::Now(b)) => Some(b),
+            Some(Fetched::Later { len, .. }) => Some(Bytes::from(vec![0u8; len])),
+            None => None,
+        };
+        assert_eq!(value(&mut s, "overwritten"), Some(Bytes::from("new")));
+        assert_eq!(value(&mut s, "deleted"), None);
+        assert_eq!(value(&mut s, "kept").map(|v| v.len()), Some(5000));
+        // The touched keys get tombstones: a later restart does not bring
+        // their old records back either.
+        s.flush_spill();
+        let tombstones: usize = s.spill.as_ref().map_or(0, |sp| sp.footer.1 as usize);
+        assert_eq!(tombstones, 2, "overwritten, deleted");
+        // A second copy of the same records (an older segment's) adds
+        // nothing: the keys are there.
+        assert_eq!(s.insert_loaded(records.clone(), now), 0);
+        // FLUSHALL while loading: nothing loaded afterwards is kept.
+        s.clear();
+        assert_eq!(s.insert_loaded(records, now), 0);
+        assert_eq!(value(&mut s, "flushed"), None);
+        s.loading_done();
+        assert!(!s.loading());
+        let _ = std::fs::remove_dir_all(&path);
+    }
 }

@@ -32,6 +32,11 @@ pub const QUEUE_DEPTH: Metric = Metric::gauge(
     "kvtier_spill_queue_depth",
     "Spill tier disk requests queued or running.",
 );
+/// Whether the warm restart is still indexing segments.
+pub const LOADING: Metric = Metric::gauge(
+    "kvtier_spill_loading",
+    "1 while the warm restart indexes the spill tier's segments (keys not indexed yet read as misses), else 0.",
+);
 /// Bytes of write batches waiting.
 pub const QUEUE_BYTES: Metric = Metric::gauge(
     "kvtier_spill_queue_bytes",
@@ -161,6 +166,7 @@ pub const METRICS: &[&Metric] = &[
     &MAX,
     &SEGMENTS,
     &QUEUE_DEPTH,
+    &LOADING,
     &QUEUE_BYTES,
     &READ_SECONDS,
     &WRITE_SECONDS,
@@ -182,6 +188,9 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("spill_dir", dir.path().display());
     o.field("spill_direct_io", dir.direct() as u8);
     o.field("spill_io_threads", tier.pool.threads());
+    // Reads and writes are pread/pwritev on the I/O threads; io_uring was
+    // measured and did not beat them (docs/decisions.md).
+    o.field("spill_io_engine", "pread");
     o.field(
         "spill_admission",
         admission_name(shared.config.spill_admission.load(Relaxed)),
@@ -216,8 +225,13 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
         avg(get(&c.write_us), get(&c.write_calls)),
     );
     o.field("spill_sync_reads", get(&c.sync_reads));
+    o.field("spill_loading", dir.loading() as u64);
+    o.field("spill_load_segments_pending", get(&c.load_pending));
     o.field("spill_recovered", get(&c.recovered));
     o.field("spill_recovery_skipped", get(&c.recovery_skipped));
+    o.field("spill_footers_read", get(&c.footers_read));
+    o.field("spill_segments_scanned", get(&c.segments_scanned));
+    o.field("spill_load_ms", get(&c.load_ms));
     let last = dir.last_error.lock().map(|e| e.clone()).unwrap_or_default();
     o.field("spill_last_error", last.replace(['\r', '\n'], " "));
 }
@@ -239,6 +253,7 @@ pub fn export(e: &mut Exporter, shared: &Shared) {
     e.gauge(&MAX, Vec::new(), dir.max_bytes() as f64);
     e.gauge(&SEGMENTS, Vec::new(), dir.segment_count() as f64);
     e.gauge(&QUEUE_DEPTH, Vec::new(), c.queue_depth.load(Relaxed) as f64);
+    e.gauge(&LOADING, Vec::new(), tier.dir.loading() as u8 as f64);
     e.gauge(&QUEUE_BYTES, Vec::new(), dir.in_flight() as f64);
     for (_, metric, count) in COUNTERS.iter() {
         e.counter(metric, 0, Vec::new, count(c).load(Relaxed));

@@ -7,10 +7,16 @@
 //!   nothing in them is live), counters for INFO and metrics.
 //! * [`IoPool`]: dedicated I/O threads doing `pread`/`pwrite` (O_DIRECT when
 //!   the filesystem allows it); a shard's event loop never waits on disk.
-//! * [`recover`]: the warm-restart scan that rebuilds every shard's index
-//!   from the segments.
+//! * [`footer`]: what a sealed segment lists of its records, so a restart
+//!   reads no payload.
+//! * [`load`]: the warm restart: segments newest first, each from its
+//!   footer (or scanned when it has none), while the server already answers.
 
+pub mod footer;
+pub mod load;
 pub mod record;
+
+pub use load::{recover, Loader, Recovered, Recovery};
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -187,6 +193,14 @@ pub struct SpillCounters {
     pub recovered: AtomicU64,
     /// Records the warm-restart scan skipped (torn tail, flipped bytes).
     pub recovery_skipped: AtomicU64,
+    /// Segments whose index came from their footer at the warm restart.
+    pub footers_read: AtomicU64,
+    /// Segments scanned record by record (no footer, or a damaged one).
+    pub segments_scanned: AtomicU64,
+    /// Segments left to index at the warm restart.
+    pub load_pending: AtomicU64,
+    /// How long the warm restart took to index every segment, ms.
+    pub load_ms: AtomicU64,
 }
 
 impl SpillCounters {
@@ -219,6 +233,9 @@ pub struct SpillDir {
     in_flight: AtomicUsize,
     /// Woken when `in_flight` drops below [`QUEUE_SOFT`].
     drained: tokio::sync::Notify,
+    /// The warm restart is still indexing segments: none is deleted or
+    /// reclaimed until it is done (their live counts are not known yet).
+    loading: AtomicBool,
 }
 
 impl SpillDir {
@@ -239,7 +256,66 @@ impl SpillDir {
             last_error: Mutex::new(String::new()),
             in_flight: AtomicUsize::new(0),
             drained: tokio::sync::Notify::new(),
+            loading: AtomicBool::new(false),
         })
+    }
+
+    /// Registers the segments an earlier run left (sealed, nothing live
+    /// yet) without reading them, oldest first, and marks the directory
+    /// loading: nothing is deleted until [`SpillDir::finish_loading`].
+    pub fn open_segments(&self) -> io::Result<Vec<Arc<Segment>>> {
+        let mut files: Vec<(u64, usize, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(stem) = name.strip_suffix(".seg") else {
+                continue;
+            };
+            let Some((seq, owner)) = stem.split_once('-') else {
+                continue;
+            };
+            if let (Ok(seq), Ok(owner)) = (u64::from_str_radix(seq, 16), owner.parse::<usize>()) {
+                files.push((seq, owner, path));
+            }
+        }
+        files.sort();
+        self.loading.store(true, Relaxed);
+        let mut out = Vec::with_capacity(files.len());
+        for (seq, owner, path) in files {
+            let file = self.open_file(&path, false)?;
+            let len = file.metadata()?.len();
+            let segment = Arc::new(Segment {
+                seq,
+                owner,
+                path,
+                file,
+                size: AtomicU64::new(len),
+                live: AtomicI64::new(0),
+                sealed: AtomicBool::new(true),
+            });
+            self.used.fetch_add(len, Relaxed);
+            self.next_seq.fetch_max(seq + 1, Relaxed);
+            if let Ok(mut all) = self.segments.lock() {
+                all.insert(seq, Arc::clone(&segment));
+            }
+            out.push(segment);
+        }
+        self.counters.load_pending.store(out.len() as u64, Relaxed);
+        Ok(out)
+    }
+
+    /// Whether the warm restart is still indexing segments.
+    pub fn loading(&self) -> bool {
+        self.loading.load(Relaxed)
+    }
+
+    /// The warm restart indexed every segment (and every shard took its
+    /// records): segments with nothing live go now.
+    pub fn finish_loading(&self) {
+        self.loading.store(false, Relaxed);
+        self.collect();
     }
 
     /// The directory.
@@ -372,6 +448,9 @@ impl SpillDir {
     /// tombstone (or the newer record) that keeps an older segment's dead
     /// record from coming back at the next warm restart.
     fn collect(&self) {
+        if self.loading() {
+            return;
+        }
         let Ok(mut all) = self.segments.lock() else {
             return;
         };
@@ -392,6 +471,9 @@ impl SpillDir {
     /// A claim that has not freed its segment after a second is made
     /// again (a record still being written when it was asked).
     pub fn claim_oldest(&self) -> Option<u64> {
+        if self.loading() {
+            return None;
+        }
         let seq = *self.segments.lock().ok()?.first_key_value()?.0;
         let mut mark = self.reclaim_mark.lock().ok()?;
         let fresh = mark.0 < seq || (mark.0 == seq && mark.1.elapsed().as_secs() >= 1);
@@ -583,276 +665,14 @@ impl IoPool {
     }
 }
 
-/// One record found by the warm-restart scan.
-#[derive(Clone, Debug)]
-pub struct Recovered {
-    /// The key.
-    pub key: Bytes,
-    /// Its CHAIN parent.
-    pub parent: Option<Bytes>,
-    /// Expiry (0: none).
-    pub expire_at: u64,
-    /// Where it is.
-    pub loc: DiskLoc,
-}
-
-/// What the warm-restart scan found.
-pub struct Recovery {
-    /// The latest live record of each key, in no particular order.
-    pub records: Vec<Recovered>,
-    /// Records skipped for a bad checksum or a torn tail.
-    pub skipped: u64,
-}
-
-/// Scans every segment of the directory, oldest first: a later record of a
-/// key (or its tombstone) supersedes an earlier one, anything that fails its
-/// checksum (a torn tail after a crash, a flipped byte) is skipped. Sets up
-/// the live counts and seals every recovered segment; segments with nothing
-/// live are deleted.
-pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
-    let mut files: Vec<(u64, usize, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(&dir.dir)? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let Some(stem) = name.strip_suffix(".seg") else {
-            continue;
-        };
-        let Some((seq, owner)) = stem.split_once('-') else {
-            continue;
-        };
-        if let (Ok(seq), Ok(owner)) = (u64::from_str_radix(seq, 16), owner.parse::<usize>()) {
-            files.push((seq, owner, path));
-        }
-    }
-    files.sort();
-    let mut latest: hashbrown::HashMap<Bytes, Option<Recovered>> = hashbrown::HashMap::new();
-    let mut skipped = 0;
-    let mut max_seq = 0;
-    for (seq, owner, path) in files {
-        max_seq = max_seq.max(seq);
-        let file = dir.open_file(&path, false)?;
-        let len = file.metadata()?.len();
-        let segment = Arc::new(Segment {
-            seq,
-            owner,
-            path,
-            file,
-            size: AtomicU64::new(len),
-            live: AtomicI64::new(0),
-            sealed: AtomicBool::new(false),
-        });
-        dir.used.fetch_add(len, Relaxed);
-        if let Ok(mut all) = dir.segments.lock() {
-            all.insert(seq, Arc::clone(&segment));
-        }
-        skipped += scan_segment(&segment, len, &mut latest)?;
-    }
-    dir.next_seq.store(max_seq + 1, Relaxed);
-    let records: Vec<Recovered> = latest.into_values().flatten().collect();
-    for r in &records {
-        dir.add_live(&r.loc.segment);
-    }
-    let segments: Vec<Arc<Segment>> = dir
-        .segments
-        .lock()
-        .map(|s| s.values().cloned().collect())
-        .unwrap_or_default();
-    for s in segments {
-        dir.seal(&s);
-    }
-    dir.counters.recovered.store(records.len() as u64, Relaxed);
-    dir.counters.recovery_skipped.store(skipped, Relaxed);
-    Ok(Recovery { records, skipped })
-}
-
-/// Reads one segment sequentially; returns how many records were skipped.
-fn scan_segment(
-    segment: &Arc<Segment>,
-    len: u64,
-    latest: &mut hashbrown::HashMap<Bytes, Option<Recovered>>,
-) -> io::Result<u64> {
-    const CHUNK: usize = 8 << 20;
-    let mut skipped = 0;
-    let mut window = BytesMut::new();
-    let mut window_start = 0u64;
-    let mut read_to = 0u64;
-    let mut pos = 0u64;
-    while pos < len {
-        // Make sure the window holds at least a header at `pos`.
-        let need_header = pos + record::HEADER as u64;
-        while read_to < need_header.min(len) {
-            read_more(segment, &mut window, &mut read_to, len, CHUNK)?;
-        }
-        let at = (pos - window_start) as usize;
-        let Some(h) = record::header(&window[at..]) else {
-            // Not a record here (a hole or a torn write): try the next block.
-            pos += ALIGN as u64;
-            trim(&mut window, &mut window_start, pos);
-            continue;
-        };
-        let rec_len = h.record_len() as u64;
-        if pos + rec_len > len {
-            skipped += 1;
-            break;
-        }
-        while read_to < pos + rec_len {
-            read_more(segment, &mut window, &mut read_to, len, CHUNK)?;
-        }
-        let at = (pos - window_start) as usize;
-        let bytes = Bytes::copy_from_slice(&window[at..at + rec_len as usize]);
-        match record::decode(bytes) {
-            Some(r) => {
-                let loc = DiskLoc {
-                    segment: Arc::clone(segment),
-                    offset: pos,
-                    len: rec_len as u32,
-                    value_at: record::value_offset(h.key_len, h.parent_len) as u32,
-                    value_len: h.value_len as u32,
-                };
-                if r.tombstone && r.key.is_empty() {
-                    for key in record::read_key_list(&r.value) {
-                        latest.insert(Bytes::copy_from_slice(&key), None);
-                    }
-                } else {
-                    let found = (!r.tombstone).then(|| Recovered {
-                        key: Bytes::copy_from_slice(&r.key),
-                        parent: r.parent.as_ref().map(|p| Bytes::copy_from_slice(p)),
-                        expire_at: r.expire_at,
-                        loc,
-                    });
-                    latest.insert(Bytes::copy_from_slice(&r.key), found);
-                }
-                pos += rec_len;
-            }
-            None => {
-                skipped += 1;
-                pos += ALIGN as u64;
-            }
-        }
-        trim(&mut window, &mut window_start, pos);
-    }
-    Ok(skipped)
-}
-
-fn read_more(
-    segment: &Segment,
-    window: &mut BytesMut,
-    read_to: &mut u64,
-    len: u64,
-    chunk: usize,
-) -> io::Result<()> {
-    let n = chunk.min((len - *read_to) as usize).div_ceil(ALIGN) * ALIGN;
-    let mut buf = aligned(n);
-    let got = read_some_at(&segment.file, &mut buf, *read_to)?;
-    window.extend_from_slice(&buf[..got.min((len - *read_to) as usize)]);
-    *read_to += got.min((len - *read_to) as usize) as u64;
-    if got == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
-}
-
-fn read_some_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
-fn trim(window: &mut BytesMut, window_start: &mut u64, pos: u64) {
-    let drop = (pos - *window_start).min(window.len() as u64) as usize;
-    if drop > (4 << 20) {
-        let _ = window.split_to(drop);
-        *window_start += drop as u64;
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::record::{encode, Record};
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("kvtier-spill-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
-    }
-
-    fn rec(key: &str, value: &[u8], tombstone: bool) -> Record {
-        Record {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            parent: None,
-            value: Bytes::copy_from_slice(value),
-            expire_at: 0,
-            tombstone,
-        }
-    }
-
-    fn write_records(d: &SpillDir, owner: usize, records: &[Record]) -> Arc<Segment> {
-        let seg = d.new_segment(owner).unwrap();
-        let mut batch = aligned(0);
-        for r in records {
-            encode(&mut batch, r);
-        }
-        let off = d.reserve(&seg, batch.len() as u64).unwrap();
-        let mut out = aligned(batch.len());
-        out.copy_from_slice(&batch);
-        d.write(&seg, off, &out).unwrap();
-        for _ in records {
-            d.add_live(&seg);
-        }
-        seg
-    }
-
-    #[test]
-    fn recovery_keeps_the_latest_record_and_skips_damage() {
-        let path = dir("recover");
-        {
-            let d = SpillDir::open(&path, 0).unwrap();
-            let s1 = write_records(
-                &d,
-                0,
-                &[
-                    rec("a", b"old", false),
-                    rec("b", b"bee", false),
-                    rec("c", b"sea", false),
-                ],
-            );
-            d.seal(&s1);
-            write_records(&d, 1, &[rec("a", b"new", false), rec("c", b"", true)]);
-        }
-        // Flip a byte inside b's record and leave a torn tail.
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        let mut first = std::fs::read(&files[0]).unwrap();
-        first[4096 + record::HEADER + 1] ^= 1;
-        std::fs::write(&files[0], &first).unwrap();
-        let mut second = std::fs::read(&files[1]).unwrap();
-        second.extend_from_slice(&first[..record::HEADER + 8]);
-        std::fs::write(&files[1], &second).unwrap();
-
-        let d = SpillDir::open(&path, 0).unwrap();
-        let found = recover(&d).unwrap();
-        let mut keys: Vec<(Bytes, Bytes)> = found
-            .records
-            .iter()
-            .map(|r| (r.key.clone(), d.read(&r.loc).unwrap().unwrap()))
-            .collect();
-        keys.sort();
-        assert_eq!(keys, vec![(Bytes::from("a"), Bytes::from("new"))]);
-        assert_eq!(found.skipped, 2, "the flipped record and the torn tail");
-        let _ = std::fs::remove_dir_all(&path);
     }
 
     #[test]
