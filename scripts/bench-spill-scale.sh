@@ -18,6 +18,11 @@
 #           them at 32 and 128 connections (--spill-io-threads as many)
 #           against fio psync at the same depth. Last, the largest size
 #           after SIGKILL (the open segments scanned).
+#  throttle The disk slowed to THROTTLE_MB MB/s of writes (a blkio cgroup
+#           the server and fio run in): 64 KiB and 1 MiB blocks SET at 0.8 of
+#           what fio writes there, then as fast as 8 connections go: what
+#           reaches the tier, what is refused or dropped (by cause), and how
+#           much the writers were slowed (their achieved rate).
 #  index    INDEX_BLOCKS small blocks (16 KiB) listed in sparse segments
 #           (kvtier-bench spill-index: footers only, no disk for the data):
 #           restart time and DRAM per block at a count the disk could not
@@ -31,7 +36,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
-PARTS=${PARTS:-"fio ingest restart index"}
+PARTS=${PARTS:-"fio ingest restart throttle index"}
+THROTTLE_MB=${THROTTLE_MB:-200}
 SIZES=${SIZES:-"10 20 40"}
 INGEST_GB=${INGEST_GB:-4}
 INDEX_BLOCKS=${INDEX_BLOCKS:-10000000}
@@ -52,11 +58,12 @@ field() { redis-cli -p "$1" info "$2" | tr -d '\r' | awk -F: -v k="$3" '$1==k {p
 now() { date +%s.%N; }
 calc() { python3 -c "print($1)"; }
 
+LAUNCH=()  # a command to start the server through (the throttle part's cgroup)
 start_kvtier() { # port dir extra... ; sets KV_PID, STARTED (when the process started)
   local port=$1 dir=$2; shift 2
   mkdir -p "$dir"
   STARTED=$(now)
-  target/release/kvtier-server --port "$port" --metrics-addr none --spill-dir "$dir" "$@" \
+  "${LAUNCH[@]}" target/release/kvtier-server --port "$port" --metrics-addr none --spill-dir "$dir" "$@" \
     >>"$BASE/server.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 2000); do redis-cli -p "$port" ping >/dev/null 2>&1 && return; sleep 0.005; done
@@ -219,6 +226,51 @@ if [[ " $PARTS " == *" restart "* ]]; then
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; wait "$KV_PID" 2>/dev/null || true
   rm -rf "$dir"
   echo
+fi
+
+if [[ " $PARTS " == *" throttle "* ]]; then
+  cg=/sys/fs/cgroup/blkio/kvtier-bench-$$
+  dev=$(df --output=source "$BASE" | tail -1)
+  majmin=$(printf '%d:%d' "0x$(stat -c %t "$dev")" "0x$(stat -c %T "$dev")")
+  if mkdir -p "$cg" 2>/dev/null && echo "$majmin $(( THROTTLE_MB * 1000000 ))" >"$cg/blkio.throttle.write_bps_device"; then
+    trap 'cleanup; rmdir "$cg" 2>/dev/null || true' EXIT
+    LAUNCH=(bash -c 'echo $$ >"$0/cgroup.procs"; exec "$@"' "$cg")
+    mkdir -p "$BASE/fio"
+    "${LAUNCH[@]}" fio --name=w --directory="$BASE/fio" --rw=write --bs=1m --direct=1 --ioengine=libaio \
+      --iodepth=8 --size=2g --runtime=10 --time_based --output-format=json >"$BASE/fio-t.json" 2>/dev/null
+    rm -rf "$BASE/fio"
+    disk=$(fio_json "$BASE/fio-t.json" "r['jobs'][0]['write']['bw_bytes'] / 1e9")
+    echo "## throttle: writes limited to ${THROTTLE_MB} MB/s (fio sequential write there: $(printf %.3f "$disk") GB/s), SETs for 20 s into a 256 MiB DRAM tier"
+    echo "| block | offered | achieved GB/s | / fio | refused_writes | spill_dropped (causes) | written to disk GB/s |"
+    echo "|---|---|---|---|---|---|---|"
+    for size in 64KiB 1MiB; do
+      bytes=$(python3 -c "print({'64KiB': 65536, '1MiB': 1 << 20}['$size'])")
+      for load in 0.8 max; do
+        port=$(free_port); dir="$BASE/throttle"
+        rm -rf "$dir"
+        start_kvtier "$port" "$dir" --maxmemory 256mb --spill-admission all
+        w0=$(field "$port" spill spill_write_bytes)
+        rate=0
+        [[ $load != max ]] && rate=$(calc "$load * $disk * 1e9 / $bytes")
+        target/release/kvtier-bench kv --target "127.0.0.1:$port" --ratio 1:0 --keys 100000000 \
+          --value-size "$size" --connections 8 --rate "$rate" --duration 20 --json "$BASE/t.json" >/dev/null
+        w1=$(field "$port" spill spill_write_bytes)
+        got=$(json "$BASE/t.json" "r['write_gb_per_sec']")
+        causes=$(redis-cli -p "$port" info spill | tr -d '\r' | awk -F: '$1 ~ /^spill_dropped_/ && $2 != 0 {printf "%s %s ", substr($1, 15), $2}')
+        printf '| %s | %s | %.3f | %.2f | %s | %s %s| %.3f |\n' "$size" \
+          "$([[ $load == max ]] && echo "as fast as 8 connections go" || echo "$load of fio")" "$got" \
+          "$(calc "$got / $disk")" "$(field "$port" stats refused_writes)" "$(field "$port" spill spill_dropped)" \
+          "${causes:+($causes)}" "$(calc "($w1 - $w0) / 20 / 1e9")"
+        redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; wait "$KV_PID" 2>/dev/null || true
+      done
+    done
+    LAUNCH=()
+    rm -rf "$BASE/throttle"
+    echo
+  else
+    echo "## throttle: skipped (no blkio cgroup to limit the disk with)"
+    echo
+  fi
 fi
 
 if [[ " $PARTS " == *" index "* ]]; then

@@ -90,10 +90,14 @@ class Soak:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if redis.Redis(port=self.port, socket_timeout=2).ping():
+                r = redis.Redis(port=self.port, socket_timeout=2)
+                # It answers at once; blocks on disk are misses until the
+                # warm restart has indexed them (INFO spill_loading).
+                if r.ping() and int(r.info("spill").get("spill_loading", 0)) == 0:
                     return
             except redis.RedisError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise SystemExit("kvtier did not start")
 
     def rss(self) -> int:

@@ -46,8 +46,9 @@ pub(crate) struct Meta {
     pub(crate) queued: usize,
     /// The spill directory, when the tier is on (live record counts).
     pub(crate) disk: Option<Arc<spill::SpillDir>>,
-    /// Keys of this store with a record in each segment (for reclaim).
-    pub(crate) disk_keys: HashMap<u64, HashSet<Bytes>>,
+    /// Keys of this store whose entry points to a record in the spill
+    /// tier (reclaim finds a segment's keys in its footer).
+    pub(crate) disk_entries: usize,
     /// While the warm restart loads: the keys written or deleted since.
     pub(crate) loading: Option<Loading>,
 }
@@ -98,26 +99,13 @@ impl Meta {
         }
     }
 
-    pub(crate) fn track_disk(&mut self, key: &Bytes, loc: &spill::DiskLoc) {
-        match self.disk_keys.get_mut(&loc.segment.seq) {
-            Some(keys) => {
-                keys.insert(key.clone());
-            }
-            None => {
-                self.disk_keys
-                    .insert(loc.segment.seq, HashSet::from([key.clone()]));
-            }
-        }
+    pub(crate) fn track_disk(&mut self) {
+        self.disk_entries += 1;
     }
 
-    /// `key` no longer points to the record at `loc`.
-    pub(crate) fn untrack_disk(&mut self, key: &[u8], loc: &spill::DiskLoc) {
-        if let Some(keys) = self.disk_keys.get_mut(&loc.segment.seq) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.disk_keys.remove(&loc.segment.seq);
-            }
-        }
+    /// An entry no longer points to the record at `loc`.
+    pub(crate) fn untrack_disk(&mut self, loc: &spill::DiskLoc) {
+        self.disk_entries -= 1;
         if let Some(dir) = &self.disk {
             dir.drop_live(&loc.segment);
         }
@@ -126,8 +114,8 @@ impl Meta {
     pub(crate) fn added(&mut self, key: &Bytes, entry: &Entry) {
         self.modified(key);
         self.touched(key);
-        if let Some(loc) = entry.value.disk() {
-            self.track_disk(key, loc);
+        if entry.value.disk().is_some() {
+            self.track_disk();
         }
         self.index_expiry(key, entry.expire_at);
         let (dram, disk) = entry.charges(key.len());
@@ -166,7 +154,7 @@ impl Meta {
         self.modified(key);
         self.touched(key);
         if let Some(loc) = entry.value.disk() {
-            self.untrack_disk(key, loc);
+            self.untrack_disk(loc);
         }
         self.unindex_expiry(key, entry.expire_at);
         let (dram, disk) = entry.charges(key.len());

@@ -221,13 +221,21 @@ impl SpillState {
 
     /// No more appends to the active segment: its open batch goes to the
     /// disk, then its footer (after the last record, if the budget has
-    /// room; without one the next restart scans the segment).
-    fn seal_active(&mut self) {
+    /// room; without one the next restart scans the segment). Returns the
+    /// keys of its records (not of its tombstones).
+    fn seal_active(&mut self) -> Vec<Bytes> {
         self.flush();
         let (body, entries) = std::mem::take(&mut self.footer);
         let Some(segment) = self.active.take() else {
-            return;
+            return Vec::new();
         };
+        let body = body.freeze();
+        let keys = footer::decode(&body, entries, crc32c::crc32c(&body))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| !e.tombstone)
+            .map(|e| Bytes::copy_from_slice(&e.key))
+            .collect();
         let dir = Arc::clone(&self.config.dir);
         let len = footer::footer_len(body.len());
         if let Some(at) = (entries > 0)
@@ -246,6 +254,7 @@ impl SpillState {
             }));
         }
         dir.seal(&segment);
+        keys
     }
 
     /// Hands the open batch to an I/O thread.
@@ -565,10 +574,10 @@ impl Store {
         let same = matches!((&old_disk, &new_disk), (Some(o), Some(n)) if same_loc(o, n));
         if !same {
             if let Some(old) = &old_disk {
-                self.meta.untrack_disk(&stored, old);
+                self.meta.untrack_disk(old);
             }
-            if let Some(new) = &new_disk {
-                self.meta.track_disk(&stored, new);
+            if new_disk.is_some() {
+                self.meta.track_disk();
             }
         }
     }
@@ -770,27 +779,56 @@ impl Store {
 
     /// This shard's part of reclaiming segment `seq`: seal it if it is the
     /// shard's active segment, then drop or rewrite every record of it the
-    /// shard's keys point to.
+    /// shard's keys point to. The segment's keys come from its footer: from
+    /// memory for the segment the shard was writing, else read (or, with
+    /// no valid footer, scanned) on an I/O thread.
     pub(super) fn reclaim_segment(&mut self, seq: u64) {
         let Some(spill) = &mut self.spill else {
             return;
         };
         if spill.active.as_ref().is_some_and(|a| a.seq == seq) {
-            spill.seal_active();
+            let keys = spill.seal_active();
+            self.reclaim_keys(seq, keys);
+            return;
         }
         let dir = Arc::clone(&spill.config.dir);
-        let keys: Vec<Bytes> = self
-            .meta
-            .disk_keys
-            .get(&seq)
-            .map(|k| k.iter().cloned().collect())
-            .unwrap_or_default();
+        let Some(segment) = dir.segment(seq) else {
+            return;
+        };
+        let post = Arc::clone(&spill.config.post);
+        dir.counters.queue_depth.fetch_add(1, Relaxed);
+        spill.config.pool.submit(Box::new(move || {
+            let keys = match super::spill::load::segment_keys(&segment) {
+                Ok(keys) => keys,
+                Err(e) => {
+                    dir.note_error(&e);
+                    Vec::new()
+                }
+            };
+            dir.counters.queue_depth.fetch_sub(1, Relaxed);
+            post(Box::new(move |store| store.reclaim_keys(seq, keys)));
+        }));
+    }
+
+    /// Reclaim of segment `seq` on this shard, given the keys its footer
+    /// lists: each key of this store whose entry points there is dropped,
+    /// or rewritten at the log's head if it was read since it was written.
+    fn reclaim_keys(&mut self, seq: u64, keys: Vec<Bytes>) {
+        let Some(dir) = self.spill_dir().cloned() else {
+            return;
+        };
         for key in keys {
             let slot = key_slot(&key);
+            if !self.slots.contains(&(slot as usize)) {
+                continue;
+            }
             let index = self.index(slot);
             let Some(entry) = self.maps[index].get(&key[..]) else {
                 continue;
             };
+            if entry.value.disk().is_none_or(|l| l.segment.seq != seq) {
+                continue;
+            }
             // Second chance for blocks read since they were written here;
             // orphans (no prefix reaches them) and expired keys go.
             let keep = entry.reads > 0 && !entry.orphan && !entry.expired(super::now_ms());
@@ -827,7 +865,7 @@ impl Store {
     /// A cached block loses its disk copy (reclaim): a plain slab value.
     fn uncache(&mut self, slot: u16, key: &[u8]) {
         let index = self.index(slot);
-        let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
+        let Some(entry) = self.maps[index].get_mut(key) else {
             return;
         };
         if !matches!(entry.value, Value::Cached(_)) {
@@ -843,8 +881,7 @@ impl Store {
             loc,
         } = *c;
         entry.value = Value::Slab(slot_ref);
-        let stored = stored.clone();
-        self.meta.untrack_disk(&stored, &loc);
+        self.meta.untrack_disk(&loc);
     }
 
     /// Reads a record reclaim keeps, to write it again at the log's head.
@@ -985,7 +1022,7 @@ impl Store {
 
     /// This shard's keys with a record in the spill tier (INFO).
     pub fn spill_keys(&self) -> usize {
-        self.meta.disk_keys.values().map(|k| k.len()).sum()
+        self.meta.disk_entries
     }
 
     /// Sets the spill admission (0: every evicted block).

@@ -157,6 +157,17 @@ pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
     Ok(Recovery { records, skipped })
 }
 
+/// The keys of a segment's records (not of its tombstones), from its
+/// footer or by a scan: what reclaim looks up.
+pub(crate) fn segment_keys(segment: &Arc<Segment>) -> io::Result<Vec<Bytes>> {
+    let (listed, _, _) = list_segment(segment)?;
+    Ok(listed
+        .into_iter()
+        .filter(|l| !l.tombstone)
+        .map(|l| l.key)
+        .collect())
+}
+
 /// A segment's entries in offset order, the records skipped, and how they
 /// were found.
 fn list_segment(segment: &Arc<Segment>) -> io::Result<(Vec<Listed>, u64, Listing)> {

@@ -306,6 +306,11 @@ impl SpillDir {
         Ok(out)
     }
 
+    /// Segment `seq`, if it is still there.
+    pub fn segment(&self, seq: u64) -> Option<Arc<Segment>> {
+        self.segments.lock().ok()?.get(&seq).cloned()
+    }
+
     /// Whether the warm restart is still indexing segments.
     pub fn loading(&self) -> bool {
         self.loading.load(Relaxed)
