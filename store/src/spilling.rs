@@ -990,6 +990,10 @@ impl Store {
             return 0;
         };
         let mut kept = 0;
+        // Live records per segment, added once per run of one segment: the
+        // count is shared with the other shards and the loader, and a batch
+        // comes from one or two segments.
+        let mut live: Option<(Arc<Segment>, i64)> = None;
         for r in records {
             if loading.flushed || loading.touched.contains(&r.key[..]) {
                 continue;
@@ -1001,17 +1005,26 @@ impl Store {
             if self.maps[index].contains_key(&r.key[..]) {
                 continue;
             }
-            let mut entry = Entry::new(Value::Spilled(r.loc.clone()), r.expire_at, now);
+            match &mut live {
+                Some((segment, n)) if Arc::ptr_eq(segment, &r.loc.segment) => *n += 1,
+                _ => {
+                    if let Some((segment, n)) = live.take() {
+                        segment.live.fetch_add(n, Relaxed);
+                    }
+                    live = Some((Arc::clone(&r.loc.segment), 1));
+                }
+            }
+            let mut entry = Entry::new(Value::Spilled(r.loc), r.expire_at, now);
             entry.encoding = Encoding::Raw;
             entry.parent = r.parent;
             entry.on_disk = true;
             entry.queue = super::Queue::Out;
-            if let Some(dir) = &self.meta.disk {
-                dir.add_live(&r.loc.segment);
-            }
             self.meta.added(&r.key, &entry);
             self.maps[index].insert(r.key, entry);
             kept += 1;
+        }
+        if let Some((segment, n)) = live {
+            segment.live.fetch_add(n, Relaxed);
         }
         if let Some(dir) = &self.meta.disk {
             dir.counters.recovered.fetch_add(kept as u64, Relaxed);
