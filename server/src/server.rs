@@ -429,7 +429,7 @@ fn start_loader(
                     break;
                 };
                 let records = match found {
-                    Ok((records, _)) => records,
+                    Ok(records) => records,
                     Err(e) => {
                         dir.note_error(&e);
                         continue;

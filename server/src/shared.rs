@@ -84,9 +84,6 @@ impl SpillTier {
     pub fn open(config: &Config, path: &std::path::Path) -> io::Result<SpillTier> {
         let dir = SpillDir::open(path, config.spill_max_bytes)?;
         let segments = dir.open_segments()?;
-        if segments.is_empty() {
-            dir.finish_loading();
-        }
         if config.spill_max_bytes == 0 {
             // The default: 90% of what the filesystem has, counting what
             // the tier already holds.

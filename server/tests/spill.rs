@@ -90,6 +90,17 @@ fn loaded(con: &mut redis::Connection) -> String {
     info
 }
 
+/// The segment files of a spill directory, oldest first.
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    segments
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
@@ -275,12 +286,7 @@ fn kill_9_during_heavy_writes_then_every_block_served_is_exact() {
     }
     // A torn record at the end of the newest segment, as a crash mid-write
     // leaves: a header that promises more than is there.
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segments.sort();
+    let segments = segment_files(&dir);
     let newest = segments.last().expect("segments were written").clone();
     let first = std::fs::read(&segments[0]).unwrap();
     let mut torn = std::fs::read(&newest).unwrap();
@@ -332,12 +338,7 @@ fn damaged_footers_fall_back_to_the_scan_and_serve_no_wrong_byte() {
         drop(con);
         assert!(server.stop().is_some_and(|s| s.success()), "graceful exit");
     }
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segments.sort();
+    let segments = segment_files(&dir);
     assert!(segments.len() >= 3, "{segments:?}");
     // One trailer flipped, one footer body flipped, one footer cut off.
     let flip = |path: &PathBuf, from_end: usize| {

@@ -256,27 +256,23 @@ impl Entry {
     /// entry whose block is only on disk charges nothing here, its index is
     /// the disk index's ([`Entry::disk_index_charge`]).
     pub fn charge(&self, key_len: usize) -> usize {
-        let value = match &self.value {
-            Value::Heap(b) => b.len(),
-            Value::Spilled(_) => return 0,
-            _ => 0,
-        };
-        self.index_charge(key_len, value)
+        self.charges(key_len).0
     }
 
     /// Bytes of the disk index for an entry whose block is only on disk
     /// (0 for any other): outside `maxmemory`, which bounds the DRAM tier,
     /// reported as INFO `spill_index_bytes`.
     pub fn disk_index_charge(&self, key_len: usize) -> usize {
-        match &self.value {
-            Value::Spilled(_) => self.index_charge(key_len, 0),
-            _ => 0,
-        }
+        self.charges(key_len).1
     }
 
     /// Both charges: `(DRAM tier, disk index)`.
     pub fn charges(&self, key_len: usize) -> (usize, usize) {
-        (self.charge(key_len), self.disk_index_charge(key_len))
+        match &self.value {
+            Value::Spilled(_) => (0, self.index_charge(key_len, 0)),
+            Value::Heap(b) => (self.index_charge(key_len, b.len()), 0),
+            _ => (self.index_charge(key_len, 0), 0),
+        }
     }
 
     fn index_charge(&self, key_len: usize, heap_value: usize) -> usize {
@@ -286,8 +282,8 @@ impl Entry {
 
     /// What MEMORY USAGE reports: everything this key costs.
     pub fn memory_usage(&self, key_len: usize) -> usize {
-        self.charge(key_len)
-            + self.disk_index_charge(key_len)
+        let (dram, disk) = self.charges(key_len);
+        dram + disk
             + match &self.value {
                 Value::Heap(_) => 0,
                 v => v.footprint(),

@@ -222,20 +222,14 @@ impl SpillState {
     /// No more appends to the active segment: its open batch goes to the
     /// disk, then its footer (after the last record, if the budget has
     /// room; without one the next restart scans the segment). Returns the
-    /// keys of its records (not of its tombstones).
-    fn seal_active(&mut self) -> Vec<Bytes> {
+    /// footer's body (reclaim reads the segment's keys there).
+    fn seal_active(&mut self) -> Bytes {
         self.flush();
         let (body, entries) = std::mem::take(&mut self.footer);
-        let Some(segment) = self.active.take() else {
-            return Vec::new();
-        };
         let body = body.freeze();
-        let keys = footer::decode(&body, entries, crc32c::crc32c(&body))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| !e.tombstone)
-            .map(|e| Bytes::copy_from_slice(&e.key))
-            .collect();
+        let Some(segment) = self.active.take() else {
+            return body;
+        };
         let dir = Arc::clone(&self.config.dir);
         let len = footer::footer_len(body.len());
         if let Some(at) = (entries > 0)
@@ -254,7 +248,7 @@ impl SpillState {
             }));
         }
         dir.seal(&segment);
-        keys
+        body
     }
 
     /// Hands the open batch to an I/O thread.
@@ -667,7 +661,7 @@ impl Store {
             value_at: value_at as u32,
             value_len: rec.value.len() as u32,
         };
-        dir.add_live(&segment);
+        dir.add_live(&segment, 1);
         let data = buf.slice(value_at..value_at + rec.value.len());
         spill.append(segment, offset, buf, Some(stored.clone()));
         self.replace_value(slot, key, Value::Writing(Box::new(InFlight { data, loc })));
@@ -787,7 +781,13 @@ impl Store {
             return;
         };
         if spill.active.as_ref().is_some_and(|a| a.seq == seq) {
-            let keys = spill.seal_active();
+            let body = spill.seal_active();
+            let keys = footer::parse(&body)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| !e.tombstone)
+                .map(|e| body.slice_ref(e.key))
+                .collect();
             self.reclaim_keys(seq, keys);
             return;
         }
@@ -1008,8 +1008,8 @@ impl Store {
             match &mut live {
                 Some((segment, n)) if Arc::ptr_eq(segment, &r.loc.segment) => *n += 1,
                 _ => {
-                    if let Some((segment, n)) = live.take() {
-                        segment.live.fetch_add(n, Relaxed);
+                    if let (Some((segment, n)), Some(dir)) = (live.take(), &self.meta.disk) {
+                        dir.add_live(&segment, n);
                     }
                     live = Some((Arc::clone(&r.loc.segment), 1));
                 }
@@ -1023,8 +1023,8 @@ impl Store {
             self.maps[index].insert(r.key, entry);
             kept += 1;
         }
-        if let Some((segment, n)) = live {
-            segment.live.fetch_add(n, Relaxed);
+        if let (Some((segment, n)), Some(dir)) = (live, &self.meta.disk) {
+            dir.add_live(&segment, n);
         }
         if let Some(dir) = &self.meta.disk {
             dir.counters.recovered.fetch_add(kept as u64, Relaxed);
@@ -1165,7 +1165,7 @@ mod loading_tests {
             .unwrap();
         s.remove(slot("deleted"), b"deleted");
         let mut loader = Loader::new(segments);
-        let (records, _) = loader.next(&d, now).unwrap().unwrap();
+        let records = loader.next(&d, now).unwrap().unwrap();
         assert_eq!(records.len(), 4);
         assert_eq!(s.insert_loaded(records.clone(), now), 2, "kept and flushed");
         let value = |s: &mut Store, k: &str| match s.fetch(slot(k), k.as_bytes(), now) {

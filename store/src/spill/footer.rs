@@ -43,7 +43,7 @@
 //! scanned record by record, as a segment without one (the one a shard was
 //! writing when the process died).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 
 use super::record::{self, ALIGN, HEADER};
 
@@ -54,9 +54,9 @@ pub const ENTRY_HEADER: usize = 32;
 /// Bytes of the trailer (the file's last block).
 pub const TRAILER: usize = ALIGN;
 
-/// One record as the footer lists it.
+/// One record as the footer lists it (keys borrowed from the body).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FooterEntry {
+pub struct FooterEntry<'a> {
     /// Where the record starts in the segment.
     pub offset: u64,
     /// The record's CRC32C.
@@ -68,17 +68,17 @@ pub struct FooterEntry {
     /// A deleted key.
     pub tombstone: bool,
     /// The key.
-    pub key: Bytes,
+    pub key: &'a [u8],
     /// The CHAIN parent's key, if any.
-    pub parent: Option<Bytes>,
+    pub parent: Option<&'a [u8]>,
 }
 
-impl FooterEntry {
+impl FooterEntry<'_> {
     /// The record's length on disk.
     pub fn record_len(&self) -> usize {
         record::record_len(
             self.key.len(),
-            self.parent.as_ref().map_or(0, Bytes::len),
+            self.parent.map_or(0, <[u8]>::len),
             self.value_len as usize,
         )
     }
@@ -99,10 +99,10 @@ pub fn note_record(body: &mut BytesMut, offset: u64, rec: &[u8]) -> u64 {
     }
     let key = &rec[HEADER..key_end];
     if h.tombstone && key.is_empty() {
-        let list = Bytes::copy_from_slice(&rec[parent_end..parent_end + h.value_len]);
+        let list = &rec[parent_end..parent_end + h.value_len];
         let mut n = 0;
-        for k in record::read_key_list(&list) {
-            put_entry(body, offset, crc, 0, 0, true, &k, &[]);
+        for k in record::key_list_ranges(list) {
+            put_entry(body, offset, crc, 0, 0, true, &list[k], &[]);
             n += 1;
         }
         return n;
@@ -189,18 +189,22 @@ pub fn trailer(block: &[u8]) -> Option<(u64, usize, u64, u32)> {
 }
 
 /// The entries of a footer body, if it matches its CRC and count.
-pub fn decode(body: &Bytes, entries: u64, crc: u32) -> Option<Vec<FooterEntry>> {
+pub fn decode(body: &[u8], entries: u64, crc: u32) -> Option<Vec<FooterEntry<'_>>> {
     if crc32c::crc32c(body) != crc {
         return None;
     }
-    let mut out = Vec::with_capacity(entries as usize);
+    parse(body).filter(|out| out.len() as u64 == entries)
+}
+
+/// The entries of a footer body built in memory (no CRC to check yet).
+pub fn parse(body: &[u8]) -> Option<Vec<FooterEntry<'_>>> {
+    let mut out = Vec::new();
     let mut at = 0;
     while at < body.len() {
-        if at + ENTRY_HEADER > body.len() {
-            return None;
-        }
-        let b = &body[at..at + ENTRY_HEADER];
+        let b = body.get(at..at + ENTRY_HEADER)?;
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as usize;
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
         let (key_len, parent_len) = (u16_at(26), u16_at(28));
         let key_at = at + ENTRY_HEADER;
         let end = key_at + key_len + parent_len;
@@ -208,21 +212,23 @@ pub fn decode(body: &Bytes, entries: u64, crc: u32) -> Option<Vec<FooterEntry>> 
             return None;
         }
         out.push(FooterEntry {
-            offset: u64::from_le_bytes(b[0..8].try_into().ok()?),
-            crc: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            value_len: u32::from_le_bytes(b[12..16].try_into().ok()?),
-            expire_at: u64::from_le_bytes(b[16..24].try_into().ok()?),
+            offset: u64_at(0),
+            crc: u32_at(8),
+            value_len: u32_at(12),
+            expire_at: u64_at(16),
             tombstone: b[24] & 1 != 0,
-            key: body.slice(key_at..key_at + key_len),
-            parent: (parent_len > 0).then(|| body.slice(key_at + key_len..end)),
+            key: &body[key_at..key_at + key_len],
+            parent: (parent_len > 0).then(|| &body[key_at + key_len..end]),
         });
         at = end;
     }
-    (out.len() as u64 == entries).then_some(out)
+    Some(out)
 }
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
     use crate::spill::record::Record;
 
@@ -266,13 +272,13 @@ mod tests {
         assert_eq!(footer.len() % ALIGN, 0);
         let (offset, len, n, crc) = trailer(&footer[footer.len() - TRAILER..]).unwrap();
         assert_eq!((offset, n), (at, 4));
-        let got = decode(&footer.slice(..len), n, crc).unwrap();
+        let got = decode(&footer[..len], n, crc).unwrap();
         assert_eq!(got.len(), 4);
-        assert_eq!(&got[0].key[..], b"blk:1");
+        assert_eq!(got[0].key, b"blk:1");
         assert_eq!(got[0].record_len(), a.len());
-        assert_eq!(got[1].parent.as_deref(), Some(&b"blk:1"[..]));
+        assert_eq!(got[1].parent, Some(&b"blk:1"[..]));
         assert_eq!(got[1].offset, a.len() as u64);
-        assert!(got[2].tombstone && got[3].tombstone && &got[3].key[..] == b"yy");
+        assert!(got[2].tombstone && got[3].tombstone && got[3].key == b"yy");
     }
 
     #[test]
@@ -293,7 +299,7 @@ mod tests {
             bad[i] ^= 1;
             let bad = bad.freeze();
             let ok = trailer(&bad[bad.len() - TRAILER..])
-                .and_then(|(_, len, n, crc)| decode(&bad.slice(..len), n, crc));
+                .and_then(|(_, len, n, crc)| decode(&bad[..len], n, crc));
             assert!(ok.is_none(), "flip at {i} went unnoticed");
         }
     }

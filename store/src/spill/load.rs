@@ -55,9 +55,10 @@ struct Listed {
     value_len: u32,
 }
 
-/// How one segment was listed.
+/// How one segment was listed (counted: INFO `spill_footers_read`,
+/// `spill_segments_scanned`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Listing {
+enum Listing {
     /// From its footer.
     Footer,
     /// Record by record.
@@ -82,20 +83,11 @@ impl Loader {
         }
     }
 
-    /// Segments left.
-    pub fn remaining(&self) -> usize {
-        self.segments.len()
-    }
-
     /// The live records of the next segment, newest first, leaving out
-    /// what a newer tombstone killed and what expired by `now`; and how the
-    /// segment was listed. A record older than another live one of its key
-    /// is still returned: the store keeps the first it sees.
-    pub fn next(
-        &mut self,
-        dir: &SpillDir,
-        now: u64,
-    ) -> Option<io::Result<(Vec<Recovered>, Listing)>> {
+    /// what a newer tombstone killed and what expired by `now`. A record
+    /// older than another live one of its key is still returned: the store
+    /// keeps the first it sees.
+    pub fn next(&mut self, dir: &SpillDir, now: u64) -> Option<io::Result<Vec<Recovered>>> {
         let segment = self.segments.pop()?;
         dir.counters.load_pending.fetch_sub(1, Relaxed);
         let (listed, skipped, how) = match list_segment(&segment) {
@@ -131,7 +123,7 @@ impl Loader {
                 expire_at: l.expire_at,
             });
         }
-        Some(Ok((out, how)))
+        Some(Ok(out))
     }
 }
 
@@ -144,9 +136,9 @@ pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
     let mut seen = HashSet::new();
     let mut records = Vec::new();
     while let Some(found) = loader.next(dir, crate::now_ms()) {
-        for r in found?.0 {
+        for r in found? {
             if seen.insert(r.key.clone()) {
-                dir.add_live(&r.loc.segment);
+                dir.add_live(&r.loc.segment, 1);
                 records.push(r);
             }
         }
@@ -194,7 +186,6 @@ fn read_footer(segment: &Segment, len: u64) -> Option<Vec<Listed>> {
     let mut body = aligned(body_len.div_ceil(ALIGN) * ALIGN);
     read_exact(segment, &mut body, at).ok()?;
     body.truncate(body_len);
-    let body = body.freeze();
     let found = footer::decode(&body, entries, crc)?;
     let mut out = Vec::with_capacity(found.len());
     for e in found {
@@ -203,8 +194,8 @@ fn read_footer(segment: &Segment, len: u64) -> Option<Vec<Listed>> {
         }
         // Keys are copied: a slice would keep the whole body alive.
         out.push(Listed {
-            key: Bytes::copy_from_slice(&e.key),
-            parent: e.parent.as_deref().map(Bytes::copy_from_slice),
+            key: Bytes::copy_from_slice(e.key),
+            parent: e.parent.map(Bytes::copy_from_slice),
             expire_at: e.expire_at,
             tombstone: e.tombstone,
             offset: e.offset,
@@ -374,7 +365,7 @@ mod tests {
         out.copy_from_slice(&batch);
         d.write(&seg, off, &out).unwrap();
         for _ in records {
-            d.add_live(&seg);
+            d.add_live(&seg, 1);
         }
         if with_footer {
             let at = d
@@ -537,13 +528,14 @@ mod tests {
         let segments = d.open_segments().unwrap();
         assert!(d.loading());
         // Sealed with nothing live yet, but kept until the load is done.
-        d.add_live(&segments[0]);
+        d.add_live(&segments[0], 1);
         d.drop_live(&segments[0]);
         assert_eq!(d.segment_count(), 1);
         assert_eq!(d.claim_oldest(), None, "no reclaim while loading");
         let mut loader = Loader::new(segments);
-        let (found, how) = loader.next(&d, crate::now_ms()).unwrap().unwrap();
-        assert_eq!((found.len(), how), (1, Listing::Footer));
+        let found = loader.next(&d, crate::now_ms()).unwrap().unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(d.counters.footers_read.load(Relaxed), 1);
         assert!(loader.next(&d, crate::now_ms()).is_none());
         d.finish_loading();
         assert_eq!(d.segment_count(), 0, "nothing live: deleted once loaded");

@@ -261,8 +261,9 @@ impl SpillDir {
     }
 
     /// Registers the segments an earlier run left (sealed, nothing live
-    /// yet) without reading them, oldest first, and marks the directory
-    /// loading: nothing is deleted until [`SpillDir::finish_loading`].
+    /// yet) without reading them, oldest first, and, if there are any,
+    /// marks the directory loading: nothing is deleted until
+    /// [`SpillDir::finish_loading`].
     pub fn open_segments(&self) -> io::Result<Vec<Arc<Segment>>> {
         let mut files: Vec<(u64, usize, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
@@ -281,7 +282,6 @@ impl SpillDir {
             }
         }
         files.sort();
-        self.loading.store(true, Relaxed);
         let mut out = Vec::with_capacity(files.len());
         for (seq, owner, path) in files {
             let file = self.open_file(&path, false)?;
@@ -303,6 +303,7 @@ impl SpillDir {
             out.push(segment);
         }
         self.counters.load_pending.store(out.len() as u64, Relaxed);
+        self.loading.store(!out.is_empty(), Relaxed);
         Ok(out)
     }
 
@@ -428,9 +429,9 @@ impl SpillDir {
         self.used.fetch_sub(len, Relaxed);
     }
 
-    /// One more record of `segment` is live.
-    pub fn add_live(&self, segment: &Segment) {
-        segment.live.fetch_add(1, Relaxed);
+    /// `n` more records of `segment` are live.
+    pub fn add_live(&self, segment: &Segment, n: i64) {
+        segment.live.fetch_add(n, Relaxed);
     }
 
     /// A record of `segment` is no longer pointed to.
@@ -685,7 +686,7 @@ mod tests {
         let path = dir("order");
         let d = SpillDir::open(&path, 0).unwrap();
         let old = d.new_segment(0).unwrap();
-        d.add_live(&old);
+        d.add_live(&old, 1);
         d.seal(&old);
         // A newer segment holding only a tombstone: nothing live in it, but
         // it must stay while the older segment (with the dead record the
@@ -712,7 +713,7 @@ mod tests {
         let seg = d.new_segment(0).unwrap();
         assert_eq!(d.reserve(&seg, 8192), Some(0));
         assert_eq!(d.reserve(&seg, 8192), None, "over the disk budget");
-        d.add_live(&seg);
+        d.add_live(&seg, 1);
         d.seal(&seg);
         assert_eq!(d.segment_count(), 1);
         d.drop_live(&seg);

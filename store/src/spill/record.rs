@@ -142,21 +142,23 @@ pub fn key_list<'a>(keys: impl IntoIterator<Item = &'a Bytes>) -> Bytes {
     out.freeze()
 }
 
-/// The keys of a tombstone list (a truncated tail is ignored; the CRC has
-/// already vouched for the bytes).
-pub fn read_key_list(value: &Bytes) -> Vec<Bytes> {
-    let mut keys = Vec::new();
+/// The keys of a tombstone list, as ranges of `value` (a truncated tail is
+/// ignored; the CRC has already vouched for the bytes).
+pub fn key_list_ranges(value: &[u8]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let mut at = 0;
-    while at + 2 <= value.len() {
-        let len = u16::from_le_bytes([value[at], value[at + 1]]) as usize;
-        at += 2;
-        if at + len > value.len() {
-            break;
-        }
-        keys.push(value.slice(at..at + len));
-        at += len;
-    }
-    keys
+    std::iter::from_fn(move || {
+        let len = u16::from_le_bytes([*value.get(at)?, *value.get(at + 1)?]) as usize;
+        let start = at + 2;
+        (start + len <= value.len()).then(|| {
+            at = start + len;
+            start..at
+        })
+    })
+}
+
+/// The keys of a tombstone list ([`key_list_ranges`]).
+pub fn read_key_list(value: &Bytes) -> Vec<Bytes> {
+    key_list_ranges(value).map(|r| value.slice(r)).collect()
 }
 
 /// Decodes a whole record (as read from disk, padding included) and checks
