@@ -124,6 +124,16 @@ fn settle(con: &mut redis::Connection) {
     );
 }
 
+/// Whether `key`'s value is in DRAM (MEMORY USAGE counts its bytes there).
+fn in_dram(con: &mut redis::Connection, key: &str) -> bool {
+    let usage: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(con)
+        .unwrap();
+    usage > 4096
+}
+
 #[test]
 fn three_times_maxmemory_reads_back_byte_exact() {
     let dir = spill_dir("3x");
@@ -139,8 +149,49 @@ fn three_times_maxmemory_reads_back_byte_exact() {
         "nothing was spilled:\n{info}"
     );
     assert_eq!(info_num(&info, "spill_dropped"), 0, "{info}");
+    // Blocks only on disk are in the compact index (INFO's per-shard
+    // figures are refreshed by each shard's cron).
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let info = spill_info(&mut con);
+            let compact = info_num(&info, "spill_compact_keys");
+            compact > 0 && compact <= info_num(&info, "spill_keys")
+        }),
+        "{}",
+        spill_info(&mut con)
+    );
     let memory: String = redis::cmd("INFO").arg("memory").query(&mut con).unwrap();
     assert!(info_num(&memory, "used_memory") <= 8 << 20, "{memory}");
+    // Every walk sees them.
+    let mut cursor = 0u64;
+    let mut scanned = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(100)
+            .query(&mut con)
+            .unwrap();
+        scanned += keys.len();
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    assert_eq!(scanned as u64, n);
+    let all: Vec<String> = con.keys("blk:*").unwrap();
+    assert_eq!(all.len() as u64, n);
+    // A TTL on a block only on disk: kept, changed, removed.
+    let on_disk = (0..n)
+        .find(|&i| !in_dram(&mut con, &key(i)))
+        .expect("a block only on disk");
+    let _: () = con.expire(key(on_disk), 3600).unwrap();
+    settle(&mut con);
+    let ttl: i64 = con.ttl(key(on_disk)).unwrap();
+    assert!(ttl > 3500, "ttl {ttl}");
+    let _: () = con.persist(key(on_disk)).unwrap();
+    let ttl: i64 = con.ttl(key(on_disk)).unwrap();
+    assert_eq!(ttl, -1);
 
     // Every block is still there and exact, whichever tier serves it.
     assert_eq!(check_blocks(&mut con, 0..n), (n, 0));
@@ -220,6 +271,15 @@ fn graceful_restart_brings_every_block_back_with_other_thread_counts() {
         // scanned record by record.
         assert_eq!(info_num(&info, "spill_segments_scanned"), 0, "{info}");
         assert!(info_num(&info, "spill_footers_read") >= 1, "{info}");
+        // What the restart loaded went to the compact index (INFO's
+        // per-shard figures are refreshed by each shard's cron).
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                info_num(&spill_info(&mut con), "spill_compact_keys") >= n - 5
+            }),
+            "{}",
+            spill_info(&mut con)
+        );
         let (exact, missing) = check_blocks(&mut con, 5..n);
         assert_eq!((exact, missing), (n - 5, 0), "with --threads {threads}");
         let gone: i64 = con.exists(&[key(0), key(1)]).unwrap();

@@ -100,6 +100,11 @@ impl Store {
         now: u64,
     ) -> Result<Found<'_>, &mut StoreStats> {
         let index = self.index(slot);
+        // A block living only on disk is in the compact table: moved into
+        // the map for this batch of work (a miss costs one probe more).
+        if !self.disk.slot_is_empty(index) && !self.maps[index].contains_key(key) {
+            self.fault_in(index, key);
+        }
         match live(
             &mut self.maps[index],
             &mut self.meta,
@@ -307,6 +312,9 @@ impl Store {
             class,
         } = write;
         let index = self.index(slot);
+        if !self.disk.slot_is_empty(index) && !self.maps[index].contains_key(key) {
+            self.fault_in(index, key);
+        }
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
         let heap_len = if value.len() < SLAB_MIN {
             value.len()
@@ -508,7 +516,11 @@ impl Store {
     /// a record that failed its checksum).
     pub(crate) fn drop_entry(&mut self, slot: u16, key: &[u8]) -> Option<Entry> {
         let index = self.index(slot);
-        let (key, entry) = self.maps[index].remove_entry(key)?;
+        let (key, entry) = match self.maps[index].remove_entry(key) {
+            Some(found) => found,
+            None if self.fault_in(index, key) => self.maps[index].remove_entry(key)?,
+            None => return None,
+        };
         self.meta.removed(&key, &entry, false);
         // A hold is on a stored value: it ends with it.
         self.holds.release(&key);
@@ -566,7 +578,21 @@ impl Store {
                     }
                 }
             }
+            let mut per_segment: HashMap<u64, i64> = HashMap::new();
+            for d in self.disk.all() {
+                *per_segment.entry(d.segment()).or_default() += 1;
+            }
+            for (seq, n) in per_segment {
+                if let Some(segment) = dir.segment(seq) {
+                    // The last one through drop_live: an empty sealed
+                    // segment goes.
+                    dir.add_live(&segment, 1 - n);
+                    dir.drop_live(&segment);
+                }
+            }
         }
+        self.disk.clear();
+        self.faulted.clear();
         for map in &mut self.maps {
             *map = HashMap::new();
         }
@@ -622,8 +648,12 @@ impl Store {
     /// A random live key (RANDOMKEY); expired keys met on the way are removed.
     pub fn random_key(&mut self, now: u64) -> Option<Bytes> {
         for _ in 0..100 {
-            let (index, key) = self.random_entry()?;
-            if !self.maps[index][&key].expired(now) {
+            let (index, key) = self.random_key_anywhere()?;
+            let expired = match self.maps[index].get(&key) {
+                Some(e) => e.expired(now),
+                None => (self.disk.get(index, &key)).is_none_or(|d| self.disk.expired(d, now)),
+            };
+            if !expired {
                 return Some(key);
             }
             let slot = (self.slots.start + index) as u16;
@@ -631,6 +661,23 @@ impl Store {
             self.stats.expired_keys += 1;
         }
         None
+    }
+
+    /// A random key of the maps or, as often as their share of the keys,
+    /// of the compact index.
+    fn random_key_anywhere(&mut self) -> Option<(usize, Bytes)> {
+        let compact = self.disk.len() as u64;
+        if compact == 0 || self.next_random() % self.meta.keys.max(1) as u64 >= compact {
+            return self.random_entry();
+        }
+        let n = self.maps.len();
+        let start = (self.next_random() % n as u64) as usize;
+        let index = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| !self.disk.slot_is_empty(i))?;
+        let nth = (self.next_random() % self.disk.slot_len(index) as u64) as usize;
+        let d = self.disk.nth(index, nth)?;
+        Some((index, Bytes::copy_from_slice(d.key())))
     }
 
     /// SCAN step: the kept keys of the slots from `from` on (within this
@@ -642,19 +689,26 @@ impl Store {
         &mut self,
         from: usize,
         count: usize,
-        mut keep: impl FnMut(&[u8], &Entry) -> bool,
+        mut keep: impl FnMut(&[u8]) -> bool,
         now: u64,
     ) -> (Vec<Bytes>, Option<usize>, usize) {
         let mut out = Vec::new();
         let mut visited = 0;
         let mut slot = from.max(self.slots.start);
         while slot < self.slots.end {
-            let map = &self.maps[slot - self.slots.start];
-            visited += map.len();
+            let index = slot - self.slots.start;
+            let map = &self.maps[index];
+            visited += map.len() + self.disk.slot_len(index);
             out.extend(
                 map.iter()
-                    .filter(|(k, e)| !e.expired(now) && keep(k, e))
+                    .filter(|(k, e)| !e.expired(now) && keep(k))
                     .map(|(k, _)| k.clone()),
+            );
+            out.extend(
+                self.disk
+                    .live(index, now)
+                    .filter(|d| keep(d.key()))
+                    .map(|d| Bytes::copy_from_slice(d.key())),
             );
             slot += 1;
             if visited >= count {
@@ -670,10 +724,10 @@ impl Store {
         if !self.slots.contains(&slot) {
             return 0;
         }
-        self.maps[slot - self.slots.start]
-            .values()
-            .filter(|e| !e.expired(now))
-            .count()
+        let index = slot - self.slots.start;
+        let in_dram = self.maps[index].values().filter(|e| !e.expired(now));
+        let on_disk = self.disk.live(index, now);
+        in_dram.count() + on_disk.count()
     }
 
     /// Up to `count` live keys of `slot` (CLUSTER GETKEYSINSLOT).
@@ -681,12 +735,16 @@ impl Store {
         if !self.slots.contains(&slot) {
             return Vec::new();
         }
-        self.maps[slot - self.slots.start]
+        let index = slot - self.slots.start;
+        let in_dram = self.maps[index]
             .iter()
             .filter(|(_, e)| !e.expired(now))
-            .map(|(k, _)| k.clone())
-            .take(count)
-            .collect()
+            .map(|(k, _)| k.clone());
+        let on_disk = self
+            .disk
+            .live(index, now)
+            .map(|d| Bytes::copy_from_slice(d.key()));
+        in_dram.chain(on_disk).take(count).collect()
     }
 
     /// Iterates all live keys (KEYS).
@@ -696,6 +754,16 @@ impl Store {
                 if !e.expired(now) {
                     f(k, e);
                 }
+            }
+        }
+        // Blocks on disk only, as the full entries they fault in as.
+        let Some(dir) = &self.meta.disk else {
+            return;
+        };
+        for d in self.disk.all_live(now) {
+            if let Some(segment) = dir.segment(d.segment()) {
+                let entry = d.to_entry(segment, self.disk.expire_at(d), now);
+                f(&Bytes::copy_from_slice(d.key()), &entry);
             }
         }
     }

@@ -14,6 +14,7 @@
 //! Keys with a time to live are also kept in a set ordered by expiry time:
 //! active expiry pops exactly the keys that are due instead of sampling.
 
+mod disk_index;
 pub mod entry;
 pub mod eviction;
 pub mod holds;
@@ -36,6 +37,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use hashbrown::HashMap;
 
+pub use disk_index::DISK_ENTRY_OVERHEAD;
 pub use entry::{Encoding, Entry, Queue, Value};
 use eviction::Recency;
 pub use eviction::{EvictionPolicy, PrefixTuning, WriteClass};
@@ -220,6 +222,12 @@ pub struct MemoryOptions {
 pub struct Store {
     /// One map per owned slot, indexed by `slot - slots.start`.
     maps: Vec<HashMap<Bytes, Entry>>,
+    /// Blocks that live only on disk, compact, one table per owned slot
+    /// beside its map (a key is in one or the other): [`disk_index`].
+    disk: disk_index::DiskIndex,
+    /// Keys moved from `disk` into the maps during this batch of work, to
+    /// go back at its end.
+    faulted: Vec<Bytes>,
     slots: Range<usize>,
     meta: Meta,
     arena: SlabArena,
@@ -268,6 +276,8 @@ impl Store {
         }
         Store {
             maps: (0..slots.len()).map(|_| HashMap::new()).collect(),
+            disk: disk_index::DiskIndex::new(slots.len()),
+            faulted: Vec::new(),
             rng: 0x9e37_79b9_7f4a_7c15 ^ slots.start as u64,
             slots,
             meta: Meta::default(),
@@ -508,7 +518,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let mut cursor = Some(0);
         while let Some(from) = cursor {
-            let (keys, next, visited) = s.scan(from, 10, |_, _| true, 1000);
+            let (keys, next, visited) = s.scan(from, 10, |_| true, 1000);
             assert!(visited >= keys.len());
             for k in keys {
                 assert!(seen.insert(k));

@@ -150,6 +150,7 @@ impl Store {
     pub fn has_deferred_work(&self) -> bool {
         !self.meta.outbox.is_empty()
             || !self.meta.remote.is_empty()
+            || !self.faulted.is_empty()
             || self.spill.as_ref().is_some_and(|s| s.has_unflushed())
     }
 
@@ -191,6 +192,10 @@ impl Store {
         match event {
             LinkEvent::ChildAdded { parent, child } => {
                 let index = self.index(key_slot(&parent));
+                // A parent living only on disk counts its children too.
+                if !self.maps[index].contains_key(&parent[..]) {
+                    self.fault_in(index, &parent);
+                }
                 match self.maps[index].get_key_value_mut(&parent[..]) {
                     Some((key, p)) => {
                         if p.orphan {
@@ -219,8 +224,12 @@ impl Store {
                 if counted.remove(&child) {
                     p.children -= 1;
                     if p.children == 0 {
-                        // A leaf again: evicted in its turn.
+                        // A leaf again: evicted in its turn (or, on disk
+                        // only, back to the compact index).
                         self.recency.unpark(key, p);
+                        if matches!(p.value, crate::Value::Spilled(_)) {
+                            self.faulted.push(key.clone());
+                        }
                     }
                     if counted.is_empty() {
                         self.meta.counted.remove(&parent[..]);

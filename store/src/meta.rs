@@ -150,6 +150,39 @@ impl Meta {
         self.disk_index = self.disk_index - before.1 + after.1;
     }
 
+    /// `key` is no longer one of `parent`'s children stored here.
+    pub(crate) fn forget_child(&mut self, parent: &Bytes, key: &Bytes) {
+        if let Some(children) = self.children_of.get_mut(parent) {
+            children.retain(|c| c != key);
+            if children.is_empty() {
+                self.children_of.remove(parent);
+            }
+        }
+    }
+
+    /// A block living only on disk enters the compact index (the warm
+    /// restart): charged `charge` bytes of the disk index.
+    pub(crate) fn added_compact(&mut self, key: &[u8], expire_at: u64, charge: usize) {
+        self.modified(key);
+        self.track_disk();
+        if expire_at != 0 {
+            self.index_expiry(&Bytes::copy_from_slice(key), expire_at);
+        }
+        self.disk_index += charge;
+        self.keys += 1;
+    }
+
+    /// A compact entry goes without its record being counted out (its
+    /// segment is gone).
+    pub(crate) fn removed_compact(&mut self, key: &Bytes, expire_at: u64, charge: usize) {
+        self.modified(key);
+        self.touched(key);
+        self.disk_entries -= 1;
+        self.unindex_expiry(key, expire_at);
+        self.disk_index -= charge;
+        self.keys -= 1;
+    }
+
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         self.modified(key);
         self.touched(key);
@@ -165,12 +198,7 @@ impl Meta {
             self.slot_keys.remove(&slot);
         }
         if let Some(parent) = &entry.parent {
-            if let Some(children) = self.children_of.get_mut(parent) {
-                children.retain(|c| c != key);
-                if children.is_empty() {
-                    self.children_of.remove(parent);
-                }
-            }
+            self.forget_child(parent, key);
             self.outbox.push(LinkEvent::ChildRemoved {
                 parent: parent.clone(),
                 child: key.clone(),

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hashbrown::HashMap;
 use tokio::sync::oneshot;
 
+use super::disk_index::DiskEntry;
 use super::entry::{Cached, InFlight};
 use super::spill::record::{self, Record};
 use super::spill::{
@@ -432,7 +433,8 @@ impl Store {
     /// A disk read finished: answer every waiting reader; a block that
     /// failed its checksum (or could not be read) becomes a miss; a block
     /// read again and again moves back to DRAM.
-    fn read_done(&mut self, key: Bytes, loc: DiskLoc, value: Option<Bytes>) {
+    fn read_done(&mut self, key: Bytes, loc: DiskLoc, record: Option<Record>) {
+        let (value, parent) = record.map_or((None, None), |r| (Some(r.value), r.parent));
         let id = (loc.segment.seq, loc.offset);
         let waiters = self
             .spill
@@ -444,6 +446,9 @@ impl Store {
         }
         let slot = key_slot(&key);
         let index = self.index(slot);
+        if !self.maps[index].contains_key(&key[..]) {
+            self.fault_in(index, &key);
+        }
         let still_there = self.maps[index]
             .get(&key[..])
             .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
@@ -457,7 +462,37 @@ impl Store {
         };
         let reads = self.maps[index].get(&key[..]).map_or(0, |e| e.reads);
         if reads >= PROMOTE_AFTER {
+            self.restore_parent(slot, &key, parent);
             self.promote(slot, &key, value, &loc, false);
+        }
+    }
+
+    /// A block read from disk gets back the parent its record names (the
+    /// compact index does not keep it): a child of it again.
+    fn restore_parent(&mut self, slot: u16, key: &[u8], parent: Option<Bytes>) {
+        let index = self.index(slot);
+        let Some(parent) = parent else {
+            return;
+        };
+        let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
+            return;
+        };
+        if entry.parent.is_some() {
+            return;
+        }
+        entry.parent = Some(parent.clone());
+        let child = stored.clone();
+        self.meta
+            .children_of
+            .entry(parent.clone())
+            .or_default()
+            .push(child.clone());
+        // Under `prefix` the parent counts it once it is back in DRAM
+        // (`replace_value`); the other policies count children anywhere.
+        if self.policy != EvictionPolicy::Prefix {
+            self.meta
+                .outbox
+                .push(LinkEvent::ChildAdded { parent, child });
         }
     }
 
@@ -512,8 +547,11 @@ impl Store {
         };
         let dir = Arc::clone(&spill.config.dir);
         dir.counters.sync_reads.fetch_add(1, Relaxed);
-        match dir.read(&loc) {
-            Ok(Some(value)) => self.promote(slot, key, value, &loc, true),
+        match dir.read(&loc, key) {
+            Ok(Some(rec)) => {
+                self.restore_parent(slot, key, rec.parent);
+                self.promote(slot, key, rec.value, &loc, true)
+            }
             Ok(None) => {
                 self.drop_entry(slot, key);
                 false
@@ -561,6 +599,10 @@ impl Store {
                 true => LinkEvent::ChildAdded { parent, child },
                 false => LinkEvent::ChildRemoved { parent, child },
             });
+        }
+        if matches!(value, Value::Spilled(_)) {
+            // On disk only: to the compact index after this batch.
+            self.faulted.push(stored.clone());
         }
         entry.value = value;
         let after = entry.charges(stored.len());
@@ -712,6 +754,9 @@ impl Store {
     /// that had records, and the open batch. Called by the shard after each
     /// batch of work.
     pub fn flush_spill(&mut self) {
+        if !self.faulted.is_empty() {
+            self.settle_faulted();
+        }
         let Some(spill) = &mut self.spill else {
             return;
         };
@@ -823,6 +868,10 @@ impl Store {
                 continue;
             }
             let index = self.index(slot);
+            let on_disk_only = self.disk.get(index, &key).map(|d| d.segment());
+            if on_disk_only.is_some_and(|s| s == seq) {
+                self.fault_in(index, &key);
+            }
             let Some(entry) = self.maps[index].get(&key[..]) else {
                 continue;
             };
@@ -893,9 +942,12 @@ impl Store {
 
     /// A record reclaim keeps is read: write it again (unless the key
     /// changed meanwhile), or drop the key if it cannot be.
-    fn rewrite_done(&mut self, key: Bytes, loc: DiskLoc, value: Option<Bytes>) {
+    fn rewrite_done(&mut self, key: Bytes, loc: DiskLoc, record: Option<Record>) {
         let slot = key_slot(&key);
         let index = self.index(slot);
+        if !self.maps[index].contains_key(&key[..]) {
+            self.fault_in(index, &key);
+        }
         let unchanged = self.maps[index]
             .get(&key[..])
             .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
@@ -905,8 +957,9 @@ impl Store {
         let Some(dir) = self.spill_dir().cloned() else {
             return;
         };
-        if let Some(value) = value {
-            self.replace_value(slot, &key, Value::Heap(value));
+        if let Some(record) = record {
+            self.restore_parent(slot, &key, record.parent);
+            self.replace_value(slot, &key, Value::Heap(record.value));
             if self.spill_out(slot, &key, true) {
                 dir.counters.rewrites.fetch_add(1, Relaxed);
                 return;
@@ -1005,23 +1058,47 @@ impl Store {
             if self.maps[index].contains_key(&r.key[..]) {
                 continue;
             }
+            let Recovered {
+                key,
+                loc,
+                expire_at,
+            } = r;
+            let charge = crate::disk_index::charge(key.len(), expire_at != 0);
+            // Into the compact index (unless a newer record of the key came
+            // first); a record whose fields do not fit it gets a full entry
+            // (its parent comes back when it is read).
+            let added = match DiskEntry::loaded(key, &loc) {
+                Ok(d) => match self.disk.insert(index, d, expire_at) {
+                    Some(d) => {
+                        self.meta.added_compact(d.key(), expire_at, charge);
+                        true
+                    }
+                    None => false,
+                },
+                Err(key) => {
+                    let mut entry = Entry::new(Value::Spilled(loc.clone()), expire_at, now);
+                    entry.encoding = Encoding::Raw;
+                    entry.on_disk = true;
+                    entry.queue = super::Queue::Out;
+                    let key = Bytes::from(key);
+                    self.meta.added(&key, &entry);
+                    self.maps[index].insert(key, entry);
+                    true
+                }
+            };
+            if !added {
+                continue;
+            }
+            kept += 1;
             match &mut live {
-                Some((segment, n)) if Arc::ptr_eq(segment, &r.loc.segment) => *n += 1,
+                Some((segment, n)) if Arc::ptr_eq(segment, &loc.segment) => *n += 1,
                 _ => {
                     if let (Some((segment, n)), Some(dir)) = (live.take(), &self.meta.disk) {
                         dir.add_live(&segment, n);
                     }
-                    live = Some((Arc::clone(&r.loc.segment), 1));
+                    live = Some((Arc::clone(&loc.segment), 1));
                 }
             }
-            let mut entry = Entry::new(Value::Spilled(r.loc), r.expire_at, now);
-            entry.encoding = Encoding::Raw;
-            entry.parent = r.parent;
-            entry.on_disk = true;
-            entry.queue = super::Queue::Out;
-            self.meta.added(&r.key, &entry);
-            self.maps[index].insert(r.key, entry);
-            kept += 1;
         }
         if let (Some((segment, n)), Some(dir)) = (live, &self.meta.disk) {
             dir.add_live(&segment, n);
@@ -1052,7 +1129,7 @@ impl Store {
 }
 
 fn same_loc(a: &DiskLoc, b: &DiskLoc) -> bool {
-    Arc::ptr_eq(&a.segment, &b.segment) && a.offset == b.offset
+    a.segment.seq == b.segment.seq && a.offset == b.offset
 }
 
 /// Reads the record at `loc` on an I/O thread and hands its value to `done`
@@ -1061,13 +1138,13 @@ fn submit_read(
     spill: &SpillState,
     key: Bytes,
     loc: DiskLoc,
-    done: fn(&mut Store, Bytes, DiskLoc, Option<Bytes>),
+    done: fn(&mut Store, Bytes, DiskLoc, Option<Record>),
 ) {
     let dir = Arc::clone(&spill.config.dir);
     let post = Arc::clone(&spill.config.post);
     dir.counters.queue_depth.fetch_add(1, Relaxed);
     spill.config.pool.submit(Box::new(move || {
-        let result = dir.read(&loc);
+        let result = dir.read(&loc, &key);
         dir.counters.queue_depth.fetch_sub(1, Relaxed);
         if let Err(e) = &result {
             dir.note_error(e);

@@ -949,7 +949,7 @@ fn prefixlen_one(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return syntax_error();
     }
     let present = (2..end)
-        .take_while(|&i| store.peek(op.args.slot(i), &op.args[i], now).is_some())
+        .take_while(|&i| store.contains(op.args.slot(i), &op.args[i], now))
         .count();
     Reply::Int(present as i64)
 }

@@ -434,7 +434,7 @@ fn keys(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                         s.store.lock().scan(
                             from,
                             KEYS_STEP,
-                            |k, _| glob_match(&pattern, k, false),
+                            |k| glob_match(&pattern, k, false),
                             kvtier_store::now_ms(),
                         )
                     })
@@ -501,7 +501,7 @@ fn scan(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                     s.store.lock().scan(
                         slot,
                         want,
-                        |k, _| {
+                        |k| {
                             only_strings && pattern.as_ref().is_none_or(|p| glob_match(p, k, false))
                         },
                         now,

@@ -32,6 +32,8 @@ pub struct ShardReport {
     pub spill_keys: usize,
     /// DRAM of the index of blocks only on disk.
     pub spill_index_bytes: usize,
+    /// Of the keys with a record, those in the compact disk index.
+    pub spill_compact_keys: usize,
     /// Keys lookups hold against eviction, and their bytes.
     pub holds: (usize, usize),
     /// Connections.
@@ -97,6 +99,7 @@ impl ShardReport {
             arena: store.arena_stats(),
             spill_keys: store.spill_keys(),
             spill_index_bytes: store.disk_index_memory(),
+            spill_compact_keys: store.compact_disk_keys(),
             holds: (store.holds().len(), store.holds().bytes()),
             clients: shard.clients.borrow().len(),
             blocked_clients: stats.blocked_clients,

@@ -207,6 +207,10 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
         "spill_index_bytes",
         reports.iter().map(|r| r.spill_index_bytes).sum::<usize>(),
     );
+    o.field(
+        "spill_compact_keys",
+        reports.iter().map(|r| r.spill_compact_keys).sum::<usize>(),
+    );
     for (name, _, count) in COUNTERS.iter() {
         o.field(name, get(count(c)));
     }

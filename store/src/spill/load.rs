@@ -27,10 +27,8 @@ use super::{aligned, DiskLoc, Segment, SpillDir};
 /// One record found by the warm restart.
 #[derive(Clone, Debug)]
 pub struct Recovered {
-    /// The key.
-    pub key: Bytes,
-    /// Its CHAIN parent.
-    pub parent: Option<Bytes>,
+    /// The key (in memory of its own: the disk index keeps it as it is).
+    pub key: Box<[u8]>,
     /// Expiry (0: none).
     pub expire_at: u64,
     /// Where it is.
@@ -118,8 +116,7 @@ impl Loader {
                     value_at: record::value_offset(l.key.len(), parent_len) as u32,
                     value_len: l.value_len,
                 },
-                key: l.key,
-                parent: l.parent,
+                key: Vec::from(l.key).into_boxed_slice(),
                 expire_at: l.expire_at,
             });
         }
@@ -398,7 +395,10 @@ mod tests {
         let mut keys: Vec<(Bytes, Option<Bytes>)> = found
             .records
             .iter()
-            .map(|r| (r.key.clone(), d.read(&r.loc).unwrap()))
+            .map(|r| {
+                let value = d.read(&r.loc, &r.key).unwrap().map(|rec| rec.value);
+                (Bytes::copy_from_slice(&r.key), value)
+            })
             .collect();
         keys.sort();
         (keys, found.skipped)

@@ -28,7 +28,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 use record::ALIGN;
 
@@ -570,9 +570,10 @@ impl SpillDir {
         result
     }
 
-    /// Reads the record at `loc`, checks its CRC and returns its value.
-    /// `Ok(None)`: the record failed its checksum.
-    pub fn read(&self, loc: &DiskLoc) -> io::Result<Option<Bytes>> {
+    /// Reads the record at `loc`, checks its CRC and that it is `key`'s,
+    /// and returns it. `Ok(None)`: the record failed its checksum (or is
+    /// not the one the index expects).
+    pub fn read(&self, loc: &DiskLoc, key: &[u8]) -> io::Result<Option<record::Record>> {
         let started = Instant::now();
         let mut buf = aligned(loc.len as usize);
         loc.segment.file.read_exact_at(&mut buf, loc.offset)?;
@@ -583,7 +584,9 @@ impl SpillDir {
         c.read_us.fetch_add(took.as_micros() as u64, Relaxed);
         c.read_latency.record(took);
         match record::decode(buf.freeze()) {
-            Some(r) if !r.tombstone && r.value.len() == loc.value_len as usize => Ok(Some(r.value)),
+            Some(r) if !r.tombstone && r.value.len() == loc.value_len as usize && r.key == key => {
+                Ok(Some(r))
+            }
             _ => {
                 c.checksum_failures.fetch_add(1, Relaxed);
                 tracing::warn!(
