@@ -342,6 +342,17 @@ impl Store {
         true
     }
 
+    /// [`Store::fault_in`] when `key` is not in the slot's map: one more
+    /// probe of the map for a lookup in a slot with compact entries (the
+    /// live-entry lookup that follows cannot tell, as it borrows the map for
+    /// its answer).
+    #[inline(never)]
+    pub(crate) fn fault_in_unless_mapped(&mut self, index: usize, key: &[u8]) {
+        if !self.maps[index].contains_key(key) {
+            self.fault_in(index, key);
+        }
+    }
+
     /// Moves `key`'s entry from the slot's map to the compact table if its
     /// block lives only on disk, nothing links to it, and its fields fit.
     /// Its parent forgets it as a child (it is counted again when the
@@ -397,11 +408,15 @@ impl Store {
 
     /// Whether a live key is present, without moving a block that lives
     /// only on disk (PREFIXLEN's walk over a long prefix on disk): one
-    /// lookup in the map, one in the compact table on a miss.
+    /// lookup in the map, one in the compact table on a miss (none when
+    /// the slot has no compact entries).
     pub fn contains(&mut self, slot: u16, key: &[u8], now: u64) -> bool {
         let index = self.index(slot);
-        if self.maps[index].contains_key(key) || self.disk.slot_is_empty(index) {
-            return self.peek(slot, key, now).is_some();
+        match self.maps[index].get(key) {
+            Some(e) if !e.expired(now) => return true,
+            // Expired: the lookup removes it.
+            Some(_) => return self.peek(slot, key, now).is_some(),
+            None => {}
         }
         match self.disk.get(index, key) {
             Some(d) if !self.disk.expired(d, now) => true,
@@ -468,14 +483,18 @@ mod tests {
 
         /// A store with the tier on over a fresh directory; the I/O threads'
         /// reports wait in the returned queue until [`settle_io`].
-        fn store(name: &str) -> (Store, Jobs, Arc<SpillDir>, std::path::PathBuf) {
+        fn store(
+            name: &str,
+            budget: usize,
+            policy: EvictionPolicy,
+        ) -> (Store, Jobs, Arc<SpillDir>, std::path::PathBuf) {
             let path = std::env::temp_dir()
                 .join(format!("kvtier-disk-index-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&path);
             let d = Arc::new(SpillDir::open(&path, 0).unwrap());
             let jobs: Jobs = Arc::default();
             let queue = Arc::clone(&jobs);
-            let mut s = Store::new(0..crate::slot::SLOTS, 64 << 20, EvictionPolicy::AllKeysLru);
+            let mut s = Store::new(0..crate::slot::SLOTS, budget, policy);
             s.enable_spill(SpillConfig {
                 dir: Arc::clone(&d),
                 pool: Arc::new(IoPool::start(1)),
@@ -532,7 +551,7 @@ mod tests {
 
         #[test]
         fn blocks_on_disk_only_live_in_the_compact_index_and_serve_every_command() {
-            let (mut s, jobs, d, path) = store("commands");
+            let (mut s, jobs, d, path) = store("commands", 64 << 20, EvictionPolicy::AllKeysLru);
             let now = crate::now_ms();
             let keys = ["p", "c", "x", "y"];
             for (i, k) in keys.iter().enumerate() {
@@ -620,6 +639,148 @@ mod tests {
                 (0, 0, 0)
             );
             let _ = std::fs::remove_dir_all(&path);
+        }
+
+        /// One operation of [`random_operations_keep_values_and_counts`]:
+        /// on key `k` of a few, (0, 6) write a new version (chained to key
+        /// `k - 1` when odd), (1) delete, (2) read, (3) set a TTL an hour
+        /// away, (4) remove the TTL, (5) let the I/O threads report, (7)
+        /// write every block in DRAM to disk.
+        type Op = (u8, u8);
+
+        fn check_counts(s: &Store) -> Result<(), proptest::test_runner::TestCaseError> {
+            use proptest::prop_assert_eq;
+            let maps: usize = s.maps.iter().map(|m| m.len()).sum();
+            prop_assert_eq!(s.len(), maps + s.disk.len(), "keys");
+            let mut index = s.disk.all().map(DiskEntry::charge).sum::<usize>();
+            let mut with_record = s.disk.len();
+            for (k, e) in s.maps.iter().flatten() {
+                index += e.disk_index_charge(k.len());
+                with_record += e.value.disk().is_some() as usize;
+                prop_assert_eq!(
+                    s.disk.get(s.index(key_slot(k)), k).is_some(),
+                    false,
+                    "in both"
+                );
+            }
+            prop_assert_eq!(s.disk_index_memory(), index, "disk index bytes");
+            prop_assert_eq!(s.spill_keys(), with_record, "keys with a record");
+            let volatile = s
+                .maps
+                .iter()
+                .flatten()
+                .filter(|(_, e)| e.expire_at != 0)
+                .count()
+                + s.disk.all().filter(|d| d.flags & TTL != 0).count();
+            prop_assert_eq!(s.volatile_len(), volatile, "keys with a TTL");
+            prop_assert_eq!(
+                s.disk.expiries.len(),
+                s.disk.all().filter(|d| d.flags & TTL != 0).count()
+            );
+            Ok(())
+        }
+
+        fn random_operations(
+            ops: &[Op],
+            policy: EvictionPolicy,
+        ) -> Result<(), proptest::test_runner::TestCaseError> {
+            use proptest::prop_assert_eq;
+            // A small DRAM tier: most blocks live on disk only.
+            let name = format!("prop-{}-{}", policy.name(), ops.len());
+            let (mut s, jobs, d, path) = store(&name, 128 << 10, policy);
+            let mut model: std::collections::HashMap<String, (Bytes, u64)> = Default::default();
+            let mut version = 0u8;
+            for &(op, k) in ops {
+                let now = crate::now_ms();
+                let key = format!("k{k}");
+                let slot = key_slot(key.as_bytes());
+                match op {
+                    0 | 6 => {
+                        version = version.wrapping_add(1);
+                        let value = Bytes::from(vec![version; 5000 + (k as usize % 3) * 4096]);
+                        let parent = (k % 2 == 1).then(|| Bytes::from(format!("k{}", k - 1)));
+                        let write = BlockWrite {
+                            parent,
+                            replace: true,
+                            ..BlockWrite::default()
+                        };
+                        if s.insert_block(slot, key.as_bytes(), value.clone(), write, now) == 1 {
+                            model.insert(key, (value, 0));
+                        }
+                    }
+                    1 => {
+                        s.remove(slot, key.as_bytes());
+                        model.remove(&key);
+                    }
+                    2 => {
+                        let got = get(&mut s, &jobs, &d, &key);
+                        match (got, model.get(&key)) {
+                            (Some(v), Some((m, _))) => prop_assert_eq!(&v, m, "{} read", key),
+                            (Some(_), None) => prop_assert_eq!(true, false, "{} came back", key),
+                            // Evicted (the tier dropped it): the model lets it go.
+                            (None, _) => {
+                                model.remove(&key);
+                            }
+                        }
+                    }
+                    3 | 4 => {
+                        let at = if op == 3 { now + 3_600_000 } else { 0 };
+                        if s.set_expire(slot, key.as_bytes(), at, now) {
+                            if let Some(m) = model.get_mut(&key) {
+                                m.1 = at;
+                            }
+                        }
+                    }
+                    5 => settle_io(&mut s, &jobs, &d),
+                    _ => {
+                        s.spill_everything();
+                        settle_io(&mut s, &jobs, &d);
+                    }
+                }
+                check_counts(&s)?;
+            }
+            settle_io(&mut s, &jobs, &d);
+            check_counts(&s)?;
+            // Every key the store has is the model's, with its bytes and TTL.
+            let now = crate::now_ms();
+            for (key, (value, at)) in &model {
+                let slot = key_slot(key.as_bytes());
+                let Some(e) = s.peek(slot, key.as_bytes(), now) else {
+                    continue;
+                };
+                prop_assert_eq!(e.expire_at, *at, "{} TTL", key);
+                if let Some(got) = get(&mut s, &jobs, &d, key) {
+                    prop_assert_eq!(&got, value, "{} at the end", key);
+                }
+            }
+            let mut keys = s.scan(0, usize::MAX, |_| true, now).0;
+            keys.retain(|k| !model.contains_key(std::str::from_utf8(k).unwrap_or("")));
+            prop_assert_eq!(keys.len(), 0, "keys the model does not have");
+            s.clear();
+            settle_io(&mut s, &jobs, &d);
+            check_counts(&s)?;
+            let _ = std::fs::remove_dir_all(&path);
+            Ok(())
+        }
+
+        proptest::proptest! {
+            #![proptest_config(proptest::prelude::ProptestConfig {
+                cases: std::env::var("PROPTEST_CASES")
+                    .ok()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(16),
+                failure_persistence: None,
+                ..proptest::prelude::ProptestConfig::default()
+            })]
+
+            #[test]
+            fn random_operations_keep_values_and_counts(
+                ops in proptest::collection::vec((0u8..8, 0u8..24), 1..120),
+                prefix in proptest::prelude::any::<bool>(),
+            ) {
+                let policy = if prefix { EvictionPolicy::Prefix } else { EvictionPolicy::AllKeysLru };
+                random_operations(&ops, policy)?;
+            }
         }
     }
 }

@@ -93,6 +93,7 @@ impl Store {
     /// The live entry for `key` (an expired one is removed on the way), with
     /// the counters and the eviction order beside it (the counters alone
     /// when the key is absent): one lookup, every read's path.
+    #[inline]
     fn live_entry(
         &mut self,
         slot: u16,
@@ -101,9 +102,9 @@ impl Store {
     ) -> Result<Found<'_>, &mut StoreStats> {
         let index = self.index(slot);
         // A block living only on disk is in the compact table: moved into
-        // the map for this batch of work (a miss costs one probe more).
-        if !self.disk.slot_is_empty(index) && !self.maps[index].contains_key(key) {
-            self.fault_in(index, key);
+        // the map for this batch of work.
+        if !self.disk.slot_is_empty(index) {
+            self.fault_in_unless_mapped(index, key);
         }
         match live(
             &mut self.maps[index],
@@ -312,8 +313,8 @@ impl Store {
             class,
         } = write;
         let index = self.index(slot);
-        if !self.disk.slot_is_empty(index) && !self.maps[index].contains_key(key) {
-            self.fault_in(index, key);
+        if !self.disk.slot_is_empty(index) {
+            self.fault_in_unless_mapped(index, key);
         }
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
         let heap_len = if value.len() < SLAB_MIN {

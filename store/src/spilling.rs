@@ -480,7 +480,9 @@ impl Store {
         if entry.parent.is_some() {
             return;
         }
+        let before = entry.charges(stored.len());
         entry.parent = Some(parent.clone());
+        self.meta.recharge(before, entry.charges(stored.len()));
         let child = stored.clone();
         self.meta
             .children_of
