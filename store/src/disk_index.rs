@@ -28,7 +28,7 @@ use bytes::Bytes;
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{HashMap, HashTable};
 
-use crate::entry::{Encoding, Entry, Queue, Value};
+use crate::entry::{Entry, Queue, Value};
 use crate::links::LinkEvent;
 use crate::slot::key_slot;
 use crate::spill::{record, DiskLoc, Segment};
@@ -148,10 +148,7 @@ impl DiskEntry {
     /// what was kept, with recency and LFU starting at `now` (the parent
     /// comes back when the block is read into DRAM).
     pub(crate) fn to_entry(&self, segment: Arc<Segment>, expire_at: u64, now: u64) -> Entry {
-        let mut e = Entry::new(Value::Spilled(self.loc(segment)), expire_at, now);
-        e.encoding = Encoding::Raw;
-        e.on_disk = true;
-        e.queue = Queue::Out;
+        let mut e = Entry::on_disk(self.loc(segment), expire_at, now);
         e.reads = self.reads;
         e.uses = match self.flags >> LEVEL_SHIFT {
             0 => 0,
@@ -342,12 +339,21 @@ impl Store {
         true
     }
 
-    /// [`Store::fault_in`] when `key` is not in the slot's map: one more
-    /// probe of the map for a lookup in a slot with compact entries (the
-    /// live-entry lookup that follows cannot tell, as it borrows the map for
-    /// its answer).
+    /// Makes sure `key`, if present, is in the slot's map: what every path
+    /// that reads, changes or links an entry does first. Nothing when the
+    /// slot has no compact entries; else one more probe of the map (the
+    /// lookup that follows cannot tell, as it borrows the map for its
+    /// answer) and, on a miss, [`Store::fault_in`].
+    #[inline]
+    pub(crate) fn ensure_mapped(&mut self, index: usize, key: &[u8]) {
+        if !self.disk.slot_is_empty(index) {
+            self.fault_in_unless_mapped(index, key);
+        }
+    }
+
+    // Out of line: lookups of keys in DRAM only test whether to call it.
     #[inline(never)]
-    pub(crate) fn fault_in_unless_mapped(&mut self, index: usize, key: &[u8]) {
+    fn fault_in_unless_mapped(&mut self, index: usize, key: &[u8]) {
         if !self.maps[index].contains_key(key) {
             self.fault_in(index, key);
         }
@@ -393,16 +399,14 @@ impl Store {
     /// Moves the entries faulted in during the last batch of work back to
     /// the compact tables (those still only on disk).
     pub(crate) fn settle_faulted(&mut self) {
-        let faulted = std::mem::take(&mut self.faulted);
-        for key in &faulted {
-            let index = self.index(key_slot(key));
-            self.settle(index, key);
+        // Taken (and given back, to keep its buffer) only to borrow the
+        // store meanwhile: settling adds nothing to it.
+        let mut faulted = std::mem::take(&mut self.faulted);
+        for key in faulted.drain(..) {
+            let index = self.index(key_slot(&key));
+            self.settle(index, &key);
         }
-        // Keep the buffer.
-        if self.faulted.is_empty() {
-            self.faulted = faulted;
-            self.faulted.clear();
-        }
+        self.faulted = faulted;
         self.settle_links();
     }
 

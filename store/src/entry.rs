@@ -245,6 +245,16 @@ impl Entry {
         }
     }
 
+    /// The entry of a block that lives only on disk, at `loc`: raw bytes,
+    /// its record noted (a delete leaves a tombstone), in no queue.
+    pub(crate) fn on_disk(loc: DiskLoc, expire_at: u64, now: u64) -> Entry {
+        let mut e = Entry::new(Value::Spilled(loc), expire_at, now);
+        e.encoding = Encoding::Raw;
+        e.on_disk = true;
+        e.queue = Queue::Out;
+        e
+    }
+
     /// Whether the entry is past its expiry at `now`.
     pub fn expired(&self, now: u64) -> bool {
         self.expire_at != 0 && self.expire_at <= now

@@ -103,9 +103,7 @@ impl Store {
         let index = self.index(slot);
         // A block living only on disk is in the compact table: moved into
         // the map for this batch of work.
-        if !self.disk.slot_is_empty(index) {
-            self.fault_in_unless_mapped(index, key);
-        }
+        self.ensure_mapped(index, key);
         match live(
             &mut self.maps[index],
             &mut self.meta,
@@ -313,9 +311,7 @@ impl Store {
             class,
         } = write;
         let index = self.index(slot);
-        if !self.disk.slot_is_empty(index) {
-            self.fault_in_unless_mapped(index, key);
-        }
+        self.ensure_mapped(index, key);
         let parent = parent.map(|p| Bytes::copy_from_slice(&p));
         let heap_len = if value.len() < SLAB_MIN {
             value.len()
@@ -575,7 +571,7 @@ impl Store {
             for map in &self.maps {
                 for e in map.values() {
                     if let Some(loc) = e.value.disk() {
-                        dir.drop_live(&loc.segment);
+                        dir.drop_live(&loc.segment, 1);
                     }
                 }
             }
@@ -585,10 +581,7 @@ impl Store {
             }
             for (seq, n) in per_segment {
                 if let Some(segment) = dir.segment(seq) {
-                    // The last one through drop_live: an empty sealed
-                    // segment goes.
-                    dir.add_live(&segment, 1 - n);
-                    dir.drop_live(&segment);
+                    dir.drop_live(&segment, n);
                 }
             }
         }
@@ -652,7 +645,10 @@ impl Store {
             let (index, key) = self.random_key_anywhere()?;
             let expired = match self.maps[index].get(&key) {
                 Some(e) => e.expired(now),
-                None => (self.disk.get(index, &key)).is_none_or(|d| self.disk.expired(d, now)),
+                None => self
+                    .disk
+                    .get(index, &key)
+                    .is_none_or(|d| self.disk.expired(d, now)),
             };
             if !expired {
                 return Some(key);

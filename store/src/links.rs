@@ -193,9 +193,7 @@ impl Store {
             LinkEvent::ChildAdded { parent, child } => {
                 let index = self.index(key_slot(&parent));
                 // A parent living only on disk counts its children too.
-                if !self.maps[index].contains_key(&parent[..]) {
-                    self.fault_in(index, &parent);
-                }
+                self.ensure_mapped(index, &parent);
                 match self.maps[index].get_key_value_mut(&parent[..]) {
                     Some((key, p)) => {
                         if p.orphan {

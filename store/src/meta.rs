@@ -107,7 +107,7 @@ impl Meta {
     pub(crate) fn untrack_disk(&mut self, loc: &spill::DiskLoc) {
         self.disk_entries -= 1;
         if let Some(dir) = &self.disk {
-            dir.drop_live(&loc.segment);
+            dir.drop_live(&loc.segment, 1);
         }
     }
 
@@ -126,12 +126,7 @@ impl Meta {
             self.slot_keys.insert(slot, key.clone());
         }
         if let Some(parent) = &entry.parent {
-            match self.children_of.get_mut(parent) {
-                Some(children) => children.push(key.clone()),
-                None => {
-                    self.children_of.insert(parent.clone(), vec![key.clone()]);
-                }
-            }
+            self.note_child(parent, key);
             self.outbox.push(LinkEvent::ChildAdded {
                 parent: parent.clone(),
                 child: key.clone(),
@@ -148,6 +143,16 @@ impl Meta {
     pub(crate) fn recharge(&mut self, before: (usize, usize), after: (usize, usize)) {
         self.used = self.used - before.0 + after.0;
         self.disk_index = self.disk_index - before.1 + after.1;
+    }
+
+    /// `key`, stored here, names `parent` (a `ParentGone` reaches it).
+    pub(crate) fn note_child(&mut self, parent: &Bytes, key: &Bytes) {
+        match self.children_of.get_mut(parent) {
+            Some(children) => children.push(key.clone()),
+            None => {
+                self.children_of.insert(parent.clone(), vec![key.clone()]);
+            }
+        }
     }
 
     /// `key` is no longer one of `parent`'s children stored here.

@@ -24,8 +24,8 @@ use super::spill::{
     QUEUE_HARD,
 };
 use super::{
-    Contents, Encoding, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Protect, Store,
-    Value, SLAB_MIN,
+    Contents, Entry, EvictReason, EvictionPolicy, LinkEvent, PrefixStep, Protect, Store, Value,
+    SLAB_MIN,
 };
 use crate::slot::key_slot;
 
@@ -446,9 +446,7 @@ impl Store {
         }
         let slot = key_slot(&key);
         let index = self.index(slot);
-        if !self.maps[index].contains_key(&key[..]) {
-            self.fault_in(index, &key);
-        }
+        self.ensure_mapped(index, &key);
         let still_there = self.maps[index]
             .get(&key[..])
             .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
@@ -484,11 +482,7 @@ impl Store {
         entry.parent = Some(parent.clone());
         self.meta.recharge(before, entry.charges(stored.len()));
         let child = stored.clone();
-        self.meta
-            .children_of
-            .entry(parent.clone())
-            .or_default()
-            .push(child.clone());
+        self.meta.note_child(&parent, &child);
         // Under `prefix` the parent counts it once it is back in DRAM
         // (`replace_value`); the other policies count children anywhere.
         if self.policy != EvictionPolicy::Prefix {
@@ -947,9 +941,7 @@ impl Store {
     fn rewrite_done(&mut self, key: Bytes, loc: DiskLoc, record: Option<Record>) {
         let slot = key_slot(&key);
         let index = self.index(slot);
-        if !self.maps[index].contains_key(&key[..]) {
-            self.fault_in(index, &key);
-        }
+        self.ensure_mapped(index, &key);
         let unchanged = self.maps[index]
             .get(&key[..])
             .is_some_and(|e| matches!(&e.value, Value::Spilled(l) if same_loc(l, &loc)));
@@ -1078,10 +1070,7 @@ impl Store {
                     None => false,
                 },
                 Err(key) => {
-                    let mut entry = Entry::new(Value::Spilled(loc.clone()), expire_at, now);
-                    entry.encoding = Encoding::Raw;
-                    entry.on_disk = true;
-                    entry.queue = super::Queue::Out;
+                    let entry = Entry::on_disk(loc.clone(), expire_at, now);
                     let key = Bytes::from(key);
                     self.meta.added(&key, &entry);
                     self.maps[index].insert(key, entry);

@@ -45,8 +45,11 @@ pub struct Recovery {
 
 /// One entry of a segment as its footer or a scan lists it.
 struct Listed {
-    key: Bytes,
-    parent: Option<Bytes>,
+    /// In memory of its own: it becomes the disk index's key as it is.
+    key: Box<[u8]>,
+    /// Where the value starts in the record depends on it; the parent
+    /// itself stays on disk.
+    parent_len: usize,
     expire_at: u64,
     tombstone: bool,
     offset: u64,
@@ -68,7 +71,7 @@ pub struct Loader {
     /// Oldest first: the next one is popped from the end.
     segments: Vec<Arc<Segment>>,
     /// Keys a newer tombstone or expired record killed.
-    dead: HashSet<Bytes>,
+    dead: HashSet<Box<[u8]>>,
 }
 
 impl Loader {
@@ -107,16 +110,15 @@ impl Loader {
                 self.dead.insert(l.key);
                 continue;
             }
-            let parent_len = l.parent.as_ref().map_or(0, Bytes::len);
             out.push(Recovered {
                 loc: DiskLoc {
                     segment: Arc::clone(&segment),
                     offset: l.offset,
-                    len: record::record_len(l.key.len(), parent_len, l.value_len as usize) as u32,
-                    value_at: record::value_offset(l.key.len(), parent_len) as u32,
+                    len: record::record_len(l.key.len(), l.parent_len, l.value_len as usize) as u32,
+                    value_at: record::value_offset(l.key.len(), l.parent_len) as u32,
                     value_len: l.value_len,
                 },
-                key: Vec::from(l.key).into_boxed_slice(),
+                key: l.key,
                 expire_at: l.expire_at,
             });
         }
@@ -153,7 +155,7 @@ pub(crate) fn segment_keys(segment: &Arc<Segment>) -> io::Result<Vec<Bytes>> {
     Ok(listed
         .into_iter()
         .filter(|l| !l.tombstone)
-        .map(|l| l.key)
+        .map(|l| Bytes::from(l.key))
         .collect())
 }
 
@@ -191,8 +193,8 @@ fn read_footer(segment: &Segment, len: u64) -> Option<Vec<Listed>> {
         }
         // Keys are copied: a slice would keep the whole body alive.
         out.push(Listed {
-            key: Bytes::copy_from_slice(e.key),
-            parent: e.parent.map(Bytes::copy_from_slice),
+            key: e.key.into(),
+            parent_len: e.parent.map_or(0, <[u8]>::len),
             expire_at: e.expire_at,
             tombstone: e.tombstone,
             offset: e.offset,
@@ -247,8 +249,8 @@ fn scan_segment(segment: &Segment, len: u64) -> io::Result<(Vec<Listed>, u64)> {
             Some(r) if r.tombstone && r.key.is_empty() => {
                 for key in record::read_key_list(&r.value) {
                     listed.push(Listed {
-                        key: Bytes::copy_from_slice(&key),
-                        parent: None,
+                        key: key[..].into(),
+                        parent_len: 0,
                         expire_at: 0,
                         tombstone: true,
                         offset: pos,
@@ -259,8 +261,8 @@ fn scan_segment(segment: &Segment, len: u64) -> io::Result<(Vec<Listed>, u64)> {
             }
             Some(r) => {
                 listed.push(Listed {
-                    key: Bytes::copy_from_slice(&r.key),
-                    parent: r.parent.as_deref().map(Bytes::copy_from_slice),
+                    key: r.key[..].into(),
+                    parent_len: h.parent_len,
                     expire_at: r.expire_at,
                     tombstone: r.tombstone,
                     offset: pos,
@@ -529,7 +531,7 @@ mod tests {
         assert!(d.loading());
         // Sealed with nothing live yet, but kept until the load is done.
         d.add_live(&segments[0], 1);
-        d.drop_live(&segments[0]);
+        d.drop_live(&segments[0], 1);
         assert_eq!(d.segment_count(), 1);
         assert_eq!(d.claim_oldest(), None, "no reclaim while loading");
         let mut loader = Loader::new(segments);

@@ -434,9 +434,10 @@ impl SpillDir {
         segment.live.fetch_add(n, Relaxed);
     }
 
-    /// A record of `segment` is no longer pointed to.
-    pub fn drop_live(&self, segment: &Arc<Segment>) {
-        if segment.live.fetch_sub(1, Relaxed) == 1 && segment.sealed.load(Relaxed) {
+    /// `n` records of `segment` are no longer pointed to (a sealed
+    /// segment with none left goes).
+    pub fn drop_live(&self, segment: &Arc<Segment>, n: i64) {
+        if segment.live.fetch_sub(n, Relaxed) == n && segment.sealed.load(Relaxed) {
             self.collect();
         }
     }
@@ -698,7 +699,7 @@ mod tests {
         d.reserve(&newer, 4096).unwrap();
         d.seal(&newer);
         assert_eq!(d.segment_count(), 2);
-        d.drop_live(&old);
+        d.drop_live(&old, 1);
         assert_eq!(d.segment_count(), 0, "both go once the oldest is empty");
         assert_eq!(d.used_bytes(), 0);
         // A reclaim claims the oldest segment once, and again only after a
@@ -719,7 +720,7 @@ mod tests {
         d.add_live(&seg, 1);
         d.seal(&seg);
         assert_eq!(d.segment_count(), 1);
-        d.drop_live(&seg);
+        d.drop_live(&seg, 1);
         assert_eq!(d.segment_count(), 0);
         assert_eq!(d.used_bytes(), 0);
         let _ = std::fs::remove_dir_all(&path);
