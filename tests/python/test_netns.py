@@ -216,9 +216,12 @@ class Hosts:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=STOP_TIMEOUT)
-        # A namespace takes its veths with it, and a veth its peer.
+        # A namespace takes its veths with it, and a veth its peer. Deleting
+        # one waits for the kernel to tear its devices down, which a busy VM
+        # has been seen to take over 10 s for: a namespace left behind
+        # would fail the next test's setup under the same name.
         for ns in [self.ns(i) for i in range(self.n)] + [self.switch]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=120)
         subprocess.run(["ip", "link", "del", f"{TAG}r"], capture_output=True, timeout=10)
 
 
