@@ -59,10 +59,12 @@ def layout_of(server: Server) -> str:
     return keys[0].split(":")[2]
 
 
-def block_keys(server: Server, tokens: list[int], rank: int = 0) -> list[str]:
+def block_keys(server: Server, tokens: list[int], rank: int = 0, count: int | None = None) -> list[str]:
+    """The keys of the first ``count`` blocks of ``tokens`` (default: the
+    blocks a lookup can load)."""
     layout = layout_of(server)
     hashes: list[str] = []
-    extend_chain(hashes, chain_root(layout), tokens, loadable(tokens), BLOCK)
+    extend_chain(hashes, chain_root(layout), tokens, loadable(tokens) if count is None else count, BLOCK)
     return [block_key(layout, rank, h) for h in hashes]
 
 
@@ -163,6 +165,14 @@ def test_a_second_engine_loads_a_shared_prefix(
     (again,) = kv_engine.generate([b_prompt])
     assert again["cached"] == b_out["cached"]
     assert again["tokens"] == b_out["tokens"]
+    # The engine stores what it recomputed on its save thread, after
+    # generate returns: wait for every whole block of the prompt, so that
+    # no write of this test lands in the next one's emptied tier.
+    whole = block_keys(kvtier_server, b_prompt, count=len(b_prompt) // BLOCK)
+    deadline = time.monotonic() + 60
+    while kvtier_server.client().execute("EXISTS", *whole) < len(whole):
+        assert time.monotonic() < deadline, "the engine's save did not land"
+        time.sleep(0.05)
 
 
 def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
