@@ -689,31 +689,16 @@ fn hot_keys_are_copied_served_and_invalidated() {
     let key = "system-prompt:block:0";
     assert_eq!(c.raw(0).run(&format!("SET {key} shared-prefix")), ok());
     let owner = c.owner_by_slots(0, key);
-    // Read it hard, through every node, until the owner calls it hot and
-    // both other nodes hold a copy.
-    let mut readers: Vec<RawConn> = (0..3).map(|i| c.raw(i)).collect();
-    let get = encode(&[b"GET", key.as_bytes()]);
-    let copied = eventually(Duration::from_secs(15), || {
-        for r in readers.iter_mut() {
-            let batch: Vec<u8> = get.iter().copied().cycle().take(get.len() * 200).collect();
-            r.send(&batch);
-            for _ in 0..200 {
-                assert_eq!(r.read(), bulk("shared-prefix"));
-            }
-        }
-        let listed = c.raw(owner).run("CLUSTER HOTKEYS").items().iter().any(|h| {
-            h.items()[0] == bulk(key) && h.items()[1].int() > 0 && h.items()[2].items().len() == 2
-        });
-        listed
-            && (0..3)
-                .filter(|&i| i != owner)
-                .all(|i| info_int(&mut c.raw(i), "cluster", "cluster_copies_received") >= 1)
-    });
+    let copied = read_until_copied(&c, owner, key, "shared-prefix", 1);
     assert!(
         copied,
         "no copies made: {:?}",
         c.raw(owner).run("CLUSTER HOTKEYS")
     );
+    let listed = c.raw(owner).run("CLUSTER HOTKEYS").items().iter().any(|h| {
+        h.items()[0] == bulk(key) && h.items()[1].int() > 0 && h.items()[2].items().len() == 2
+    });
+    assert!(listed, "{:?}", c.raw(owner).run("CLUSTER HOTKEYS"));
     // Replicas answer from their copy, counted.
     let replica = (owner + 1) % 3;
     let hits = info_int(&mut c.raw(replica), "cluster", "cluster_replica_hits");
@@ -736,19 +721,10 @@ fn hot_keys_are_copied_served_and_invalidated() {
     }
     // Hot again, then deleted by a DEL whose keys span nodes: the owner's
     // share of a coordinated write drops the copies too.
-    let copied_again = eventually(Duration::from_secs(15), || {
-        for r in readers.iter_mut() {
-            let batch: Vec<u8> = get.iter().copied().cycle().take(get.len() * 200).collect();
-            r.send(&batch);
-            for _ in 0..200 {
-                assert_eq!(r.read(), bulk("v2"));
-            }
-        }
-        (0..3)
-            .filter(|&i| i != owner)
-            .all(|i| info_int(&mut c.raw(i), "cluster", "cluster_copies_received") >= 2)
-    });
-    assert!(copied_again, "no copies of the new value");
+    assert!(
+        read_until_copied(&c, owner, key, "v2", 2),
+        "no copies of the new value"
+    );
     let elsewhere = (0..100)
         .map(|i| format!("other:{i}"))
         .find(|k| c.owner_by_slots(0, k) != owner)
@@ -761,6 +737,92 @@ fn hot_keys_are_copied_served_and_invalidated() {
             nil(),
             "node {i} after DEL"
         );
+    }
+}
+
+/// Reads `key` hard through every node (each read must return `value`)
+/// until both nodes other than `owner` have received `copies` copies in
+/// all; false if that does not happen within 15 s.
+fn read_until_copied(c: &Cluster, owner: usize, key: &str, value: &str, copies: i64) -> bool {
+    let mut readers: Vec<RawConn> = (0..3).map(|i| c.raw(i)).collect();
+    let get = encode(&[b"GET", key.as_bytes()]);
+    let batch: Vec<u8> = get.iter().copied().cycle().take(get.len() * 200).collect();
+    eventually(Duration::from_secs(15), || {
+        for r in readers.iter_mut() {
+            r.send(&batch);
+            for _ in 0..200 {
+                assert_eq!(r.read(), bulk(value));
+            }
+        }
+        (0..3)
+            .filter(|&i| i != owner)
+            .all(|i| info_int(&mut c.raw(i), "cluster", "cluster_copies_received") >= copies)
+    })
+}
+
+#[test]
+fn no_read_after_a_write_returns_the_old_copy() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::{Arc, OnceLock};
+    let c = Cluster::start(
+        3,
+        &["--hot-key-threshold", "300", "--hot-key-replicas", "2"],
+    );
+    let key = "hot:race";
+    let owner = c.owner_by_slots(0, key);
+    // Each round copies a value to both other nodes, then overwrites or
+    // deletes it (through the owner or through a node holding a copy)
+    // while every node is read in a loop: a read that starts after the
+    // write has replied never returns the old value.
+    for round in 0..4i64 {
+        let old = format!("v{round}");
+        assert_eq!(c.raw(0).run(&format!("SET {key} {old}")), ok());
+        assert!(
+            read_until_copied(&c, owner, key, &old, round + 1),
+            "round {round}: no copies"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let written_at = Arc::new(OnceLock::<Instant>::new());
+        let readers: Vec<_> = (0..3)
+            .map(|i| {
+                let (mut conn, stop, written_at) = (c.raw(i), stop.clone(), written_at.clone());
+                let old = bulk(&old);
+                std::thread::spawn(move || {
+                    let (mut after, mut stale) = (0, 0);
+                    while !stop.load(Relaxed) {
+                        let start = Instant::now();
+                        let reply = conn.cmd(&[b"GET", key.as_bytes()]);
+                        if written_at.get().is_some_and(|&t| start > t) {
+                            after += 1;
+                            stale += (reply == old) as usize;
+                        }
+                    }
+                    (after, stale)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let through = if round < 2 { owner } else { (owner + 1) % 3 };
+        let mut writer = c.raw(through);
+        if round % 2 == 0 {
+            assert_eq!(writer.run(&format!("DEL {key}")), int(1));
+        } else {
+            assert_eq!(writer.run(&format!("SET {key} new")), ok());
+        }
+        written_at.set(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Relaxed);
+        for (i, r) in readers.into_iter().enumerate() {
+            let (after, stale) = r.join().unwrap();
+            assert!(
+                after > 0,
+                "round {round}: node {i} read nothing after the write"
+            );
+            assert_eq!(
+                stale, 0,
+                "round {round}: node {i} answered the old value {stale} times"
+            );
+        }
     }
 }
 
