@@ -2,6 +2,7 @@
 //! same client, so their numbers compare.
 
 mod common;
+mod incast;
 mod kv;
 mod latency;
 mod pd;
@@ -37,6 +38,9 @@ enum Command {
     Pd(pd::PdArgs),
     /// Zipf-skewed reads of hot blocks; load per shard.
     Skew(skew::SkewArgs),
+    /// Many clients fetching the same hot prefix with MGETPREFIX, plain
+    /// or cluster-aware: GB/s and latency.
+    Incast(incast::IncastArgs),
     /// The block dialect versus a Redis connector: chain lookup latency
     /// (PREFIXLEN vs sequential EXISTS) and prefix fetch throughput
     /// (MGETPREFIX vs MGET).
@@ -76,6 +80,7 @@ fn main() -> std::process::ExitCode {
             Command::Pd(a) => pd::run(a, threads).await,
             Command::Skew(a) => skew::run(a, threads).await,
             Command::Prefix(a) => prefix::run(a).await,
+            Command::Incast(a) => incast::run(a).await,
             Command::Sim(a) => sim::run(a),
             Command::Latency(a) => latency::run(a),
             Command::SpillIndex(a) => spill_index::run(a),

@@ -56,7 +56,7 @@ pub struct PrefixArgs {
 }
 
 /// Deterministic content of block `i` (checked on every fetch).
-fn block(i: usize, len: usize) -> Bytes {
+pub fn block(i: usize, len: usize) -> Bytes {
     let mut v = vec![0u8; len];
     let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     for chunk in v.chunks_mut(8) {

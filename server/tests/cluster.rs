@@ -826,6 +826,78 @@ fn no_read_after_a_write_returns_the_old_copy() {
     }
 }
 
+#[test]
+fn a_hot_prefix_over_nodes_is_read_from_copies_and_never_stale() {
+    let c = Cluster::start(
+        3,
+        &["--hot-key-threshold", "300", "--hot-key-replicas", "2"],
+    );
+    // A 12-block prefix whose blocks live on every node.
+    let keys: Vec<String> = (0..12).map(|i| format!("prefix:{i}")).collect();
+    let owners: Vec<usize> = keys.iter().map(|k| c.owner_by_slots(0, k)).collect();
+    assert!((0..3).all(|n| owners.contains(&n)), "{owners:?}");
+    for k in &keys {
+        assert_eq!(c.raw(0).run(&format!("SET {k} v-{k}")), ok());
+    }
+    let fetch = encode(
+        &[&b"MGETPREFIX"[..], b"12"]
+            .into_iter()
+            .chain(keys.iter().map(|k| k.as_bytes()))
+            .collect::<Vec<_>>(),
+    );
+    let whole = array(keys.iter().map(|k| bulk(format!("v-{k}"))).collect());
+    // Plain clients on every node read the whole prefix until each node
+    // holds copies of the other nodes' blocks and answers them itself.
+    let mut readers: Vec<RawConn> = (0..3).map(|i| c.raw(i)).collect();
+    let batch: Vec<u8> = fetch
+        .iter()
+        .copied()
+        .cycle()
+        .take(fetch.len() * 100)
+        .collect();
+    let from_copies = eventually(Duration::from_secs(20), || {
+        for r in readers.iter_mut() {
+            r.send(&batch);
+            for _ in 0..100 {
+                assert_eq!(r.read(), whole);
+            }
+        }
+        (0..3).all(|n| {
+            let mut conn = c.raw(n);
+            let forwarded = info_int(&mut conn, "cluster", "cluster_forwarded");
+            let hits = info_int(&mut conn, "cluster", "cluster_replica_hits");
+            readers[n].send(&batch);
+            for _ in 0..100 {
+                assert_eq!(readers[n].read(), whole);
+            }
+            info_int(&mut conn, "cluster", "cluster_forwarded") == forwarded
+                && info_int(&mut conn, "cluster", "cluster_replica_hits") >= hits + 100
+        })
+    });
+    assert!(from_copies, "the prefix is still read from its owners");
+    // A block deleted in the middle: every node's prefix ends before it at
+    // once, whichever node the DEL went through.
+    let cut = 5;
+    assert_eq!(
+        c.raw(owners[cut]).run(&format!("DEL {}", keys[cut])),
+        int(1)
+    );
+    let before_cut = array(keys[..cut].iter().map(|k| bulk(format!("v-{k}"))).collect());
+    for r in readers.iter_mut() {
+        r.send(&fetch);
+        assert_eq!(r.read(), before_cut);
+    }
+    // Overwritten through another node: every node reads the new value.
+    let other = (owners[2] + 1) % 3;
+    assert_eq!(c.raw(other).run(&format!("SET {} new", keys[2])), ok());
+    for r in readers.iter_mut() {
+        r.send(&fetch);
+        let got = r.read().items();
+        assert_eq!(got.len(), cut);
+        assert_eq!(got[2], bulk("new"));
+    }
+}
+
 /// A TCP forwarder from a port of its own to `target` (what a published
 /// container port or a NAT gives a node), counting the connections it took.
 struct Forwarder {

@@ -26,6 +26,17 @@ pub fn answer_from_copies(copies: &Copies, spec: &CommandSpec, args: &Args) -> O
     answer(&values, args)
 }
 
+/// Counts a read of `args`' keys that runs on this node (whole, or as this
+/// node's part of a command spread over nodes) for hot-key detection.
+pub fn count_reads(client: &Client, cluster: &Cluster, args: &Args) {
+    if cluster.hot_threshold > 0 {
+        let mut hot = client.shard.hot.borrow_mut();
+        for (i, _) in args.key_slots() {
+            hot.record(&args[i]);
+        }
+    }
+}
+
 /// Once a window, on shard 0: copies the node's hot keys to their replicas
 /// and renews the leases of those still hot.
 pub async fn replicate_hot(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
@@ -38,13 +49,14 @@ pub async fn replicate_hot(shard: &Rc<Shard>, cluster: &Arc<Cluster>) {
         .collect();
     // Keys no longer hot: their copies lapse with the lease.
     cluster.forget_replicated(&mine);
+    let mut read = Vec::with_capacity(mine.len());
     for key in mine {
-        if !cluster.start_copy(&view, &key) {
-            continue;
+        if cluster.start_copy(&view, &key) {
+            let current = current_value(shard, key.clone()).await;
+            read.push((key, current));
         }
-        let current = current_value(shard, key.clone()).await;
-        cluster.finish_copy(&shard.peers, &view, key, current).await;
     }
+    cluster.finish_copies(&shard.peers, &view, read).await;
 }
 
 /// The owner's value of `key` now, read on the shard that holds it.

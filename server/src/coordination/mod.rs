@@ -148,12 +148,7 @@ fn here(
         });
     }
     if spec.has(flags::READONLY) {
-        if cluster.hot_threshold > 0 {
-            let mut hot = client.shard.hot.borrow_mut();
-            for (i, _) in args.key_slots() {
-                hot.record(&args[i]);
-            }
-        }
+        copies::count_reads(client, cluster, &args);
         if handoff && !in_multi {
             return Routed::Through(Through::HandoffRead, args);
         }
@@ -230,9 +225,13 @@ pub fn decide(
                 cluster.stats.replica_hits.fetch_add(1, Relaxed);
                 return Decision::Reply(reply);
             }
-            if args
-                .key_slots()
-                .any(|(i, _)| copies.get(&args[i]).is_some())
+            // (A command spread over nodes tries the copies again part by
+            // part: not a miss yet.)
+            let spread = !one_node && spec.spread != Spread::No;
+            if !spread
+                && args
+                    .key_slots()
+                    .any(|(i, _)| copies.get(&args[i]).is_some())
             {
                 cluster.stats.replica_misses.fetch_add(1, Relaxed);
             }

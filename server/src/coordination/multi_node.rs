@@ -9,7 +9,7 @@ use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
-use super::copies::write_through;
+use super::copies::{answer_from_copies, count_reads, write_through};
 use super::forward::{forward, lane};
 use crate::commands::{block, execute, flags, is, parse_int, Args, Client, CommandSpec, Spread};
 
@@ -57,35 +57,57 @@ struct Spreading<'c> {
 }
 
 impl Spreading<'_> {
-    /// Runs the parts: remote ones sent first (in parallel), then local ones
+    /// Runs the parts: remote ones sent first (in parallel), or answered
+    /// here when this node holds a copy of every key of the part (a hot
+    /// prefix spread over nodes is then read here whole), then local ones
     /// here, then the remote replies collected. Replies in part order.
     async fn run_parts(&mut self, parts: &[Part], blocking: bool) -> Vec<Reply> {
         let (cluster, view, spec) = (self.cluster, self.view, self.spec);
         let client = &mut *self.client;
-        let mut pending: Vec<Option<Reply>> = parts
-            .iter()
-            .map(|p| {
-                (view.me != Some(p.node)).then(|| {
-                    forward(
-                        &client.shard,
-                        cluster,
-                        view,
-                        p.node,
-                        lane(client),
-                        p.args.clone(),
-                        blocking,
-                    )
+        let mut pending: Vec<Option<Reply>> = {
+            let copies = client.shard.copies.borrow();
+            let from_copies =
+                spec.from_copies.is_some() && client.multi.is_none() && !copies.is_empty();
+            parts
+                .iter()
+                .map(|p| {
+                    (view.me != Some(p.node)).then(|| {
+                        let copied = from_copies
+                            .then(|| {
+                                answer_from_copies(&copies, spec, &Args::of(spec, p.args.clone()))
+                            })
+                            .flatten();
+                        match copied {
+                            Some(reply) => {
+                                cluster.stats.replica_hits.fetch_add(1, Relaxed);
+                                reply
+                            }
+                            None => forward(
+                                &client.shard,
+                                cluster,
+                                view,
+                                p.node,
+                                lane(client),
+                                p.args.clone(),
+                                blocking,
+                            ),
+                        }
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
         let mut out = Vec::with_capacity(parts.len());
         for (part, remote) in parts.iter().zip(pending.iter_mut()) {
             let reply = match remote.take() {
                 Some(r) => r,
                 None => {
-                    // This node's part: as any command run here (hand-off
-                    // pulls and deletes, dropped copies).
+                    // This node's part: as any command run here (counted
+                    // for hot keys, hand-off pulls and deletes, dropped
+                    // copies).
                     let args = Args::of(spec, part.args.clone());
+                    if spec.has(flags::READONLY) {
+                        count_reads(client, cluster, &args);
+                    }
                     let handed = !super::handoff::handoff_keys(cluster, view, &args).is_empty();
                     if handed && spec.has(flags::READONLY) {
                         super::handoff::handoff_read(client, spec, args).await
