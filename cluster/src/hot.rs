@@ -14,7 +14,9 @@
 //!   threshold divided by the nodes that serve it), with no flapping.
 //! * Serving. A node asked for a key it does not own serves its copy (if
 //!   it has a live one) instead of forwarding: GET, MGET, EXISTS, STRLEN,
-//!   GETRANGE and the read dialect, when every key has a copy.
+//!   GETRANGE and the read dialect, when every key has a copy; a read
+//!   spread over nodes answers each other node's part from copies the same
+//!   way.
 //! * Invalidation. A write to a replicated key (DEL, SET, REPLACE, EXPIRE,
 //!   ...) runs, then `CLUSTER UNCOPY` reaches every copy, and only then is
 //!   the reply sent: once DEL returns, no node serves the key. A replica
