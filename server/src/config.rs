@@ -44,13 +44,13 @@ pub struct Config {
     #[arg(long, default_value = "no", value_parser = parse_yes_no, action = clap::ArgAction::Set)]
     pub pin_threads: bool,
 
-    /// After answering, a connection keeps polling its socket for this many
-    /// microseconds before its shard thread sleeps (0: sleep at once). A
-    /// client that sends its next request within the window is served
-    /// without the thread's wake-up; the polling yields to every other
-    /// connection and costs CPU only while a client is active. One
-    /// connection per shard polls at a time, and none while several
-    /// clients of the shard are active.
+    /// After answering, a connection may keep polling its socket for up to
+    /// this many microseconds before its shard thread sleeps (0: sleep at
+    /// once). A client that sends its next request within the window is
+    /// served without the thread's wake-up. A connection polls only while
+    /// polling has been measured to bring its client's requests sooner (a
+    /// paced client is not polled for); one connection per shard polls at a
+    /// time, and none while several clients of the shard are active.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=MAX_IDLE_POLL_US))]
     pub idle_poll_us: u64,
 

@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::idle_poll::PollPlan;
 use crate::clients::ClientInfo;
 use crate::commands::registry::table;
 use crate::commands::{
@@ -188,6 +189,7 @@ async fn serve<S: ClientIo>(
         now_ms: now_ms(),
         query_bytes: 0,
         protocol_error: None,
+        poll_plan: PollPlan::default(),
     };
     if let Err(e) = conn.run().await {
         debug!("client {id} ({peer}): {e}");
@@ -218,6 +220,8 @@ struct Connection<S: ClientIo> {
     query_bytes: usize,
     /// Why the last request could not be parsed (the batch's last reply).
     protocol_error: Option<String>,
+    /// Whether polling for the next request pays for this client.
+    poll_plan: PollPlan,
 }
 
 /// A command body that awaits other shards or nodes.
@@ -369,6 +373,7 @@ impl<S: ClientIo> Connection<S> {
             .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
         batch.rounds_from = self.client.shard.round_mark();
         self.clock = mono_ns();
+        self.poll_plan.arrived(self.clock);
         self.note_reader();
         self.now_ms = kvtier_store::ms_at(self.clock);
         let mut info = self.client.info.borrow_mut();
@@ -608,6 +613,7 @@ impl<S: ClientIo> Connection<S> {
         // A TLS record cannot be looked for without a read that may wait:
         // TLS connections do not poll.
         if window == 0
+            || !self.poll_plan.wants_poll()
             || contended
             || shard.polling.get()
             || self.parser.big_bulk_buffer().is_some()
@@ -633,6 +639,7 @@ impl<S: ClientIo> Connection<S> {
             tokio::task::yield_now().await;
         };
         shard.polling.set(false);
+        self.poll_plan.polled(matches!(found, Ok(Some(_))));
         let mut stats = shard.stats.borrow_mut();
         stats.idle_poll_us += started.elapsed().as_micros() as u64;
         stats.idle_poll_hits += matches!(found, Ok(Some(n)) if n > 0) as u64;

@@ -2,3 +2,4 @@
 //! [`connection`].
 
 pub mod connection;
+mod idle_poll;
