@@ -166,6 +166,28 @@ fn idle_polling_serves_a_lone_client_and_can_be_turned_off() {
 }
 
 #[test]
+fn a_paced_client_is_not_polled_for() {
+    // A client that waits 2 ms between requests (a scheduler's lookups):
+    // polling cannot bring its requests sooner, so after a trial whose
+    // first poll misses, its connection rests (longer each time) instead of
+    // spinning a window after every reply.
+    let window_us = 200;
+    let server = Server::start(&["--idle-poll-us", &window_us.to_string()]);
+    let mut c = server.raw();
+    for i in 0..300 {
+        assert_eq!(c.run(&format!("SET paced:{i} v")), ok());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // Trials start after 32, 96 and 224 requests here: three missed polls,
+    // where a fixed window would have spun after all 300 replies.
+    let polled = stat(&mut c, "idle_poll_us");
+    assert!(
+        polled <= 10 * window_us,
+        "{polled} µs of polling for 300 paced requests"
+    );
+}
+
+#[test]
 fn pinning_is_a_choice() {
     for (flag, shown) in [("yes", "yes"), ("no", "no")] {
         let server = Server::start(&["--pin-threads", flag]);

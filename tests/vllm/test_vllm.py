@@ -170,7 +170,11 @@ def test_a_second_engine_loads_a_shared_prefix(
     # no write of this test lands in the next one's emptied tier.
     whole = block_keys(kvtier_server, b_prompt, count=len(b_prompt) // BLOCK)
     deadline = time.monotonic() + 60
-    while kvtier_server.client().execute("EXISTS", *whole) < len(whole):
+    while True:
+        present = kvtier_server.client().execute("EXISTS", *whole)
+        assert isinstance(present, int)
+        if present == len(whole):
+            break
         assert time.monotonic() < deadline, "the engine's save did not land"
         time.sleep(0.05)
 
