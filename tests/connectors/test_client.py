@@ -284,8 +284,39 @@ def test_urls() -> None:
     ep = kvtier.parse_url("kvtier://u:p%40ss@h1:1,h2:2")
     assert [str(n) for n in ep.nodes] == ["h1:1", "h2:2"] and (ep.username, ep.password) == ("u", "p@ss")
     assert kvtier.parse_url("kvtiers://h").ssl and kvtier.parse_url("kvtiers://h").nodes[0].port == 6379
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kvtiers:// for TLS"):
         kvtier.parse_url("redis://h:1")
+
+
+def test_clients_take_urls_and_name_bad_addresses(server: Server) -> None:
+    url = "kvtier://%s" % server.addr
+    for i, c in enumerate((kvtier.Client(url), kvtier.Client.from_url(url))):
+        assert c.put_chain(["url:%d" % i], [b"v"]) == [1] and c.get_prefix(["url:%d" % i]) == [b"v"]
+        c.close()
+
+    async def run() -> None:
+        for make in (kvtier.AsyncClient, kvtier.AsyncClient.from_url):
+            async with make(url) as a:
+                assert await a.get_prefix(["url:0"]) == [b"v"]
+
+    asyncio.run(run())
+    # A URL's user and password are the client's unless given as keywords.
+    c = kvtier.Client("kvtier://u:p%40ss@h1:1,h2:2")
+    assert [str(n) for n in c.nodes] == ["h1:1", "h2:2"]
+    assert (c._options["username"], c._options["password"]) == ("u", "p@ss")
+    assert kvtier.Client("kvtier://u:p@h1:1", password="other")._options["password"] == "other"
+    for bad, says in [
+        ("kvtier://h1:port", "bad port 'port'"),
+        ("h1:70000", "bad port"),
+        ("redis://h1:1", "kvtier:// and kvtiers://"),
+        ("kvtier://", "no nodes"),
+        (":1", "no host"),
+        (["h1:1", "kvtier://h2:2"], "a URL where an address was expected"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            kvtier.Client(bad)
+        with pytest.raises(ValueError, match=says):
+            kvtier.AsyncClient(bad)
 
 
 def _coordinated(nodes: list[Server]) -> int:

@@ -139,20 +139,56 @@ def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tupl
             host, port = item
         else:
             text = item.strip()
+            if "://" in text:
+                raise ValueError(
+                    "%r: a URL where an address was expected (use kvtier://host:port as the "
+                    "whole target, or host:port)" % (item,)
+                )
+            p: object
             if text.startswith("["):  # [::1]:6379
                 host, _, rest = text[1:].partition("]")
-                port = int(rest[1:]) if rest.startswith(":") else 6379
+                p = rest[1:] if rest.startswith(":") else 6379
             elif text.count(":") == 1:
                 host, p = text.split(":")
-                port = int(p)
             else:
-                host, port = text, 6379
+                host, p = text, 6379
+            port = _port(p, item)
         if not host:
-            raise ValueError("no host in %r" % (item,))
-        nodes.append(Node(host, int(port)))
+            raise ValueError("no host in %r (expected host:port)" % (item,))
+        nodes.append(Node(host, _port(port, item)))
     if not nodes:
-        raise ValueError("no nodes in %r" % (spec,))
+        raise ValueError("no nodes in %r (expected host:port[,host:port...])" % (spec,))
     return tuple(nodes)
+
+
+def _port(value: object, item: object) -> int:
+    """A port number, or a ValueError naming the address it came from."""
+    try:
+        port: int = int(str(value))
+    except ValueError:
+        raise ValueError("bad port %r in %r (expected host:port, port 1-65535)" % (value, item)) from None
+    if not 0 < port < 65536:
+        raise ValueError("bad port %r in %r (expected host:port, port 1-65535)" % (value, item))
+    return port
+
+
+def resolve_target(
+    nodes: Union[str, Sequence[Union[str, tuple[str, int]]]],
+    username: str | None,
+    password: str | None,
+    ssl: object,
+) -> tuple[tuple[Node, ...], str | None, str | None, object]:
+    """What a client's ``nodes`` names: a ``kvtier://`` / ``kvtiers://`` URL
+    (its user, password and TLS unless given as keywords) or addresses."""
+    if isinstance(nodes, str) and "://" in nodes:
+        ep = parse_url(nodes)
+        return (
+            ep.nodes,
+            username if username is not None else ep.username,
+            password if password is not None else ep.password,
+            ssl if ssl else ep.ssl,
+        )
+    return parse_nodes(nodes), username, password, ssl
 
 
 def parse_url(url: str) -> Endpoint:
@@ -160,7 +196,7 @@ def parse_url(url: str) -> Endpoint:
     for TLS). Several hosts name nodes of one cluster."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("kvtier", "kvtiers"):
-        raise ValueError("not a kvtier:// URL: %r" % url)
+        raise ValueError("not a kvtier:// URL: %r (the schemes are kvtier:// and kvtiers:// for TLS)" % url)
     auth, at, hosts = rest.rpartition("@")
     hosts = hosts.split("/", 1)[0].split("?", 1)[0]
     username = password = None

@@ -195,7 +195,9 @@ class AsyncClient:
         split_reads: bool = True,
         stripes: int = cmd.STRIPES,
     ) -> None:
-        self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
+        self.nodes: tuple[Node, ...]
+        self.nodes, username, password, tls = cmd.resolve_target(nodes, username, password, ssl)
+        ssl = tls if isinstance(tls, ssl_module.SSLContext) else bool(tls)
         self.split_reads = split_reads
         self.stripes = stripes
         self._slots: Optional[list[Node]] = None

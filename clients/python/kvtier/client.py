@@ -67,7 +67,10 @@ def _get_connection(pool: ConnectionPool) -> redis.Connection:
 class Client:
     """A kvtier client for one node or a cluster's nodes (thread-safe).
 
-    ``nodes`` is ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of addresses.
+    ``nodes`` is a URL, ``"kvtier://[user:password@]host:port[,host:port...]"``
+    (``kvtiers://`` for TLS; keywords given here win over the URL's), or
+    ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of addresses; a malformed
+    one is a ``ValueError`` that says what is wrong.
     kvtier nodes coordinate multi-key dialect commands themselves (the node
     that receives ``PREFIXLEN``/``MSETBLOCK`` splits the keys by owner and
     merges the answers), so those go to one node: the client spreads
@@ -101,7 +104,9 @@ class Client:
         stripes: int = cmd.STRIPES,
         **connection_kwargs: Any,
     ) -> None:
-        self.nodes: tuple[Node, ...] = cmd.parse_nodes(nodes)
+        self.nodes: tuple[Node, ...]
+        self.nodes, username, password, tls = cmd.resolve_target(nodes, username, password, ssl)
+        ssl = bool(tls)
         self.split_reads = split_reads
         self.stripes = stripes
         self._slots: Optional[list[Node]] = None
