@@ -14,6 +14,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -317,6 +318,28 @@ def test_clients_take_urls_and_name_bad_addresses(server: Server) -> None:
             kvtier.Client(bad)
         with pytest.raises(ValueError, match=says):
             kvtier.AsyncClient(bad)
+
+
+def test_put_chain_names_a_wrong_argument_before_sending(server: Server) -> None:
+    cases: list[tuple[list[str], list[bytes], dict[str, Any], str]] = [
+        (["a", "b"], [b"x"], {}, "keys has 2 items but values has 1"),
+        ([], [], {}, "keys is empty"),
+        (["a"], [b"x"], {"parent": "p", "chain": False}, "parent needs chain=True"),
+        (["a"], [b"x"], {"ex": 1, "px": 1}, "ex or px"),
+    ]
+    c = server.client()
+    for keys, values, kw, says in cases:
+        with pytest.raises(ValueError, match=says):
+            c.put_chain(keys, values, **kw)
+
+    async def run() -> None:
+        async with kvtier.AsyncClient(server.addr) as a:
+            for keys, values, kw, says in cases:
+                with pytest.raises(ValueError, match=says):
+                    await a.put_chain(keys, values, **kw)
+
+    asyncio.run(run())
+    assert c.execute("DBSIZE") == 0, "something was sent"
 
 
 def _coordinated(nodes: list[Server]) -> int:

@@ -65,15 +65,8 @@ def msetblock_args(
     ex: int | None = None,
     px: int | None = None,
 ) -> list[Arg]:
-    """``MSETBLOCK n key value... [EX s | PX ms] [CHAIN [PARENT p]] [REPLACE]``"""
-    if len(keys) != len(values):
-        raise ValueError("%d keys but %d values" % (len(keys), len(values)))
-    if not keys:
-        raise ValueError("at least one block is needed")
-    if parent is not None and not chain:
-        raise ValueError("parent needs chain=True")
-    if ex is not None and px is not None:
-        raise ValueError("give ex or px, not both")
+    """``MSETBLOCK n key value... [EX s | PX ms] [CHAIN [PARENT p]] [REPLACE]``
+    (the arguments checked by :func:`check_blocks`)."""
     args: list[Arg] = ["MSETBLOCK", len(keys)]
     for k, v in zip(keys, values):
         args.append(k)
@@ -276,6 +269,28 @@ def value_nbytes(value: Value) -> int:
     return sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in value)
 
 
+def check_blocks(
+    keys: Sequence[Key],
+    values: Sequence[Value],
+    parent: Optional[Key],
+    chain: bool,
+    ex: Optional[int],
+    px: Optional[int],
+) -> None:
+    """A ValueError naming the argument of ``put_chain`` that is wrong, before
+    anything is sent."""
+    if len(keys) != len(values):
+        raise ValueError(
+            "put_chain: keys has %d items but values has %d (one value per key)" % (len(keys), len(values))
+        )
+    if not keys:
+        raise ValueError("put_chain: keys is empty (at least one block is needed)")
+    if parent is not None and not chain:
+        raise ValueError("put_chain: parent needs chain=True")
+    if ex is not None and px is not None:
+        raise ValueError("put_chain: give ex or px, not both")
+
+
 def stripe_msetblock(
     keys: Sequence[Key],
     values: Sequence[Value],
@@ -288,6 +303,7 @@ def stripe_msetblock(
 ) -> list[tuple[range, list[Arg]]]:
     """One ``MSETBLOCK`` per contiguous range; with ``CHAIN`` each range names
     the key before it as ``PARENT``, so the links are those of one call."""
+    check_blocks(keys, values, parent, chain, ex, px)
     total = sum(value_nbytes(v) for v in values)
     ranges = stripe_ranges(len(keys), stripes) if total >= STRIPE_MIN_BYTES else [range(len(keys))]
     parts = []
