@@ -11,17 +11,11 @@
 # The base is checked out in a git worktree under target/baseline/ and built
 # with its own target directory (kept for the next run).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 BASE=${1:-HEAD~1}
-REV=$(git rev-parse --short "$BASE")
-WT=target/baseline/src-$REV
-if [[ ! -d $WT ]]; then
-  git worktree add --detach "$WT" "$REV" >/dev/null
-fi
-CARGO_TARGET_DIR=$PWD/target/baseline/target cargo build --release -q \
-  --manifest-path "$WT/Cargo.toml" -p kvtier-server
-export BASELINE_BIN=$PWD/target/baseline/target/release/kvtier-server
-echo "baseline: $REV ($(git log -1 --format=%s "$REV" | cut -c1-70))"
+build_baseline "$BASE"
+export BASELINE_BIN
 echo
 echo "== redis-benchmark cells (scripts/bench-vs-redis.sh) =="
 scripts/bench-vs-redis.sh

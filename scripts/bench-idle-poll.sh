@@ -29,13 +29,7 @@ IDLE_SECS=${IDLE_SECS:-3}
 command -v redis-server >/dev/null || { echo "missing redis-server"; exit 1; }
 
 bench_setup bench-idle-poll
-REV=$(git rev-parse --short "$BASE")
-WT=target/baseline/src-$REV
-[[ -d $WT ]] || git worktree add --detach "$WT" "$REV" >/dev/null
-CARGO_TARGET_DIR=$PWD/target/baseline/target cargo build --release -q \
-  --manifest-path "$WT/Cargo.toml" -p kvtier-server
-BASE_BIN=$PWD/target/baseline/target/release/kvtier-server
-echo "base: $REV ($(git log -1 --format=%s "$REV" | cut -c1-70))"
+build_baseline "$BASE"
 
 # poll_us PORT: INFO's idle_poll_us of a kvtier server (0 for redis-server).
 poll_us() { redis-cli -p "$1" info stats | awk -F: '/^idle_poll_us:/ {v = $2} END {printf "%.0f\n", v + 0}'; }
@@ -51,7 +45,7 @@ for s in "${SERVERS[@]}"; do
     redis) redis-server --port "${PORT[$s]}" --save '' --appendonly no >"$WORK/$s.log" 2>&1 & ;;
     kvtier) "$BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none >"$WORK/$s.log" 2>&1 & ;;
     kvtier-poll0) "$BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none --idle-poll-us 0 >"$WORK/$s.log" 2>&1 & ;;
-    base) "$BASE_BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none >"$WORK/$s.log" 2>&1 & ;;
+    base) "$BASELINE_BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none >"$WORK/$s.log" 2>&1 & ;;
   esac
   PID[$s]=$!
   PIDS+=($!)

@@ -90,3 +90,17 @@ docker_prebuilt() {
   mkdir -p docker/prebuilt
   cp "target/$1/kvtier-server" "target/$1/kvtier-bench" docker/prebuilt/
 }
+
+# build_baseline REV: builds kvtier-server at revision REV beside the working
+# tree (a git worktree under target/baseline/, its own target directory, both
+# kept for the next run), prints which revision it is and sets BASELINE_BIN.
+build_baseline() {
+  local rev wt
+  rev=$(git rev-parse --short "$1")
+  wt=target/baseline/src-$rev
+  [[ -d $wt ]] || git worktree add --detach "$wt" "$rev" >/dev/null
+  CARGO_TARGET_DIR=$PWD/target/baseline/target cargo build --release -q \
+    --manifest-path "$wt/Cargo.toml" -p kvtier-server
+  BASELINE_BIN=$PWD/target/baseline/target/release/kvtier-server
+  echo "baseline: $rev ($(git log -1 --format=%s "$rev" | cut -c1-70))"
+}

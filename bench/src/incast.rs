@@ -11,18 +11,17 @@
 //!   merged in order (what the kvtier Python client does).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use hdrhistogram::Histogram;
 use kvtier_protocol::Reply;
 use serde_json::json;
 
 use crate::common::{fail_on_error, Output};
 use crate::prefix::block;
-use crate::report;
+use crate::report::{self, Recorder};
 use crate::resp::Client;
 use crate::workload::parse_size;
 
@@ -90,29 +89,21 @@ async fn slot_owners(addr: &str) -> std::io::Result<Vec<String>> {
     Ok(owners)
 }
 
-/// The prefix split by owner, or whole to `addr`.
-async fn route(a: &IncastArgs, keys: &[Bytes], addr: String) -> std::io::Result<Route> {
-    if !a.cluster_aware {
-        return Ok(vec![(addr, (0..keys.len()).collect())]);
-    }
-    let owners = slot_owners(&addr).await?;
+/// Where connection `i` sends its fetch: the whole prefix to its target,
+/// or (given the slot owners) each owner its part.
+fn route(a: &IncastArgs, keys: &[Bytes], owners: Option<&[String]>, i: usize) -> Route {
+    let Some(owners) = owners else {
+        return vec![(a.out.addr_for(i), (0..keys.len()).collect())];
+    };
     let mut parts: Route = Vec::new();
-    for (i, key) in keys.iter().enumerate() {
+    for (b, key) in keys.iter().enumerate() {
         let owner = &owners[kvtier_store::slot::key_slot(key) as usize];
         match parts.iter_mut().find(|(o, _)| o == owner) {
-            Some((_, blocks)) => blocks.push(i),
-            None => parts.push((owner.clone(), vec![i])),
+            Some((_, blocks)) => blocks.push(b),
+            None => parts.push((owner.clone(), vec![b])),
         }
     }
-    Ok(parts)
-}
-
-/// What one connection measured.
-struct Tally {
-    latency: Histogram<u64>,
-    fetches: u64,
-    bytes: u64,
-    wrong: u64,
+    parts
 }
 
 /// Fetches the prefix over `route` until `stop`, verifying every value.
@@ -121,7 +112,8 @@ async fn fetcher(
     keys: Arc<Vec<Bytes>>,
     values: Arc<Vec<Bytes>>,
     stop: Arc<AtomicBool>,
-) -> std::io::Result<Tally> {
+    start: Instant,
+) -> std::io::Result<Recorder> {
     let mut conns = Vec::with_capacity(route.len());
     let mut commands = Vec::with_capacity(route.len());
     for (addr, blocks) in &route {
@@ -133,14 +125,9 @@ async fn fetcher(
         cmd.extend(blocks.iter().map(|&i| keys[i].clone()));
         commands.push(cmd);
     }
-    let mut t = Tally {
-        latency: report::histogram(),
-        fetches: 0,
-        bytes: 0,
-        wrong: 0,
-    };
+    let mut rec = Recorder::new(start);
     while !stop.load(Relaxed) {
-        let start = Instant::now();
+        let began = Instant::now();
         for (conn, cmd) in conns.iter_mut().zip(&commands) {
             conn.send(cmd);
             conn.flush().await?;
@@ -161,20 +148,17 @@ async fn fetcher(
             for (v, &i) in got.into_iter().zip(blocks) {
                 match v {
                     Reply::Bulk(b) => {
-                        t.bytes += b.len() as u64;
-                        t.wrong += (b != values[i]) as u64;
+                        rec.add("bytes", b.len() as u64);
+                        rec.add("wrong", (b != values[i]) as u64);
                         conn.recycle_bytes(b);
                     }
-                    _ => t.wrong += 1,
+                    _ => rec.add("wrong", 1),
                 }
             }
         }
-        t.latency
-            .record(start.elapsed().as_nanos() as u64)
-            .map_err(std::io::Error::other)?;
-        t.fetches += 1;
+        rec.op("fetch", began.elapsed());
     }
-    Ok(t)
+    Ok(rec)
 }
 
 /// Runs the scenario.
@@ -202,37 +186,32 @@ pub async fn run(a: IncastArgs) -> std::io::Result<()> {
             fail_on_error(&loader.recv().await?, "SET")?;
         }
     }
+    let owners = if a.cluster_aware {
+        Some(slot_owners(&nodes[0]).await?)
+    } else {
+        None
+    };
     let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..a.connections.max(1) {
-        let r = route(&a, &keys, a.out.addr_for(i)).await?;
+        let r = route(&a, &keys, owners.as_deref(), i);
         let (keys, values, stop) = (keys.clone(), values.clone(), stop.clone());
-        tasks.push(tokio::spawn(fetcher(r, keys, values, stop)));
+        tasks.push(tokio::spawn(fetcher(r, keys, values, stop, start)));
     }
-    let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
     stop.store(true, Relaxed);
-    let total = Arc::new(Mutex::new(Tally {
-        latency: report::histogram(),
-        fetches: 0,
-        bytes: 0,
-        wrong: 0,
-    }));
+    let mut all = Recorder::new(start);
     for t in tasks {
-        let t = t.await.map_err(std::io::Error::other)??;
-        let mut all = total
-            .lock()
-            .map_err(|_| std::io::Error::other("poisoned"))?;
-        all.latency.add(&t.latency).map_err(std::io::Error::other)?;
-        all.fetches += t.fetches;
-        all.bytes += t.bytes;
-        all.wrong += t.wrong;
+        all.merge(t.await.map_err(std::io::Error::other)??);
     }
-    let secs = start.elapsed().as_secs_f64();
-    let all = total
-        .lock()
-        .map_err(|_| std::io::Error::other("poisoned"))?;
-    let lat = report::percentiles(&all.latency);
+    let secs = all.wall().as_secs_f64();
+    let fetches = all.latency.get("fetch").map_or(0, |h| h.len());
+    let (bytes, wrong) = (all.count("bytes"), all.count("wrong"));
+    let lat = all
+        .latency
+        .get("fetch")
+        .map_or(serde_json::Value::Null, report::percentiles);
     println!(
         "incast: {} connections fetching {} blocks of {} ({}), {:.1} s",
         a.connections,
@@ -247,12 +226,12 @@ pub async fn run(a: IncastArgs) -> std::io::Result<()> {
     );
     println!(
         "{:.0} fetches/s, {:.3} GB/s, p50 {:.0} µs, p99 {:.0} µs, p99.9 {:.0} µs, wrong values {}",
-        all.fetches as f64 / secs,
-        all.bytes as f64 / secs / 1e9,
+        fetches as f64 / secs,
+        bytes as f64 / secs / 1e9,
         lat["p50_us"].as_f64().unwrap_or(0.0),
         lat["p99_us"].as_f64().unwrap_or(0.0),
         lat["p999_us"].as_f64().unwrap_or(0.0),
-        all.wrong
+        wrong
     );
     if let Some(path) = &a.out.json {
         let report = json!({
@@ -263,17 +242,17 @@ pub async fn run(a: IncastArgs) -> std::io::Result<()> {
             "connections": a.connections,
             "cluster_aware": a.cluster_aware,
             "seconds": secs,
-            "fetches_per_sec": all.fetches as f64 / secs,
-            "gb_per_sec": all.bytes as f64 / secs / 1e9,
+            "fetches_per_sec": fetches as f64 / secs,
+            "gb_per_sec": bytes as f64 / secs / 1e9,
             "latency": lat,
-            "verification_failures": all.wrong,
+            "verification_failures": wrong,
         });
         report::write_json(path, &report)?;
     }
-    if all.wrong > 0 {
+    if wrong > 0 {
         return Err(std::io::Error::other(format!(
             "{} wrong values: the server returned wrong bytes",
-            all.wrong
+            wrong
         )));
     }
     Ok(())

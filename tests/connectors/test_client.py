@@ -318,6 +318,9 @@ def test_clients_take_urls_and_name_bad_addresses(server: Server) -> None:
             kvtier.Client(bad)
         with pytest.raises(ValueError, match=says):
             kvtier.AsyncClient(bad)
+    for make in (kvtier.Client.from_url, kvtier.AsyncClient.from_url):
+        with pytest.raises(ValueError, match="takes a kvtier:// or kvtiers:// URL"):
+            make("h1:1")
 
 
 def test_put_chain_names_a_wrong_argument_before_sending(server: Server) -> None:

@@ -128,6 +128,7 @@ def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tupl
         items = list(spec)
     nodes = []
     for item in items:
+        port: object
         if isinstance(item, tuple):
             host, port = item
         else:
@@ -137,15 +138,13 @@ def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tupl
                     "%r: a URL where an address was expected (use kvtier://host:port as the "
                     "whole target, or host:port)" % (item,)
                 )
-            p: object
             if text.startswith("["):  # [::1]:6379
                 host, _, rest = text[1:].partition("]")
-                p = rest[1:] if rest.startswith(":") else 6379
+                port = rest[1:] if rest.startswith(":") else 6379
             elif text.count(":") == 1:
-                host, p = text.split(":")
+                host, port = text.split(":")
             else:
-                host, p = text, 6379
-            port = _port(p, item)
+                host, port = text, 6379
         if not host:
             raise ValueError("no host in %r (expected host:port)" % (item,))
         nodes.append(Node(host, _port(port, item)))
@@ -157,9 +156,9 @@ def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tupl
 def _port(value: object, item: object) -> int:
     """A port number, or a ValueError naming the address it came from."""
     try:
-        port: int = int(str(value))
+        port = int(str(value))
     except ValueError:
-        raise ValueError("bad port %r in %r (expected host:port, port 1-65535)" % (value, item)) from None
+        port = 0
     if not 0 < port < 65536:
         raise ValueError("bad port %r in %r (expected host:port, port 1-65535)" % (value, item))
     return port

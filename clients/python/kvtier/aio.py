@@ -221,12 +221,11 @@ class AsyncClient:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> AsyncClient:
-        """A client for ``kvtier://[user:pass@]host:port[,host:port...]``."""
-        ep = cmd.parse_url(url)
-        kwargs.setdefault("username", ep.username)
-        kwargs.setdefault("password", ep.password)
-        kwargs.setdefault("ssl", ep.ssl)
-        return cls([(n.host, n.port) for n in ep.nodes], **kwargs)
+        """A client for ``kvtier://[user:pass@]host:port[,host:port...]``
+        (``AsyncClient(url)`` as redis-py users spell it; an address is refused)."""
+        if "://" not in url:
+            raise ValueError("from_url takes a kvtier:// or kvtiers:// URL, not %r" % (url,))
+        return cls(url, **kwargs)
 
     async def close(self) -> None:
         """Closes every idle connection."""

@@ -131,12 +131,11 @@ class Client:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Client:
-        """A client for ``kvtier://[user:pass@]host:port[,host:port...]``."""
-        ep = cmd.parse_url(url)
-        kwargs.setdefault("username", ep.username)
-        kwargs.setdefault("password", ep.password)
-        kwargs.setdefault("ssl", ep.ssl)
-        return cls([(n.host, n.port) for n in ep.nodes], **kwargs)
+        """A client for ``kvtier://[user:pass@]host:port[,host:port...]``
+        (``Client(url)`` as redis-py users spell it; an address is refused)."""
+        if "://" not in url:
+            raise ValueError("from_url takes a kvtier:// or kvtiers:// URL, not %r" % (url,))
+        return cls(url, **kwargs)
 
     def _make_pool(self, node: Node) -> ConnectionPool:
         opts = {k: v for k, v in self._options.items() if v is not None}

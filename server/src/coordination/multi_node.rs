@@ -72,26 +72,24 @@ impl Spreading<'_> {
                 .iter()
                 .map(|p| {
                     (view.me != Some(p.node)).then(|| {
-                        let copied = from_copies
-                            .then(|| {
-                                answer_from_copies(&copies, spec, &Args::of(spec, p.args.clone()))
-                            })
-                            .flatten();
-                        match copied {
-                            Some(reply) => {
+                        let mut args = p.args.clone();
+                        if from_copies {
+                            let part = Args::of(spec, args);
+                            if let Some(reply) = answer_from_copies(&copies, spec, &part) {
                                 cluster.stats.replica_hits.fetch_add(1, Relaxed);
-                                reply
+                                return reply;
                             }
-                            None => forward(
-                                &client.shard,
-                                cluster,
-                                view,
-                                p.node,
-                                lane(client),
-                                p.args.clone(),
-                                blocking,
-                            ),
+                            args = part.into_vec();
                         }
+                        forward(
+                            &client.shard,
+                            cluster,
+                            view,
+                            p.node,
+                            lane(client),
+                            args,
+                            blocking,
+                        )
                     })
                 })
                 .collect()

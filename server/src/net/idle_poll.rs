@@ -46,12 +46,12 @@ pub struct PollPlan {
     phase: Phase,
     /// The previous batch's start (mono ns; 0: none yet).
     last: u64,
-    /// Nanoseconds between batches summed over the current measurement,
-    /// and how many.
+    /// Nanoseconds between batches summed over the current measurement
+    /// (always [`MEASURE`] gaps when it ends).
     sum: u64,
-    count: u32,
-    /// The mean gap measured at the end of the last rest.
-    rest_mean: u64,
+    /// [`PollPlan::sum`] at the end of the last rest (a trial's sum covers
+    /// as many gaps, so the two compare as means would).
+    rest_sum: u64,
     /// How long the next rest lasts.
     rest: u32,
 }
@@ -62,8 +62,7 @@ impl Default for PollPlan {
             phase: Phase::Rest { left: MEASURE },
             last: 0,
             sum: 0,
-            count: 0,
-            rest_mean: 0,
+            rest_sum: 0,
             rest: MEASURE,
         }
     }
@@ -79,34 +78,28 @@ impl PollPlan {
     /// A batch of requests began at `now` (mono ns).
     #[inline]
     pub fn arrived(&mut self, now: u64) {
-        let gap = if self.last == 0 {
-            None
-        } else {
-            Some(now.saturating_sub(self.last))
-        };
+        let (first, gap) = (self.last == 0, now.saturating_sub(self.last));
         self.last = now;
-        let Some(gap) = gap else {
+        if first {
             return;
-        };
+        }
+        // A phase starts with `left` >= 1 and ends at 0.
         match &mut self.phase {
             Phase::Rest { left } => {
-                *left = left.saturating_sub(1);
+                *left -= 1;
                 if *left < MEASURE {
                     self.sum += gap;
-                    self.count += 1;
                 }
                 if *left == 0 {
-                    self.rest_mean = self.sum / u64::from(self.count.max(1));
+                    self.rest_sum = self.sum;
                     self.start(Phase::Trial { left: MEASURE });
                 }
             }
             Phase::Trial { left } => {
                 *left -= 1;
                 self.sum += gap;
-                self.count += 1;
                 if *left == 0 {
-                    let mean = self.sum / u64::from(self.count.max(1));
-                    if mean * GAIN.1 <= self.rest_mean * GAIN.0 {
+                    if self.sum * GAIN.1 <= self.rest_sum * GAIN.0 {
                         self.rest = MEASURE;
                         self.start(Phase::Poll {
                             left: KEEP,
@@ -156,7 +149,6 @@ impl PollPlan {
     fn start(&mut self, phase: Phase) {
         self.phase = phase;
         self.sum = 0;
-        self.count = 0;
     }
 }
 
