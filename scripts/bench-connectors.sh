@@ -13,6 +13,10 @@
 #
 #   scripts/bench-connectors.sh                  # both chunk sizes
 #   CHUNK_TOKENS=16 REPS=1 ROUNDS=1 scripts/bench-connectors.sh   # quick look
+#   CLIENT_BASELINE=d4db37b VLLM=0 scripts/bench-connectors.sh      # the plugin before/after
+#
+# CLIENT_BASELINE=REV also runs the LMCache plugin with the Python package
+# (clients/python) of revision REV, as plugin@base, taking turns with today's.
 #
 # Environment: KVTIER_BIN (default target/release/kvtier-server, built when
 # missing), REPS (3), ROUNDS (3: every connector runs this many times, taking
@@ -67,9 +71,14 @@ done
 for p in "$REDIS_PORT" "$KV_PORT" "$C1" "$C2" "$C3"; do wait_port "$p"; done
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(redis-server --version | cut -d' ' -f1-3), kvtier $("$BIN" --version | cut -d' ' -f2), lmcache $("$VENV/bin/python" -c 'import lmcache; print(lmcache.__version__)'), $(nproc) cores"
-echo "# command: REPS=$REPS ROUNDS=$ROUNDS LOOKUPS=$LOOKUPS CHUNK_TOKENS=$CHUNK_TOKENS scripts/bench-connectors.sh"
+echo "# command: REPS=$REPS ROUNDS=$ROUNDS LOOKUPS=$LOOKUPS CHUNK_TOKENS=$CHUNK_TOKENS${CLIENT_BASELINE:+ CLIENT_BASELINE=$CLIENT_BASELINE} VLLM=${VLLM:-1} scripts/bench-connectors.sh"
+BASE_ARGS=()
+if [[ -n ${CLIENT_BASELINE:-} ]]; then
+    baseline_tree "$CLIENT_BASELINE"
+    BASE_ARGS=(--baseline-client "$PWD/$BASELINE_SRC/clients/python")
+fi
 run() {
-    "$VENV/bin/python" tests/connectors/bench_connectors.py \
+    "$VENV/bin/python" tests/connectors/bench_connectors.py "${BASE_ARGS[@]}" \
         --redis "127.0.0.1:$REDIS_PORT" --kvtier "127.0.0.1:$KV_PORT" \
         --cluster "127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
         --reps "$REPS" --rounds "$ROUNDS" --lookups "$LOOKUPS" --chunk-tokens "$CHUNK_TOKENS" "${VLLM_ARGS[@]}" \

@@ -91,16 +91,22 @@ docker_prebuilt() {
   cp "target/$1/kvtier-server" "target/$1/kvtier-bench" docker/prebuilt/
 }
 
-# build_baseline REV: builds kvtier-server at revision REV beside the working
-# tree (a git worktree under target/baseline/, its own target directory, both
-# kept for the next run), prints which revision it is and sets BASELINE_BIN.
-build_baseline() {
-  local rev wt
+# baseline_tree REV: a checkout of revision REV beside the working tree (a git
+# worktree under target/baseline/, kept for the next run); prints which
+# revision it is and sets BASELINE_SRC.
+baseline_tree() {
+  local rev
   rev=$(git rev-parse --short "$1")
-  wt=target/baseline/src-$rev
-  [[ -d $wt ]] || git worktree add --detach "$wt" "$rev" >/dev/null
-  CARGO_TARGET_DIR=$PWD/target/baseline/target cargo build --release -q \
-    --manifest-path "$wt/Cargo.toml" -p kvtier-server
-  BASELINE_BIN=$PWD/target/baseline/target/release/kvtier-server
+  BASELINE_SRC=target/baseline/src-$rev
+  [[ -d $BASELINE_SRC ]] || git worktree add --detach "$BASELINE_SRC" "$rev" >/dev/null
   echo "baseline: $rev ($(git log -1 --format=%s "$rev" | cut -c1-70))"
+}
+
+# build_baseline REV: builds kvtier-server at revision REV (baseline_tree, its
+# own target directory, kept too) and sets BASELINE_BIN.
+build_baseline() {
+  baseline_tree "$1"
+  CARGO_TARGET_DIR=$PWD/target/baseline/target cargo build --release -q \
+    --manifest-path "$BASELINE_SRC/Cargo.toml" -p kvtier-server
+  BASELINE_BIN=$PWD/target/baseline/target/release/kvtier-server
 }

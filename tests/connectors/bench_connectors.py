@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -300,8 +301,12 @@ def run_child(kind: str, url: str, tokens: int, args: argparse.Namespace) -> dic
     else:
         cmd = [sys.executable, __file__, "--redis", args.redis, "--kvtier", args.kvtier]
         cmd += ["--reps", str(args.reps), "--lookups", str(args.lookups), "--one", kind, url, str(tokens)]
+    env = dict(os.environ)
+    if kind.endswith("@base"):
+        # The same plugin from the baseline's kvtier package, first on the path.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_client, env.get("PYTHONPATH")]))
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     except subprocess.TimeoutExpired:
         return {"connector": kind, "chunk_mib": None, "error": "timed out after 900 s"}
     for line in out.stdout.splitlines():
@@ -335,6 +340,11 @@ def main() -> None:
     ap.add_argument("--lookups", type=int, default=30)
     ap.add_argument("--chunk-tokens", default="256,16")
     ap.add_argument("--vllm-python", default="", help="the vLLM venv's python: also time the vLLM connector")
+    ap.add_argument(
+        "--baseline-client",
+        default="",
+        help="a clients/python of another build: also run the plugin with it (plugin@base), for before/after",
+    )
     ap.add_argument("--one", nargs=3, metavar=("CONNECTOR", "URL", "TOKENS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -346,6 +356,7 @@ def main() -> None:
             kind.split("@")[0], url, int(tokens), flusher(kvtier.Client(flush_addr)), args.reps, args.lookups
         )
         res["connector"] = kind
+        res["client"] = kvtier.__file__
         print("RESULT " + json.dumps(res), flush=True)
         return
 
@@ -365,6 +376,8 @@ def main() -> None:
     ]
     if args.vllm_python:
         runs.append(("vllm", "kvtier://" + args.kvtier))
+    if args.baseline_client:
+        runs.insert(2, ("plugin@base", "kvtier://" + args.kvtier))
     results: list[dict[str, Any]] = []
     for tokens in [int(t) for t in args.chunk_tokens.split(",")]:
         # The connectors take turns, round after round: the machine's
@@ -413,9 +426,9 @@ def main() -> None:
     }
     for (conn, mib), x in sorted(by.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
         if conn in ("plugin", "vllm"):
-            for base in ("redis", "resp", "redis@kvtier"):
+            for base in ("redis", "resp", "redis@kvtier", "plugin@base"):
                 b = by.get((base, mib))
-                if b is None:
+                if b is None or (base == "plugin@base" and conn != "plugin"):
                     continue
                 print(
                     "| %g MiB | %s vs %s | %.1fx | %.2fx | %.2fx | %.2fx less | %.2fx less |"

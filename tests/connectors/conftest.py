@@ -8,6 +8,7 @@ lmcache 0.5.6, sglang), separate from the quick ``tests/python`` suite.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,3 +52,44 @@ def cluster_nodes(cluster: list[Server]) -> list[Server]:
     for s in cluster:
         s.client().execute("FLUSHALL")
     return cluster
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Test certificates (scripts/test-certs.sh): ca signed server and client,
+    other-ca signed stranger."""
+    d = tmp_path_factory.mktemp("certs")
+    subprocess.run(
+        [str(ROOT / "scripts" / "test-certs.sh"), str(d)], check=True, capture_output=True, timeout=120
+    )
+    return d
+
+
+@pytest.fixture(scope="session")
+def tls_kvtier(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    """A kvtier with a TLS port that wants client certificates, and the
+    ``kvtiers://`` URL a client with the right certificates uses."""
+    port = free_ports(1)[0]
+    server = start_kvtier(
+        tmp_path_factory.mktemp("tls") / "kvtier.log",
+        "--tls-port", str(port),
+        "--tls-cert-file", str(certs / "server.crt"),
+        "--tls-key-file", str(certs / "server.key"),
+        "--tls-ca-cert-file", str(certs / "ca.crt"),
+        "--tls-auth-clients", "yes",
+    )  # fmt: skip
+    url = "kvtiers://127.0.0.1:%d?ssl_ca_certs=%s&ssl_certfile=%s&ssl_keyfile=%s" % (
+        port,
+        certs / "ca.crt",
+        certs / "client.crt",
+        certs / "client.key",
+    )
+    yield server, url
+    server.stop()
+
+
+@pytest.fixture
+def tls_url(tls_kvtier: tuple[Server, str]) -> str:
+    """The TLS kvtier's URL, the server emptied."""
+    tls_kvtier[0].client().execute("FLUSHALL")
+    return tls_kvtier[1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -134,7 +135,7 @@ def test_dialect_round_trip(server: Server) -> None:
 def test_errors_carry_the_servers_text(server: Server) -> None:
     c = server.client()
     with pytest.raises(kvtier.ResponseError, match="ERR MIN must be between 1 and numkeys"):
-        c.get_prefix(["a"], block_ms=10, min=5)
+        c.execute("MGETPREFIX", 1, "a", "BLOCK", 10, "MIN", 5)
     with pytest.raises(ValueError):
         c.prefix_len([])
     c.put_chain(["a", "b"], [b"1234", b"5678"])
@@ -343,6 +344,190 @@ def test_put_chain_names_a_wrong_argument_before_sending(server: Server) -> None
 
     asyncio.run(run())
     assert c.execute("DBSIZE") == 0, "something was sent"
+
+
+def _dialect_calls(server: Server) -> int:
+    stats = server.commandstats()
+    return sum(stats.get(c, 0) for c in ("prefixlen", "mexists", "mgetprefix", "msetblock"))
+
+
+#: (method, args, keywords, exception, what its message says)
+BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception], str]] = [
+    ("prefix_len", ("abc",), {}, TypeError, r"keys must be a list of keys, not one str \(wrap a single key"),
+    ("prefix_len", ([],), {}, ValueError, "prefix_len: keys is empty"),
+    ("prefix_len", ([b"a", 7],), {}, TypeError, r"prefix_len: keys\[1\] is int; a key is str or bytes"),
+    ("prefix_len", (["a"],), {"hold_ms": 0}, ValueError, "hold_ms must be at least 1, not 0"),
+    ("prefix_len", (["a"],), {"hold_ms": "5"}, TypeError, "hold_ms must be an int, not str"),
+    ("exists_many", ({"a"},), {}, TypeError, "exists_many: keys must be a list of keys, not set"),
+    ("exists_many", ([],), {}, ValueError, "exists_many: keys is empty"),
+    ("get_prefix", (["a"],), {"min": 1}, ValueError, "min needs block_ms"),
+    (
+        "get_prefix",
+        (["a", "b"],),
+        {"block_ms": 10, "min": 3},
+        ValueError,
+        "min must be between 1 and 2, not 3",
+    ),
+    ("get_prefix", (["a"],), {"block_ms": -1}, ValueError, "block_ms must be at least 1"),
+    ("get_prefix", (["a"],), {"max_bytes": -1}, ValueError, "max_bytes must be at least 0"),
+    ("get_prefix", (["a"],), {"max_bytes": 1.5}, TypeError, "max_bytes must be an int, not float"),
+    ("get_prefix", (["a"],), {"into": 5}, TypeError, "into is int; into takes one writable buffer"),
+    ("get_prefix", (["a"],), {"into": b"xx"}, TypeError, r"into is read-only \(bytes\)"),
+    ("get_prefix", (["a"],), {"into": [bytearray(1), b"x"]}, TypeError, r"into\[1\] is read-only"),
+    ("get_prefix", (["a", "b"],), {"into": [bytearray(1)]}, ValueError, "2 keys but into has 1 buffers"),
+    (
+        "get_prefix",
+        (["a", "b"],),
+        {"into": bytearray(3)},
+        ValueError,
+        "into has 3 bytes, not a multiple of the 2",
+    ),
+    (
+        "get_prefix",
+        (["a", "b"],),
+        {"into": bytearray(3), "stride": 2},
+        ValueError,
+        "needs 4 bytes but into has 3",
+    ),
+    ("get_prefix", (["a"],), {"stride": 2}, ValueError, "stride needs into="),
+    (
+        "get_prefix",
+        (["a"],),
+        {"into": [bytearray(2)], "stride": 2},
+        ValueError,
+        "stride applies to one buffer",
+    ),
+    ("put_chain", (["a"], [5]), {}, TypeError, r"values\[0\] is int; a value is bytes-like"),
+    ("put_chain", (["a"], [[b"x", None]]), {}, TypeError, r"values\[0\]\[1\] is NoneType"),
+    ("put_chain", (["a"], b"x"), {}, TypeError, "values must be a list"),
+    ("put_chain", (["a"], [memoryview(bytearray(8))[::2]]), {}, ValueError, r"values\[0\] is not contiguous"),
+    ("put_chain", (["a"], [b"x"]), {"ex": 0}, ValueError, "ex must be at least 1"),
+    ("put_chain", (["a"], [b"x"]), {"parent": 3}, TypeError, "parent is int"),
+]
+
+
+def test_every_method_names_a_wrong_argument_before_sending(server: Server) -> None:
+    """Each bad call is a TypeError/ValueError naming the argument, from both
+    clients, and no dialect command reaches the server."""
+    c = server.client()
+    before = _dialect_calls(server)
+    for method, args, kw, exc, says in BAD_CALLS:
+        with pytest.raises(exc, match=says):
+            getattr(c, method)(*args, **kw)
+
+    async def run() -> None:
+        async with kvtier.AsyncClient(server.addr) as a:
+            for method, args, kw, exc, says in BAD_CALLS:
+                with pytest.raises(exc, match=says):
+                    await getattr(a, method)(*args, **kw)
+
+    asyncio.run(run())
+    assert _dialect_calls(server) == before, "a bad call sent something"
+    assert c.execute("DBSIZE") == 0
+
+
+def test_into_one_buffer_for_all_values(server: Server) -> None:
+    """A region of n equal slots takes n keys as it is (numpy rows too); a
+    larger region takes an explicit stride; a value longer than its slot is
+    BufferTooSmall and the connection stays usable."""
+    np = pytest.importorskip("numpy")
+    c = server.client()
+    keys = ["slot%d" % i for i in range(6)]
+    values = [bytes([i]) * (100 + i) for i in range(6)]
+    c.put_chain(keys, values)
+    region = bytearray(6 * 128)
+    assert c.get_prefix(keys, into=region) == [len(v) for v in values]
+    assert all(region[i * 128 : i * 128 + len(v)] == v for i, v in enumerate(values))
+    rows = np.zeros((6, 128), dtype=np.uint8)
+    assert c.get_prefix(keys, into=rows) == [len(v) for v in values]
+    assert all(rows[i, : len(v)].tobytes() == v for i, v in enumerate(values))
+    big = memoryview(bytearray(10 * 200))
+    assert c.get_prefix(keys[:3], into=big, stride=200) == [100, 101, 102]
+    assert bytes(big[200:301]) == values[1]
+    with pytest.raises(kvtier.BufferTooSmall, match="value 3 is 103 bytes, its buffer holds 102"):
+        c.get_prefix(keys, into=bytearray(6 * 102))
+    assert c.prefix_len(keys) == 6  # the connection survived
+    # A large striped read and a hole: the prefix ends there (slots after it
+    # are the caller's to ignore: a stripe past the hole may have filled them).
+    many = ["many%d" % i for i in range(64)]
+    c.put_chain(many, [bytes([i]) * 64 for i in range(64)])
+    c.execute("DEL", many[40])
+    out = bytearray(64 * 64)
+    assert c.get_prefix(many, into=out) == [64] * 40
+    assert out[: 40 * 64] == b"".join(bytes([i]) * 64 for i in range(40))
+
+    async def run() -> None:
+        async with kvtier.AsyncClient(server.addr) as a:
+            dest = np.zeros((6, 128), dtype=np.uint8)
+            assert await a.get_prefix(keys, into=dest) == [len(v) for v in values]
+            assert dest[5, :105].tobytes() == values[5]
+
+    asyncio.run(run())
+
+
+def test_numpy_values_are_stored_as_their_bytes(server: Server) -> None:
+    """A numpy array is its bytes, whatever its dtype and shape (its len
+    counts rows, which once went out as the value's length)."""
+    np = pytest.importorskip("numpy")
+    c = server.client()
+    small = np.arange(1000, dtype=np.float16)  # 2,000 bytes: joined into the request
+    large = np.arange(3 * 8192, dtype=np.float32).reshape(3, 8192)  # 96 KiB: sent from its memory
+    assert c.put_chain(["f16", "f32"], [small, [b"head", large]]) == [1, 1]
+    got = c.get_prefix(["f16", "f32"])
+    assert got == [small.tobytes(), b"head" + large.tobytes()]
+    assert c.execute("PING") == b"PONG"
+
+
+def test_tls_urls_and_keywords(tls_url: str, certs: Path) -> None:
+    """kvtiers:// talks TLS to --tls-port: the CA and a client certificate
+    from the URL's query or from keywords; a wrong CA, a missing client
+    certificate or a TLS option without TLS fail with what is wrong."""
+    keys = ["tls%d" % i for i in range(64)]
+    values = [os.urandom(4096) for _ in keys]
+    with kvtier.Client(tls_url) as c:
+        assert c.put_chain(keys, values) == [1] * 64
+        assert c.prefix_len(keys) == 64
+        region = bytearray(64 * 4096)
+        assert c.get_prefix(keys, into=region) == [4096] * 64 and bytes(region) == b"".join(values)
+    port = int(tls_url.split("://")[1].split("?")[0].split(":")[1])
+    kw = dict(
+        ssl_ca_certs=str(certs / "ca.crt"),
+        ssl_certfile=str(certs / "client.crt"),
+        ssl_keyfile=str(certs / "client.key"),
+    )
+    with kvtier.Client("127.0.0.1:%d" % port, ssl=True, **kw) as c:  # type: ignore[arg-type]
+        assert c.get_prefix(keys[:2]) == values[:2]
+    with kvtier.Client.from_url("kvtiers://localhost:%d" % port, **kw) as c:  # type: ignore[arg-type]
+        assert c.exists_many(keys[:2]) == [True, True]
+
+    async def run() -> None:
+        async with kvtier.AsyncClient.from_url(tls_url) as a:
+            assert await a.get_prefix(keys) == values
+            assert await a.put_chain(["tls-async"], [b"v"]) == [1]
+        async with kvtier.AsyncClient("127.0.0.1:%d" % port, ssl=True, **kw) as a:  # type: ignore[arg-type]
+            assert await a.prefix_len(["tls-async"]) == 1
+
+    asyncio.run(run())
+    no_client_cert = "kvtiers://127.0.0.1:%d?ssl_ca_certs=%s" % (port, certs / "ca.crt")
+    with pytest.raises(kvtier.ConnectionError):
+        kvtier.Client(no_client_cert, connect_timeout=2).prefix_len(["a"])
+    wrong_ca = tls_url.replace("ca.crt", "other-ca.crt")
+    with pytest.raises(kvtier.ConnectionError, match="certificate verify failed"):
+        kvtier.Client(wrong_ca, connect_timeout=2).prefix_len(["a"])
+    with pytest.raises(kvtier.ConnectionError, match="certificate verify failed"):
+        asyncio.run(kvtier.AsyncClient(wrong_ca, connect_timeout=2).prefix_len(["a"]))
+    for bad, says in [
+        ("kvtier://h:1?ssl_ca_certs=x", "TLS options need a kvtiers:// URL"),
+        ("kvtiers://h:1?ca=x", "unknown option 'ca'"),
+        ("kvtiers://h:1?ssl_cert_reqs=maybe", "ssl_cert_reqs must be none, optional or required"),
+        ("kvtiers://h:1?ssl_keyfile=k", "ssl_keyfile needs ssl_certfile"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            kvtier.Client(bad)
+    with pytest.raises(ValueError, match="ssl_ca_certs given without TLS"):
+        kvtier.Client("h:1", ssl_ca_certs="x")
+    with pytest.raises(ValueError, match="set its options on it"):
+        kvtier.AsyncClient("h:1", ssl=ssl.create_default_context(), ssl_ca_certs="x")
 
 
 def _coordinated(nodes: list[Server]) -> int:

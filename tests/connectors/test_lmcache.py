@@ -301,6 +301,24 @@ def test_three_node_cluster(cluster_nodes: list[Server], io: str) -> None:
         w.close()
 
 
+@pytest.mark.parametrize("io", ["threads", "asyncio"])
+def test_kvtiers_url_talks_tls(tls_url: str, io: str) -> None:
+    """remote_storage_plugin.kvtier.url = kvtiers://...?ssl_ca_certs=...: the
+    plugin stores and retrieves over TLS to kvtier's --tls-port."""
+    w = Worker(plugin_config(tls_url, io=io), metadata())
+    try:
+        keys = w.keys(8)
+        objs = [w.chunk(i) for i in range(8)]
+        w.store(keys, objs)
+        assert w.backend.batched_contains(keys) == 8
+        got = w.run(w.backend.batched_get_non_blocking("req", keys))
+        assert len(got) == 8 and all(same_bytes(g, o) for g, o in zip(got, objs))
+        for g in got:
+            g.ref_count_down()
+    finally:
+        w.close()
+
+
 # -- bad input ------------------------------------------------------------------
 
 

@@ -277,6 +277,20 @@ def test_backup_and_prefetch_through_the_controller(
     assert c.backend.sets == 6 and c.backend.hits == 6
 
 
+def test_backup_and_prefetch_over_tls(tls_url: str, controllers: list[Controller]) -> None:
+    """The documented launch with a kvtiers:// URL (CA and client certificate
+    as query parameters) talks TLS to kvtier's --tls-port."""
+    assert tls_url.startswith("kvtiers://")
+    c = attach(controllers, tls_url, "page_first")
+    pool = c.c.mem_pool_host
+    toks = tokens(4, seed=7)
+    fill(pool, list(range(4)), seed=7)
+    assert c.backup(toks, list(range(4))) == 4 * PAGE
+    assert c.prefetch(toks, list(range(8, 12))) == (4 * PAGE, 4)
+    for i in range(4):
+        assert page_bytes(pool, 8 + i) == page_bytes(pool, i)
+
+
 def test_the_flat_path_works_but_warns(
     server: Server, controllers: list[Controller], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,16 +13,34 @@ from .errors import BufferTooSmall, ProtocolError
 Buffer = Any
 
 
-def writable_view(buf: Buffer) -> memoryview:
+#: What ``into`` accepts, for its errors.
+INTO_FORMS = (
+    "into takes one writable buffer (value i at byte i*stride), a list of one "
+    "writable buffer per key, or a sink (index, length) -> buffers"
+)
+
+
+def writable_view(buf: Buffer, name: str = "into") -> memoryview:
     """A flat, writable byte view of ``buf`` (no copy)."""
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    try:
+        view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    except TypeError:
+        raise TypeError("get_prefix: %s is %s; %s" % (name, type(buf).__name__, INTO_FORMS)) from None
     if view.readonly:
-        raise TypeError("buffer is read-only")
-    if not view.contiguous:
-        raise TypeError("buffer is not contiguous")
+        raise TypeError("get_prefix: %s is read-only (%s); %s" % (name, type(buf).__name__, INTO_FORMS))
+    if not view.c_contiguous:
+        raise TypeError("get_prefix: %s is not contiguous" % name)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+
+
+def _is_buffer(obj: object) -> bool:
+    try:
+        memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
 
 
 class BufferSink:
@@ -39,12 +57,46 @@ class BufferSink:
         self._too_small: Optional[BufferTooSmall] = None
 
     @classmethod
-    def of(cls, into: Union[Sequence[Buffer], BulkSink], nkeys: int) -> BufferSink:
+    def of(
+        cls, into: Union[Buffer, Sequence[Buffer], BulkSink, None], nkeys: int, stride: Optional[int] = None
+    ) -> Optional[BufferSink]:
+        """The destinations ``into`` names for ``nkeys`` values: one buffer
+        cut into slots of ``stride`` bytes (by default its size / ``nkeys``,
+        which must divide it), a list of buffers, a sink, or None (values
+        returned as bytes)."""
+        if into is None:
+            if stride is not None:
+                raise ValueError("get_prefix: stride needs into= (one buffer for all values)")
+            return None
+        if _is_buffer(into):
+            whole = writable_view(into)
+            if stride is None:
+                if whole.nbytes % nkeys:
+                    raise ValueError(
+                        "get_prefix: into has %d bytes, not a multiple of the %d keys "
+                        "(pass stride=, the bytes from one value's start to the next)" % (whole.nbytes, nkeys)
+                    )
+                stride = whole.nbytes // nkeys
+            elif isinstance(stride, bool) or not isinstance(stride, int) or stride <= 0:
+                raise ValueError("get_prefix: stride must be a positive int, not %r" % (stride,))
+            elif stride * nkeys > whole.nbytes:
+                raise ValueError(
+                    "get_prefix: stride %d for %d keys needs %d bytes but into has %d"
+                    % (stride, nkeys, stride * nkeys, whole.nbytes)
+                )
+            return cls([whole[i * stride : (i + 1) * stride] for i in range(nkeys)], None)
+        if stride is not None:
+            raise ValueError("get_prefix: stride applies to one buffer, not to %s" % type(into).__name__)
         if callable(into):
             return cls(None, into)
-        views = [writable_view(b) for b in into]
+        if not isinstance(into, Sequence) or isinstance(into, str):
+            raise TypeError("get_prefix: into is %s; %s" % (type(into).__name__, INTO_FORMS))
+        views = [writable_view(b, "into[%d]" % i) for i, b in enumerate(into)]
         if len(views) != nkeys:
-            raise ValueError("%d keys but %d buffers" % (nkeys, len(views)))
+            raise ValueError(
+                "get_prefix: %d keys but into has %d buffers (one per key, or one buffer for all)"
+                % (nkeys, len(views))
+            )
         return cls(views, None)
 
     def __call__(self, index: int, length: int) -> Iterable[SinkItem]:

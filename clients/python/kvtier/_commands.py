@@ -3,10 +3,11 @@ clients (see docs/commands.md for the server side)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 from ._resp import Arg, BulkSink
 from .errors import ProtocolError
@@ -16,25 +17,49 @@ Key = Union[str, bytes]
 Value = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, memoryview]]]
 
 
-def _keys(keys: Sequence[Key]) -> list[Arg]:
-    if not keys:
-        raise ValueError("at least one key is needed")
+def _keys(method: str, keys: Sequence[Key]) -> list[Arg]:
+    check_keys(method, keys)
     return [len(keys), *keys]
+
+
+def check_keys(method: str, keys: Sequence[Key], name: str = "keys") -> None:
+    """A TypeError or ValueError naming ``method``'s ``keys`` argument when it
+    is not a non-empty list of str or bytes keys."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            "%s: %s must be a list of keys, not one %s (wrap a single key: [key])"
+            % (method, name, type(keys).__name__)
+        )
+    if not isinstance(keys, Sequence):
+        raise TypeError("%s: %s must be a list of keys, not %s" % (method, name, type(keys).__name__))
+    if not keys:
+        raise ValueError("%s: %s is empty (at least one key is needed)" % (method, name))
+    for i, k in enumerate(keys):
+        if not isinstance(k, (str, bytes)):
+            raise TypeError("%s: %s[%d] is %s; a key is str or bytes" % (method, name, i, type(k).__name__))
+
+
+def check_int(method: str, name: str, value: object, low: int, high: Optional[int] = None) -> int:
+    """``value`` as an int in ``low..high``, or a TypeError/ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s: %s must be an int, not %s" % (method, name, type(value).__name__))
+    if value < low or (high is not None and value > high):
+        within = "at least %d" % low if high is None else "between %d and %d" % (low, high)
+        raise ValueError("%s: %s must be %s, not %d" % (method, name, within, value))
+    return value
 
 
 def prefixlen_args(keys: Sequence[Key], hold_ms: int | None = None) -> list[Arg]:
     """``PREFIXLEN numkeys key... [HOLD ms]``"""
-    args: list[Arg] = ["PREFIXLEN", *_keys(keys)]
+    args: list[Arg] = ["PREFIXLEN", *_keys("prefix_len", keys)]
     if hold_ms is not None:
-        if int(hold_ms) <= 0:
-            raise ValueError("hold_ms must be greater than 0, not %r" % (hold_ms,))
-        args += ["HOLD", int(hold_ms)]
+        args += ["HOLD", check_int("prefix_len", "hold_ms", hold_ms, 1)]
     return args
 
 
 def mexists_args(keys: Sequence[Key]) -> list[Arg]:
     """``MEXISTS numkeys key...``"""
-    return ["MEXISTS", *_keys(keys)]
+    return ["MEXISTS", *_keys("exists_many", keys)]
 
 
 def mgetprefix_args(
@@ -43,16 +68,34 @@ def mgetprefix_args(
     block_ms: int | None = None,
     min: int | None = None,  # noqa: A002 - the dialect's own option name
 ) -> list[Arg]:
-    """``MGETPREFIX numkeys key... [MAXBYTES b] [BLOCK ms [MIN m]]``"""
-    args: list[Arg] = ["MGETPREFIX", *_keys(keys)]
+    """``MGETPREFIX numkeys key... [MAXBYTES b] [BLOCK ms [MIN m]]``, its
+    arguments checked."""
+    check_keys("get_prefix", keys)
     if max_bytes is not None:
-        args += ["MAXBYTES", int(max_bytes)]
+        check_int("get_prefix", "max_bytes", max_bytes, 0)
     if block_ms is not None:
-        args += ["BLOCK", int(block_ms)]
+        check_int("get_prefix", "block_ms", block_ms, 1)
         if min is not None:
-            args += ["MIN", int(min)]
+            check_int("get_prefix", "min", min, 1, len(keys))
     elif min is not None:
-        raise ValueError("min needs block_ms")
+        raise ValueError("get_prefix: min needs block_ms (how long to wait for min keys)")
+    return _mgetprefix(keys, max_bytes, block_ms, min)
+
+
+def _mgetprefix(
+    keys: Sequence[Key],
+    max_bytes: int | None,
+    block_ms: int | None,
+    min: int | None,  # noqa: A002
+) -> list[Arg]:
+    """A part of a checked ``MGETPREFIX`` (its keys are some of the checked ones)."""
+    args: list[Arg] = ["MGETPREFIX", len(keys), *keys]
+    if max_bytes is not None:
+        args += ["MAXBYTES", max_bytes]
+    if block_ms is not None:
+        args += ["BLOCK", block_ms]
+        if min is not None:
+            args += ["MIN", min]
     return args
 
 
@@ -72,9 +115,9 @@ def msetblock_args(
         args.append(k)
         args.append(v)  # type: ignore[arg-type]
     if ex is not None:
-        args += ["EX", int(ex)]
+        args += ["EX", ex]
     if px is not None:
-        args += ["PX", int(px)]
+        args += ["PX", px]
     if chain:
         args.append("CHAIN")
         if parent is not None:
@@ -109,6 +152,69 @@ class Node:
         return "%s:%d" % (self.host, self.port)
 
 
+#: TLS options, as ``kvtiers://`` query parameters and client keywords
+#: (redis-py's names): the CA that signed the server's certificate (default:
+#: the system's), a client certificate and its key (for a server started
+#: with ``--tls-auth-clients yes``), whether the server's certificate is
+#: ``required`` (default), ``optional`` or not checked (``none``), and
+#: whether its name must match the host (default yes).
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+@dataclass(frozen=True)
+class Tls:
+    """How a client talks TLS to kvtier's ``--tls-port``."""
+
+    ca_certs: Optional[str] = None
+    certfile: Optional[str] = None
+    keyfile: Optional[str] = None
+    cert_reqs: str = "required"
+    check_hostname: bool = True
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> Tls:
+        """From ``TLS_OPTIONS`` (strings from a URL, or typed keywords)."""
+        reqs = str(options.get("ssl_cert_reqs") or "required").lower()
+        if reqs not in _CERT_REQS:
+            raise ValueError("ssl_cert_reqs must be none, optional or required, not %r" % (reqs,))
+        check = options.get("ssl_check_hostname")
+        if isinstance(check, str):
+            if check.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise ValueError("ssl_check_hostname must be true or false, not %r" % (check,))
+            check = check.lower() in ("true", "yes", "1")
+        certfile, keyfile = options.get("ssl_certfile"), options.get("ssl_keyfile")
+        if keyfile and not certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate)")
+        return cls(
+            ca_certs=options.get("ssl_ca_certs"),
+            certfile=certfile,
+            keyfile=keyfile,
+            cert_reqs=reqs,
+            check_hostname=(reqs != "none") if check is None else bool(check) and reqs != "none",
+        )
+
+    def context(self) -> ssl.SSLContext:
+        """An ``ssl.SSLContext`` for asyncio (files are read here, so a
+        missing one is an error at construction)."""
+        ctx = ssl.create_default_context(cafile=self.ca_certs)
+        ctx.check_hostname = self.check_hostname
+        ctx.verify_mode = _CERT_REQS[self.cert_reqs]
+        if self.certfile:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+        return ctx
+
+    def redis_kwargs(self) -> dict[str, Any]:
+        """The same for a redis-py ``SSLConnection``."""
+        return dict(
+            ssl_ca_certs=self.ca_certs,
+            ssl_certfile=self.certfile,
+            ssl_keyfile=self.keyfile,
+            ssl_cert_reqs=self.cert_reqs,
+            ssl_check_hostname=self.check_hostname,
+        )
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """What a ``kvtier://`` URL says: the nodes and how to talk to them."""
@@ -117,6 +223,8 @@ class Endpoint:
     username: str | None = None
     password: str | None = None
     ssl: bool = False
+    #: TLS options from the query (``TLS_OPTIONS``), as written.
+    tls_options: dict[str, str] = field(default_factory=dict)
 
 
 def parse_nodes(spec: Union[str, Sequence[Union[str, tuple[str, int]]]]) -> tuple[Node, ...]:
@@ -164,40 +272,68 @@ def _port(value: object, item: object) -> int:
     return port
 
 
+@dataclass(frozen=True)
+class Target:
+    """Whom a client talks to and how: its ``nodes`` argument and keywords."""
+
+    nodes: tuple[Node, ...]
+    username: str | None
+    password: str | None
+    #: None: plain TCP; else how to talk TLS.
+    tls: Optional[Tls]
+
+
 def resolve_target(
     nodes: Union[str, Sequence[Union[str, tuple[str, int]]]],
     username: str | None,
     password: str | None,
-    ssl: object,
-) -> tuple[tuple[Node, ...], str | None, str | None, object]:
+    use_tls: bool,
+    tls_keywords: dict[str, Any],
+) -> Target:
     """What a client's ``nodes`` names: a ``kvtier://`` / ``kvtiers://`` URL
-    (its user, password and TLS unless given as keywords) or addresses."""
+    (its user, password and TLS options unless given as keywords) or
+    addresses. TLS options without TLS are a ValueError."""
+    options = {k: v for k, v in tls_keywords.items() if v is not None}
     if isinstance(nodes, str) and "://" in nodes:
         ep = parse_url(nodes)
-        return (
-            ep.nodes,
-            username if username is not None else ep.username,
-            password if password is not None else ep.password,
-            ssl if ssl else ep.ssl,
+        found = ep.nodes
+        username = username if username is not None else ep.username
+        password = password if password is not None else ep.password
+        use_tls = use_tls or ep.ssl
+        options = {**ep.tls_options, **options}
+    else:
+        found = parse_nodes(nodes)
+    if options and not use_tls:
+        raise ValueError(
+            "%s given without TLS (use a kvtiers:// URL or ssl=True)" % ", ".join(sorted(options))
         )
-    return parse_nodes(nodes), username, password, ssl
+    return Target(found, username, password, Tls.of(options) if use_tls else None)
 
 
 def parse_url(url: str) -> Endpoint:
-    """Parses ``kvtier://[user:password@]host:port[,host:port...]`` (``kvtiers://``
-    for TLS). Several hosts name nodes of one cluster."""
+    """Parses ``kvtier://[user:password@]host:port[,host:port...][?options]``
+    (``kvtiers://`` for TLS, whose options are ``TLS_OPTIONS``). Several hosts
+    name nodes of one cluster."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("kvtier", "kvtiers"):
         raise ValueError("not a kvtier:// URL: %r (the schemes are kvtier:// and kvtiers:// for TLS)" % url)
+    rest, _, query = rest.partition("?")
     auth, at, hosts = rest.rpartition("@")
-    hosts = hosts.split("/", 1)[0].split("?", 1)[0]
+    hosts = hosts.split("/", 1)[0]
     username = password = None
     if at:
         # urlparse understands user:password; reuse it for the unquoting.
         parsed = urlparse("x://%s@h" % auth)
         username = unquote(parsed.username) if parsed.username else None
         password = unquote(parsed.password) if parsed.password else None
-    return Endpoint(parse_nodes(hosts), username, password, scheme == "kvtiers")
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in TLS_OPTIONS:
+            raise ValueError("unknown option %r in %r (a URL takes %s)" % (name, url, ", ".join(TLS_OPTIONS)))
+        options[name] = value
+    if options and scheme != "kvtiers":
+        raise ValueError("%s in %r: TLS options need a kvtiers:// URL" % (", ".join(options), url))
+    return Endpoint(parse_nodes(hosts), username, password, scheme == "kvtiers", options)
 
 
 # -- reads split by owner (a cluster) ------------------------------------------
@@ -255,7 +391,7 @@ def stripe_ranges(n: int, stripes: int) -> list[range]:
 def stripe_mgetprefix(keys: Sequence[Key], node: Optional[Node], stripes: int) -> list[ReadPart]:
     """One ``MGETPREFIX`` per contiguous range of the keys, all to ``node``."""
     return [
-        ReadPart(node, list(r), mgetprefix_args([keys[i] for i in r]))
+        ReadPart(node, list(r), _mgetprefix([keys[i] for i in r], None, None, None))
         for r in stripe_ranges(len(keys), stripes)
     ]
 
@@ -263,9 +399,36 @@ def stripe_mgetprefix(keys: Sequence[Key], node: Optional[Node], stripes: int) -
 def value_nbytes(value: Value) -> int:
     if isinstance(value, (bytes, bytearray)):
         return len(value)
-    if isinstance(value, memoryview):
-        return value.nbytes
-    return sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in value)
+    if isinstance(value, (list, tuple)):
+        return sum(buffer_nbytes(p) for p in value)
+    return buffer_nbytes(value)  # type: ignore[arg-type]
+
+
+def buffer_nbytes(buf: Any) -> int:
+    """Bytes of a buffer (a numpy array's ``len`` counts rows, not bytes)."""
+    if isinstance(buf, (bytes, bytearray)):
+        return len(buf)
+    if isinstance(buf, str):
+        return len(buf.encode())
+    return (buf if isinstance(buf, memoryview) else memoryview(buf)).nbytes
+
+
+#: What a value of ``put_chain`` may be, for its errors.
+VALUE_FORMS = (
+    "a value is bytes-like (bytes, bytearray, memoryview, a numpy array) "
+    "or a list of bytes-like parts sent back to back"
+)
+
+
+def _check_part(where: str, part: object) -> None:
+    if isinstance(part, (bytes, bytearray, str)):
+        return
+    try:
+        view = part if isinstance(part, memoryview) else memoryview(part)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("put_chain: %s is %s; %s" % (where, type(part).__name__, VALUE_FORMS)) from None
+    if not view.c_contiguous:
+        raise ValueError("put_chain: %s is not contiguous (copy it, or pass its parts as a list)" % where)
 
 
 def check_blocks(
@@ -276,18 +439,34 @@ def check_blocks(
     ex: Optional[int],
     px: Optional[int],
 ) -> None:
-    """A ValueError naming the argument of ``put_chain`` that is wrong, before
-    anything is sent."""
+    """A ValueError or TypeError naming the argument of ``put_chain`` that is
+    wrong, before anything is sent."""
+    check_keys("put_chain", keys)
+    if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(values, Sequence):
+        raise TypeError(
+            "put_chain: values must be a list (one value per key), not %s" % type(values).__name__
+        )
     if len(keys) != len(values):
         raise ValueError(
             "put_chain: keys has %d items but values has %d (one value per key)" % (len(keys), len(values))
         )
-    if not keys:
-        raise ValueError("put_chain: keys is empty (at least one block is needed)")
-    if parent is not None and not chain:
-        raise ValueError("put_chain: parent needs chain=True")
+    for i, v in enumerate(values):
+        if isinstance(v, (list, tuple)):
+            for j, part in enumerate(v):
+                _check_part("values[%d][%d]" % (i, j), part)
+        else:
+            _check_part("values[%d]" % i, v)
+    if parent is not None:
+        if not isinstance(parent, (str, bytes)):
+            raise TypeError("put_chain: parent is %s; a key is str or bytes" % type(parent).__name__)
+        if not chain:
+            raise ValueError("put_chain: parent needs chain=True")
     if ex is not None and px is not None:
         raise ValueError("put_chain: give ex or px, not both")
+    if ex is not None:
+        check_int("put_chain", "ex", ex, 1)
+    if px is not None:
+        check_int("put_chain", "px", px, 1)
 
 
 def stripe_msetblock(
@@ -334,9 +513,9 @@ def split_mgetprefix(
         share = sum(1 for p in positions if p < wanted)
         node_keys = [keys[p] for p in positions]
         if block_ms is not None and share:
-            args = mgetprefix_args(node_keys, max_bytes, block_ms, share)
+            args = _mgetprefix(node_keys, max_bytes, block_ms, share)
         else:
-            args = mgetprefix_args(node_keys, max_bytes)
+            args = _mgetprefix(node_keys, max_bytes, None, None)
         parts.append(ReadPart(node, positions, args))
     return parts
 

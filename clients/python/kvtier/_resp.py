@@ -52,13 +52,18 @@ MAX_LINE = 64 * 1024
 
 
 def _as_bytes(arg: Union[bytes, bytearray, memoryview, str, int]) -> Union[bytes, bytearray, memoryview]:
+    if isinstance(arg, (bytes, bytearray)):
+        return arg
     if isinstance(arg, str):
         return arg.encode()
     if isinstance(arg, bool):
         raise TypeError("a bool is not a RESP argument")
     if isinstance(arg, int):
         return str(arg).encode()
-    return arg
+    # A memoryview or any other buffer (a numpy array: its len counts rows
+    # and its + adds numbers), as flat bytes.
+    view = arg if isinstance(arg, memoryview) else memoryview(arg)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _nbytes(buf: Union[bytes, bytearray, memoryview]) -> int:
@@ -85,8 +90,7 @@ def encode_command(args: Sequence[Arg]) -> list[Union[bytes, bytearray, memoryvi
                 head += piece
             else:
                 out.append(head)
-                view = piece if isinstance(piece, memoryview) else memoryview(piece)
-                out.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+                out.append(piece if isinstance(piece, memoryview) else memoryview(piece))
                 head = bytearray()
         head += b"\r\n"
     if head:

@@ -178,7 +178,8 @@ class AsyncClient:
     """The asyncio twin of :class:`kvtier.Client` (same methods, awaited).
 
     Connections belong to the event loop that made them; use one client per
-    loop. Authentication (``AUTH``) and TLS (``ssl=True`` or an
+    loop. Authentication (``AUTH``) and TLS (``kvtiers://``, ``ssl=True``
+    with the ``ssl_*`` options of :class:`kvtier.Client`, or an
     ``ssl.SSLContext``) are supported.
     """
 
@@ -189,28 +190,38 @@ class AsyncClient:
         username: Optional[str] = None,
         password: Optional[str] = None,
         ssl: Union[bool, ssl_module.SSLContext] = False,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
+        ssl_cert_reqs: Optional[str] = None,
+        ssl_check_hostname: Optional[bool] = None,
         socket_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         max_idle: int = 16,
         split_reads: bool = True,
         stripes: int = cmd.STRIPES,
     ) -> None:
-        self.nodes: tuple[Node, ...]
-        self.nodes, username, password, tls = cmd.resolve_target(nodes, username, password, ssl)
-        ssl = tls if isinstance(tls, ssl_module.SSLContext) else bool(tls)
+        tls_keywords = dict(
+            ssl_ca_certs=ssl_ca_certs,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            ssl_cert_reqs=ssl_cert_reqs,
+            ssl_check_hostname=ssl_check_hostname,
+        )
+        context = ssl if isinstance(ssl, ssl_module.SSLContext) else None
+        if context is not None and any(v is not None for v in tls_keywords.values()):
+            raise ValueError("ssl is an SSLContext: set its options on it, not as ssl_* keywords")
+        target = cmd.resolve_target(nodes, username, password, bool(ssl), tls_keywords)
+        self.nodes: tuple[Node, ...] = target.nodes
         self.split_reads = split_reads
-        self.stripes = stripes
+        self.stripes = cmd.check_int("AsyncClient", "stripes", stripes, 1)
         self._slots: Optional[list[Node]] = None
         self._slots_read_at = float("-inf")
         self._not_cluster = False
-        self.username = username
-        self.password = password
+        self.username = target.username
+        self.password = target.password
         self.ssl: Optional[ssl_module.SSLContext] = (
-            ssl
-            if isinstance(ssl, ssl_module.SSLContext)
-            else ssl_module.create_default_context()
-            if ssl
-            else None
+            context if context is not None else None if target.tls is None else target.tls.context()
         )
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
@@ -260,6 +271,7 @@ class AsyncClient:
         block_ms: Optional[int] = ...,
         min: Optional[int] = ...,
         into: None = ...,
+        stride: None = ...,
     ) -> list[Union[bytes, bytearray]]: ...
 
     @overload
@@ -270,7 +282,8 @@ class AsyncClient:
         max_bytes: Optional[int] = ...,
         block_ms: Optional[int] = ...,
         min: Optional[int] = ...,
-        into: Union[Sequence[Buffer], BulkSink],
+        into: Union[Buffer, Sequence[Buffer], BulkSink],
+        stride: Optional[int] = ...,
     ) -> list[int]: ...
 
     async def get_prefix(
@@ -280,12 +293,13 @@ class AsyncClient:
         max_bytes: Optional[int] = None,
         block_ms: Optional[int] = None,
         min: Optional[int] = None,  # noqa: A002
-        into: Union[Sequence[Buffer], BulkSink, None] = None,
+        into: Union[Buffer, Sequence[Buffer], BulkSink, None] = None,
+        stride: Optional[int] = None,
     ) -> Union[list[Union[bytes, bytearray]], list[int]]:
         """See :meth:`kvtier.Client.get_prefix`."""
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
-        sink = None if into is None else BufferSink.of(into, len(keys))
+        sink = BufferSink.of(into, len(keys), stride)
         reply: object = None
         parts = cmd.read_parts(keys, await self._owners(), max_bytes, block_ms, min, self.stripes)
         if parts is not None:
@@ -331,6 +345,8 @@ class AsyncClient:
     async def _all(coros: list[Any]) -> list[object]:
         """The coroutines concurrently; every one ends before the first
         error is raised."""
+        if len(coros) == 1:
+            return [await coros[0]]
         results = await asyncio.gather(*coros, return_exceptions=True)
         cmd.first_error(results)
         return list(results)
@@ -348,18 +364,7 @@ class AsyncClient:
     ) -> list[int]:
         """See :meth:`kvtier.Client.put_chain`."""
         parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
-        if len(parts) == 1:
-            return cmd.int_list_reply(await self.execute(*parts[0][1]), len(keys))
-        results = await asyncio.gather(
-            *(self._run(args, None, 0.0) for _, args in parts), return_exceptions=True
-        )
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
-        codes: list[int] = []
-        for (r, _), res in zip(parts, results):
-            codes += cmd.int_list_reply(res, len(r))
-        return codes
+        return cmd.merge_codes(parts, await self._all([self._run(args, None, 0.0) for _, args in parts]))
 
     async def execute(self, *args: Arg) -> object:
         """Sends any command and returns its parsed reply."""

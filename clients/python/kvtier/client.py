@@ -16,6 +16,7 @@ from typing import Any, Optional, Union, overload
 import redis
 import redis.connection
 import redis.exceptions
+from redis._parsers import _RESP2Parser
 
 from . import _commands as cmd
 from ._buffers import Buffer, BufferSink
@@ -68,9 +69,18 @@ class Client:
     """A kvtier client for one node or a cluster's nodes (thread-safe).
 
     ``nodes`` is a URL, ``"kvtier://[user:password@]host:port[,host:port...]"``
-    (``kvtiers://`` for TLS; keywords given here win over the URL's), or
-    ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of addresses; a malformed
-    one is a ``ValueError`` that says what is wrong.
+    (``kvtiers://`` for TLS, its options as query parameters:
+    ``kvtiers://h:6380?ssl_ca_certs=ca.crt&ssl_certfile=c.crt&ssl_keyfile=c.key``;
+    keywords given here win over the URL's), or ``"host:port"``,
+    ``"h1:p1,h2:p2"`` or a list of addresses; a malformed one is a
+    ``ValueError`` that says what is wrong.
+
+    TLS (``ssl=True`` or ``kvtiers://``) talks to a node's ``--tls-port``:
+    ``ssl_ca_certs`` is the CA that signed its certificate (default: the
+    system's), ``ssl_certfile``/``ssl_keyfile`` a client certificate (for
+    ``--tls-auth-clients yes``), ``ssl_cert_reqs`` ``required`` (default),
+    ``optional`` or ``none``, ``ssl_check_hostname`` whether the
+    certificate must name the host (default: yes).
     kvtier nodes coordinate multi-key dialect commands themselves (the node
     that receives ``PREFIXLEN``/``MSETBLOCK`` splits the keys by owner and
     merges the answers), so those go to one node: the client spreads
@@ -97,6 +107,11 @@ class Client:
         username: Optional[str] = None,
         password: Optional[str] = None,
         ssl: bool = False,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
+        ssl_cert_reqs: Optional[str] = None,
+        ssl_check_hostname: Optional[bool] = None,
         socket_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         max_connections: Optional[int] = None,
@@ -104,23 +119,42 @@ class Client:
         stripes: int = cmd.STRIPES,
         **connection_kwargs: Any,
     ) -> None:
-        self.nodes: tuple[Node, ...]
-        self.nodes, username, password, tls = cmd.resolve_target(nodes, username, password, ssl)
-        ssl = bool(tls)
+        target = cmd.resolve_target(
+            nodes,
+            username,
+            password,
+            ssl,
+            dict(
+                ssl_ca_certs=ssl_ca_certs,
+                ssl_certfile=ssl_certfile,
+                ssl_keyfile=ssl_keyfile,
+                ssl_cert_reqs=ssl_cert_reqs,
+                ssl_check_hostname=ssl_check_hostname,
+            ),
+        )
+        self.nodes: tuple[Node, ...] = target.nodes
         self.split_reads = split_reads
-        self.stripes = stripes
+        self.stripes = cmd.check_int("Client", "stripes", stripes, 1)
         self._slots: Optional[list[Node]] = None
         self._slots_read_at = float("-inf")
         self._not_cluster = False
         self._executor: Optional[ThreadPoolExecutor] = None
         self.socket_timeout = socket_timeout
+        # Through TLS, redis-py's own parser: with hiredis, "is there data on this
+        # pooled connection?" polls the raw socket, which a TLS 1.3 server's session
+        # tickets make readable with no data in it, so a fresh connection was taken
+        # for a dirty one, reconnected, and failed "Connection not ready" (32 of 300
+        # new connections on a loaded machine). The Python parser asks TLS itself.
+        # Only redis-py's reads use it (AUTH, ``Client.redis``); replies to the
+        # dialect are read by kvtier's own parser either way.
         self._options: dict[str, Any] = dict(
-            username=username,
-            password=password,
+            username=target.username,
+            password=target.password,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
             max_connections=max_connections,
-            connection_class=redis.SSLConnection if ssl else redis.Connection,
+            connection_class=redis.Connection if target.tls is None else redis.SSLConnection,
+            **({} if target.tls is None else dict(target.tls.redis_kwargs(), parser_class=_RESP2Parser)),
             **connection_kwargs,
         )
         self._pools = [self._make_pool(n) for n in self.nodes]
@@ -185,6 +219,7 @@ class Client:
         block_ms: Optional[int] = ...,
         min: Optional[int] = ...,
         into: None = ...,
+        stride: None = ...,
     ) -> list[Union[bytes, bytearray]]: ...
 
     @overload
@@ -195,7 +230,8 @@ class Client:
         max_bytes: Optional[int] = ...,
         block_ms: Optional[int] = ...,
         min: Optional[int] = ...,
-        into: Union[Sequence[Buffer], BulkSink],
+        into: Union[Buffer, Sequence[Buffer], BulkSink],
+        stride: Optional[int] = ...,
     ) -> list[int]: ...
 
     def get_prefix(
@@ -205,25 +241,36 @@ class Client:
         max_bytes: Optional[int] = None,
         block_ms: Optional[int] = None,
         min: Optional[int] = None,  # noqa: A002 - the dialect's option name
-        into: Union[Sequence[Buffer], BulkSink, None] = None,
+        into: Union[Buffer, Sequence[Buffer], BulkSink, None] = None,
+        stride: Optional[int] = None,
     ) -> Union[list[Union[bytes, bytearray]], list[int]]:
         """The values of the longest run of leading keys that are present
         (one ``MGETPREFIX``).
 
-        Without ``into`` the values come back as bytes. With ``into`` — one
-        writable buffer per key (a ``bytearray``, a ``memoryview``, a numpy
-        array, a tensor's storage...) or a sink ``(index, length) ->
-        iterable of buffers`` — each value is received straight into its
-        buffer and the call returns the values' lengths. A value longer than
-        its buffer raises :class:`~kvtier.errors.BufferTooSmall` after the
-        reply has been read.
+        Without ``into`` the values come back as bytes. With ``into`` each
+        value is received straight into the caller's memory and the call
+        returns the values' lengths. ``into`` is one of:
+
+        * one writable buffer for all values (a ``bytearray``, a
+          ``memoryview``, a numpy array, a tensor's storage...): value ``i``
+          lands at byte ``i * stride``; ``stride`` is by default the
+          buffer's size divided by the number of keys (which must divide
+          it), so a region of ``n`` equal slots takes ``n`` keys as it is;
+        * a list of one writable buffer per key;
+        * a sink ``(index, length) -> iterable of buffers``.
+
+        Only the returned prefix is defined: a buffer past it may have been
+        written by a part of the read that went to another connection or
+        node. A value longer than its buffer (or slot) raises
+        :class:`~kvtier.errors.BufferTooSmall` after the reply has been
+        read; an ``into`` of another kind is a ``TypeError``.
 
         ``max_bytes`` caps the total size of the prefix; ``block_ms`` waits
         up to that long for missing keys (for at least ``min`` of them).
         """
         args = cmd.mgetprefix_args(keys, max_bytes, block_ms, min)
         extra = block_ms / 1000.0 if block_ms else 0.0
-        sink = None if into is None else BufferSink.of(into, len(keys))
+        sink = BufferSink.of(into, len(keys), stride)
         reply: object = None
         parts = cmd.read_parts(keys, self._owners(), max_bytes, block_ms, min, self.stripes)
         if parts is not None:
