@@ -49,7 +49,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "clients" / "python"))
+# The kvtier package of this checkout, or of another build (plugin@base).
+sys.path.insert(0, os.environ.get("KVTIER_CLIENT_PATH") or str(HERE.parents[1] / "clients" / "python"))
 
 from lmcache.utils import CacheEngineKey  # noqa: E402
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
@@ -304,7 +305,7 @@ def run_child(kind: str, url: str, tokens: int, args: argparse.Namespace) -> dic
     env = dict(os.environ)
     if kind.endswith("@base"):
         # The same plugin from the baseline's kvtier package, first on the path.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_client, env.get("PYTHONPATH")]))
+        env["KVTIER_CLIENT_PATH"] = args.baseline_client
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     except subprocess.TimeoutExpired:

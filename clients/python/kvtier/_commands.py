@@ -22,6 +22,9 @@ def _keys(method: str, keys: Sequence[Key]) -> list[Arg]:
     return [len(keys), *keys]
 
 
+_KEY_TYPES = frozenset((str, bytes))
+
+
 def check_keys(method: str, keys: Sequence[Key], name: str = "keys") -> None:
     """A TypeError or ValueError naming ``method``'s ``keys`` argument when it
     is not a non-empty list of str or bytes keys."""
@@ -34,6 +37,8 @@ def check_keys(method: str, keys: Sequence[Key], name: str = "keys") -> None:
         raise TypeError("%s: %s must be a list of keys, not %s" % (method, name, type(keys).__name__))
     if not keys:
         raise ValueError("%s: %s is empty (at least one key is needed)" % (method, name))
+    if _KEY_TYPES.issuperset(map(type, keys)):
+        return  # the usual case, in C: a loop of isinstance cost 3 us per 64 keys
     for i, k in enumerate(keys):
         if not isinstance(k, (str, bytes)):
             raise TypeError("%s: %s[%d] is %s; a key is str or bytes" % (method, name, i, type(k).__name__))
