@@ -25,7 +25,7 @@ from pathlib import Path
 
 #: Bottom to top. A module of a layer may use those of the layers below.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("leaves", ["glob", "clients", "stats", "acl", "tls"]),
+    ("leaves", ["glob", "clients", "stats", "acl", "tls", "logging"]),
     ("config", ["config"]),
     ("shared", ["shared"]),
     ("shard", ["shard"]),

@@ -8,7 +8,8 @@
 # LMCache plugin and SGLang backend, in a cached venv with torch, lmcache and
 # sglang that tests/connectors/venv.sh builds outside the clone), the vLLM
 # connector inside real vLLM engines (the CPU build, a generated model, in a
-# cached venv that tests/vllm/venv.sh builds), and every
+# cached venv that tests/vllm/venv.sh builds), the Kubernetes manifests
+# (tests/k8s/run.sh: schemas, a pod's start), and every
 # fuzz target for a few seconds (scripts/fuzz.sh, nightly + cargo-fuzz), and a
 # short soak (scripts/soak.sh with SOAK_SECONDS=30). It prints a PASS/FAIL
 # summary and exits non-zero if any step failed.
@@ -135,6 +136,7 @@ step "pytest tests/python" 900 "$VENV/bin/python" -m pytest tests/python -q -p n
 step "connectors: kvtier package, LMCache, SGLang" 1200 tests/connectors/run.sh
 step "vLLM end to end: kvtier connector in real engines" 1200 tests/vllm/run.sh
 step "redis-cli and redis-benchmark" 600 scripts/cli-checks.sh
+step "Kubernetes manifests: schemas, a pod's start" 600 tests/k8s/run.sh
 step "fuzz targets (short)" 1200 env FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
 step "soak (short)" 900 env PROFILE=debug SOAK_SECONDS="${SOAK_SECONDS:-30}" scripts/soak.sh
 if docker info >/dev/null 2>&1; then

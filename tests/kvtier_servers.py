@@ -105,7 +105,7 @@ def start_kvtier(log: Path, *extra: str) -> Server:
             byte = os.read(proc.stdout.fileno(), 1)
             if byte:
                 line += byte
-    m = re.match(rb"kvtier listening on ([\d.]+):(\d+)", line)
+    m = re.search(rb"kvtier listening on ([\d.]+):(\d+)", line)
     if not m:
         proc.kill()
         raise RuntimeError("unexpected first line from kvtier: %r" % line)

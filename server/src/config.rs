@@ -15,6 +15,7 @@ use kvtier_store::EvictionPolicy;
 
 use crate::acl::Acl;
 use crate::glob::glob_match;
+use crate::logging::LogFormat;
 use crate::tls::{Tls, TlsSettings};
 
 /// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
@@ -182,9 +183,15 @@ pub struct Config {
     #[arg(long, default_value = "")]
     pub metrics_allow: String,
 
-    /// Log level: debug, verbose, notice or warning.
-    #[arg(long, default_value = "notice")]
+    /// Log level, as Redis names it: debug, verbose, notice, warning or
+    /// nothing (also `CONFIG SET loglevel`).
+    #[arg(long, default_value = "notice", value_parser = loglevel_arg)]
     pub loglevel: String,
+
+    /// Log format on stderr: `text` (colours only on a terminal) or `json`
+    /// (one object per line: time, level, target, message, fields).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// Longest wait of a blocking read (MGETPREFIX ... BLOCK ms), in ms.
     #[arg(long, default_value_t = 60000)]
@@ -951,6 +958,18 @@ fn set_num(target: &AtomicU64, v: Value) {
     }
 }
 
+/// A Redis log level name, lower-cased, or Redis's error text.
+fn loglevel_arg(s: &str) -> Result<String, String> {
+    let level = s.to_ascii_lowercase();
+    match crate::logging::level_filter(&level) {
+        Some(_) => Ok(level),
+        None => Err(format!(
+            "argument(s) must be one of the following: {}",
+            crate::logging::LEVELS.join(", ")
+        )),
+    }
+}
+
 fn set_text(target: &RwLock<String>, v: Value) {
     if let (Value::Text(t), Ok(mut guard)) = (v, target.write()) {
         *guard = t;
@@ -1161,13 +1180,13 @@ const PARAMS: &[Param] = &[
     Param {
         name: "loglevel",
         get: |c| read_text(&c.loglevel),
-        parse: |s| match s.to_ascii_lowercase().as_str() {
-            l @ ("debug" | "verbose" | "notice" | "warning") => Ok(Value::Text(l.to_string())),
-            _ => Err(
-                "argument(s) must be one of the following: debug, verbose, notice, warning".into(),
-            ),
+        parse: |s| loglevel_arg(s).map(Value::Text),
+        apply: |c, v| {
+            if let Value::Text(level) = &v {
+                crate::logging::set_level(level);
+            }
+            set_text(&c.loglevel, v)
         },
-        apply: |c, v| set_text(&c.loglevel, v),
     },
     Param {
         name: "save",

@@ -15,7 +15,7 @@
 //! * [`acl`]: users, what they may run and touch, the ACL file; [`tls`]:
 //!   rustls for clients and peer links.
 //! * [`config`], [`clients`] (CLIENT LIST/KILL), [`glob`] (Redis's
-//!   patterns).
+//!   patterns), [`logging`] (text or JSON on stderr, its level at run time).
 
 pub mod acl;
 pub mod clients;
@@ -23,6 +23,7 @@ pub mod commands;
 pub mod config;
 pub mod coordination;
 pub mod glob;
+pub mod logging;
 pub mod net;
 pub mod report;
 pub mod server;

@@ -18,7 +18,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&config.loglevel);
+    kvtier_server::logging::init(&config.loglevel, config.log_format);
     match config.metrics_socket() {
         Ok(Some(addr)) => {
             let allowed = config
@@ -76,7 +76,10 @@ fn main() -> ExitCode {
         }
     };
     // The port line is printed on stdout so scripts using --port 0 can read it.
-    println!("kvtier listening on {}", server.local_addr());
+    println!(
+        "{}",
+        kvtier_server::logging::port_line(&server.local_addr().to_string(), config.log_format)
+    );
     let shared = std::sync::Arc::clone(server.shared());
     std::thread::spawn(move || signals.wait(shared));
     server.wait();
@@ -124,17 +127,4 @@ impl Signals {
             shared.request_shutdown();
         });
     }
-}
-
-fn init_logging(level: &str) {
-    let level = match level.to_ascii_lowercase().as_str() {
-        "debug" => tracing::Level::DEBUG,
-        "verbose" => tracing::Level::DEBUG,
-        "warning" => tracing::Level::WARN,
-        _ => tracing::Level::INFO,
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .try_init();
 }

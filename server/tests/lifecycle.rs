@@ -56,3 +56,106 @@ fn idle_clients_are_closed_after_timeout() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(c.run("PING"), status("PONG"));
 }
+
+/// Sends a request that is not RESP: an error, then the server closes.
+fn protocol_error(c: &mut RawConn) {
+    c.send(b"*abc\r\n");
+    assert_eq!(
+        c.read(),
+        err("ERR Protocol error: invalid multibulk length")
+    );
+    c.assert_closed();
+}
+
+/// Waits up to 20 s for the server's log to contain `text`.
+fn wait_for_log(server: &Server, text: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = server.log();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_redirected_text_log_has_no_escape_codes() {
+    let server = Server::start(&[]);
+    let log = wait_for_log(&server, "listening on");
+    assert!(log.contains(" INFO "), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a piped log:\n{log}"
+    );
+}
+
+#[test]
+fn json_logs_parse_line_by_line_and_loglevel_changes_at_run_time() {
+    let server = Server::start(&["--log-format", "json", "--loglevel", "notice"]);
+    wait_for_log(&server, "listening on");
+    // A protocol error is logged at debug level ("verbose"): not yet.
+    let mut c = server.raw();
+    protocol_error(&mut c);
+    let mut admin = server.raw();
+    assert_eq!(
+        admin.run("CONFIG GET loglevel"),
+        bulks(&["loglevel", "notice"])
+    );
+    assert_eq!(
+        admin.run("CONFIG SET loglevel loud"),
+        err("ERR CONFIG SET failed (possibly related to argument 'loglevel') - argument(s) must be one of the following: debug, verbose, notice, warning, nothing")
+    );
+    assert_eq!(admin.run("CONFIG SET loglevel VERBOSE"), ok());
+    assert_eq!(
+        admin.run("CONFIG GET loglevel"),
+        bulks(&["loglevel", "verbose"])
+    );
+    let mut c = server.raw();
+    protocol_error(&mut c);
+    let log = wait_for_log(&server, "protocol error");
+    assert_eq!(log.matches("protocol error").count(), 1, "{log}");
+    let mut levels = Vec::new();
+    for line in log.lines().filter(|l| !l.is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        let time = v["time"].as_str().expect("time");
+        assert!(time.contains('T') && time.ends_with('Z'), "{line}");
+        assert!(
+            v["target"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("kvtier")),
+            "{line}"
+        );
+        assert!(v["message"].as_str().is_some(), "{line}");
+        assert!(v["fields"].is_object(), "{line}");
+        levels.push(v["level"].as_str().expect("level").to_string());
+    }
+    assert!(levels.contains(&"INFO".to_string()), "{levels:?}");
+    assert!(levels.contains(&"DEBUG".to_string()), "{levels:?}");
+    // "warning": the next protocol error is not logged.
+    assert_eq!(admin.run("CONFIG SET loglevel warning"), ok());
+    let mut c = server.raw();
+    protocol_error(&mut c);
+    assert_eq!(admin.run("PING"), status("PONG"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(server.log().matches("protocol error").count(), 1);
+}
+
+#[test]
+fn an_unknown_loglevel_or_log_format_is_refused_at_start() {
+    for args in [["--loglevel", "loud"], ["--log-format", "xml"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+            .args(["--port", "0", "--metrics-addr", "none"])
+            .args(args)
+            .output()
+            .expect("run kvtier-server");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(args[1]), "{stderr}");
+    }
+}

@@ -131,7 +131,7 @@ def start_kvtier(log: Path, *extra: str) -> Server:
             if not byte:
                 continue
             line += byte
-    m = re.match(rb"kvtier listening on ([\d.]+):(\d+)", line)
+    m = re.search(rb"kvtier listening on ([\d.]+):(\d+)", line)
     if not m:
         proc.kill()
         raise RuntimeError(f"unexpected first line from kvtier: {line!r}")

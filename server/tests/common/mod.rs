@@ -91,7 +91,10 @@ impl Server {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if !sent {
-                    if let Some(addr) = line.strip_prefix("kvtier listening on ") {
+                    // `kvtier listening on ADDR`, alone or as a JSON log
+                    // object's message (--log-format json).
+                    if let Some((_, rest)) = line.split_once("kvtier listening on ") {
+                        let addr = rest.split(['"', ' ']).next().unwrap_or_default();
                         let _ = tx.send(addr.trim().to_string());
                         sent = true;
                     }
