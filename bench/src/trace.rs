@@ -101,6 +101,16 @@ pub struct TraceArgs {
     /// (for servers older than the option).
     #[arg(long)]
     pub no_partial_hint: bool,
+    /// Another tenant's flood: after each request, its connection writes
+    /// this many times the bytes the request stored, as chains of blocks
+    /// that are never read again (keys under --flood-prefix). A tenant of
+    /// unique prompts at a fixed multiple of this one's byte rate, the same
+    /// whatever the timing (scripts/bench-tenants.sh). 0: none.
+    #[arg(long, default_value_t = 0.0)]
+    pub flood_ratio: f64,
+    /// Key prefix of the flood's blocks.
+    #[arg(long, default_value = "flood:")]
+    pub flood_prefix: String,
 }
 
 /// One request of the trace.
@@ -186,6 +196,18 @@ struct Replay {
     ttl: Option<Bytes>,
     speed: Option<f64>,
     next: AtomicUsize,
+    flood_ratio: f64,
+    flood_prefix: String,
+}
+
+/// Blocks of the flood (--flood-ratio) per MSETBLOCK: one unique prompt.
+const FLOOD_CHAIN: usize = 16;
+
+/// One worker's flood: bytes it still owes and the next key's number.
+struct Flood {
+    worker: usize,
+    owed: f64,
+    next: u64,
 }
 
 impl Replay {
@@ -209,7 +231,9 @@ impl Replay {
         Replay {
             pool: ValuePool::new(block_bytes),
             keys,
-            numbers: (0..=longest).map(|n| Bytes::from(n.to_string())).collect(),
+            numbers: (0..=longest.max(FLOOD_CHAIN))
+                .map(|n| Bytes::from(n.to_string()))
+                .collect(),
             requests,
             protocol: a.protocol,
             block_bytes,
@@ -218,6 +242,8 @@ impl Replay {
             ttl: a.ttl.map(|s| Bytes::from(s.to_string())),
             speed: if a.as_fast_as_possible { None } else { a.speed },
             next: AtomicUsize::new(0),
+            flood_ratio: a.flood_ratio.max(0.0),
+            flood_prefix: a.flood_prefix.clone(),
         }
     }
 }
@@ -252,7 +278,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         let client = Client::connect(&a.out.addr_for(i)).await?;
         let (replay, shared) = (Arc::clone(&replay), Arc::clone(&shared));
         tasks.push(tokio::spawn(async move {
-            worker(client, replay, shared, start).await
+            worker(client, replay, shared, start, i).await
         }));
     }
     while !tasks.iter().all(|t| t.is_finished()) {
@@ -327,6 +353,9 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "token_hit_rate": token_rate,
         "blocks_written": c("blocks_written"),
         "blocks_stored": c("blocks_stored"),
+        "flood_ratio": a.flood_ratio,
+        "flood_bytes_written": c("flood_bytes_written"),
+        "flood_blocks_stored": c("flood_blocks_stored"),
         "bytes_read": c("bytes_read"),
         "bytes_written": c("bytes_written"),
         "seconds": secs,
@@ -358,9 +387,15 @@ async fn worker(
     replay: Arc<Replay>,
     shared: report::Shared,
     start: Instant,
+    id: usize,
 ) -> std::io::Result<()> {
     let mut rec = Recorder::new(start);
     let mut cmd = Vec::new();
+    let mut flood = Flood {
+        worker: id,
+        owed: 0.0,
+        next: 0,
+    };
     loop {
         let i = replay.next.fetch_add(1, Relaxed);
         let Some(req) = replay.requests.get(i) else {
@@ -377,8 +412,12 @@ async fn worker(
             }
             None => Instant::now(),
         };
-        serve(&mut client, &replay, i, &mut cmd, &mut rec).await?;
+        let stored = serve(&mut client, &replay, i, &mut cmd, &mut rec).await?;
         rec.op("request", began.elapsed());
+        if replay.flood_ratio > 0.0 {
+            flood.owed += stored as f64 * replay.flood_ratio;
+            write_flood(&mut client, &replay, &mut flood, &mut cmd, &mut rec).await?;
+        }
     }
     if let Ok(mut all) = shared.lock() {
         all.merge(rec);
@@ -392,15 +431,60 @@ fn reply_or_fail(v: Reply, what: &str) -> std::io::Result<Reply> {
     Ok(v)
 }
 
+/// The flood's blocks that `flood` owes, as chains of [`FLOOD_CHAIN`]
+/// unique blocks (the last one possibly shorter), stored like any prompt's.
+async fn write_flood(
+    client: &mut Client,
+    replay: &Replay,
+    flood: &mut Flood,
+    cmd: &mut Vec<Bytes>,
+    rec: &mut Recorder,
+) -> std::io::Result<()> {
+    let block = replay.block_bytes as f64;
+    while flood.owed >= block {
+        let n = ((flood.owed / block) as usize).min(FLOOD_CHAIN);
+        let dialect = replay.protocol == Protocol::Dialect;
+        cmd.clear();
+        if dialect {
+            cmd.extend([Bytes::from_static(b"MSETBLOCK"), replay.numbers[n].clone()]);
+        } else {
+            cmd.push(Bytes::from_static(b"MSET"));
+        }
+        for _ in 0..n {
+            let key = Bytes::from(format!(
+                "{}{}-{}",
+                replay.flood_prefix, flood.worker, flood.next
+            ));
+            flood.next += 1;
+            let value = replay.pool.value(&key, replay.block_bytes);
+            cmd.extend([key, value]);
+        }
+        if dialect {
+            cmd.push(Bytes::from_static(b"CHAIN"));
+        }
+        let v = client.call(cmd).await?;
+        fail_on_error(&v, "flood")?;
+        let stored = match v {
+            Reply::Array(codes) => codes.iter().filter(|c| c.as_int() == Some(1)).count(),
+            _ => n,
+        };
+        rec.add("flood_bytes_written", (n * replay.block_bytes) as u64);
+        rec.add("flood_blocks_stored", stored as u64);
+        flood.owed -= n as f64 * block;
+    }
+    Ok(())
+}
+
 /// One request (index `i`): lookup, fetch the hit prefix, store the
-/// missing suffix. `cmd` is the worker's reusable argument list.
+/// missing suffix; the bytes it wrote. `cmd` is the worker's reusable
+/// argument list.
 async fn serve(
     client: &mut Client,
     replay: &Replay,
     i: usize,
     cmd: &mut Vec<Bytes>,
     rec: &mut Recorder,
-) -> std::io::Result<()> {
+) -> std::io::Result<usize> {
     let req = &replay.requests[i];
     let keys = &replay.keys[i][..];
     let n = keys.len();
@@ -578,8 +662,9 @@ async fn serve(
         rec.add("blocks_written", suffix.len() as u64);
         rec.add("blocks_stored", stored as u64);
         rec.add("bytes_written", (suffix.len() * replay.block_bytes) as u64);
+        return Ok(suffix.len() * replay.block_bytes);
     }
-    Ok(())
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One tier shared by two tenants (the measure of issue 41): tenant B replays
+# a conversation-shaped trace (bench/gen_traces.py conversation) under keys
+# `b@...`; tenant A writes unique prompts that are never read again, under
+# `a@...`, at FLOOD times B's byte rate. A's writes go out on B's own
+# connection after each of B's requests (kvtier-bench trace --flood-ratio),
+# so the ratio holds exactly, whatever the timing, and the replay is in
+# order (concurrency 1): the figures do not depend on the machine's speed.
+# B's trace has twice the tier's bytes of unique blocks.
+#
+# Prints B's block hit rate
+#   - alone, in a tier of its guaranteed size (TIER/2),
+#   - alone, in the whole tier,
+#   - with A flooding the whole tier: kvtier with one pool (today), and
+#     redis-server (allkeys-lru) for reference,
+# and the ratio the issue judges: B's hit rate under the flood over its rate
+# alone in its guaranteed half (goal with tenants: >= 0.95).
+#
+#   scripts/bench-tenants.sh
+#   TIER_MB=512 REQUESTS=3000 FLOOD=10 scripts/bench-tenants.sh
+#
+# Environment: TIER_MB (1024), REQUESTS (6000, of B's trace), SEED (1),
+# FLOOD (10), THREADS ($(nproc)), REDIS (1: also redis-server), OUT (a file
+# for the table).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$(dirname "$0")/.."
+TIER_MB=${TIER_MB:-1024}
+REQUESTS=${REQUESTS:-6000}
+SEED=${SEED:-1}
+FLOOD=${FLOOD:-10}
+THREADS=${THREADS:-$(nproc)}
+REDIS=${REDIS:-1}
+OUT=${OUT:-}
+cargo build --release -q -p kvtier-server -p kvtier-bench
+PID=""; TMP=$(mktemp -d)
+trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT
+
+python3 bench/gen_traces.py conversation --requests "$REQUESTS" --seed "$SEED" -o "$TMP/b.jsonl" >/dev/null
+unique=$(trace_unique_blocks "$TMP/b.jsonl")
+tier=$(( TIER_MB << 20 ))
+# B's unique blocks take twice the tier: its half is a quarter of them.
+block=$(( 2 * tier / unique / 4096 * 4096 ))
+(( block >= 4096 )) || block=4096
+
+wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "port $1 did not answer"; exit 1; }
+
+# replay SERVER MAXMEMORY FLOOD -> "B's hit rate, A's bytes / B's bytes"
+replay() {
+  local port protocol=dialect; port=$(free_port)
+  if [[ $1 == redis ]]; then
+    protocol=redis-pipelined
+    redis-server --port "$port" --save '' --appendonly no --maxmemory "$2" \
+      --maxmemory-policy allkeys-lru >/dev/null 2>&1 &
+  else
+    target/release/kvtier-server --port "$port" --threads "$THREADS" --metrics-addr none \
+      --maxmemory "$2" >/dev/null 2>&1 &
+  fi
+  PID=$!
+  wait_up "$port"
+  target/release/kvtier-bench trace "$TMP/b.jsonl" --target "127.0.0.1:$port" --block-bytes "$block" \
+    --protocol "$protocol" --concurrency 1 --key-prefix b@ --flood-ratio "$3" --flood-prefix a@ \
+    --json "$TMP/run.json" >/dev/null
+  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
+  json "$TMP/run.json" "'%.4f %.2f' % (r['block_hit_rate'], r['flood_bytes_written'] / max(1, r['bytes_written']))"
+}
+
+echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, kvtier $(git rev-parse --short HEAD)"
+echo "# command: TIER_MB=$TIER_MB REQUESTS=$REQUESTS SEED=$SEED FLOOD=$FLOOD scripts/bench-tenants.sh"
+echo "# B: $REQUESTS requests of a conversation trace, $unique unique blocks of $block bytes ($(( unique * block >> 20 )) MiB); tier $TIER_MB MiB"
+read -r half _ < <(replay kvtier $(( tier / 2 )) 0)
+read -r whole _ < <(replay kvtier "$tier" 0)
+read -r pooled ratio < <(replay kvtier "$tier" "$FLOOD")
+rows=("| B alone, guaranteed half ($(( TIER_MB / 2 )) MiB) | $half | 1.00 |"
+      "| B alone, whole tier ($TIER_MB MiB) | $whole | $(python3 -c "print('%.2f' % ($whole / $half))") |"
+      "| B with A flooding at ${ratio}x, kvtier one pool | $pooled | $(python3 -c "print('%.2f' % ($pooled / $half))") |")
+if [[ $REDIS == 1 ]]; then
+  read -r rpooled rratio < <(replay redis "$tier" "$FLOOD")
+  rows+=("| B with A flooding at ${rratio}x, redis-server allkeys-lru | $rpooled | $(python3 -c "print('%.2f' % ($rpooled / $half))") |")
+fi
+table="| case | B's block hit rate | over B alone in its half |"$'\n'"|---|---|---|"
+for r in "${rows[@]}"; do table+=$'\n'"$r"; done
+echo "$table"
+echo "goal with tenants (B guaranteed half): under the flood >= 0.95 of B alone in its half; with A idle, B's rate within 0.01 of the whole tier's"
+[[ -n $OUT ]] && echo "$table" > "$OUT"
+exit 0
