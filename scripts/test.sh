@@ -98,6 +98,10 @@ install_deps() {
         echo "installing g++ and libssl-dev (SGLang builds its page-hash extension with them)"
         apt_install g++ libssl-dev
     fi
+    if ! command -v promtool >/dev/null; then
+        echo "installing promtool (Debian's prometheus package: the /metrics checks)"
+        apt_install prometheus
+    fi
     if ! command -v openssl >/dev/null; then
         echo "installing openssl (certificates for the TLS tests)"
         apt_install openssl

@@ -17,6 +17,7 @@ use crate::acl::Acl;
 use crate::glob::glob_match;
 use crate::logging::LogFormat;
 use crate::tls::{Tls, TlsSettings};
+use kvtier_store::tenants::{KeyPattern, MAX_TENANTS};
 
 /// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
 /// Speaks RESP (Redis clients work unchanged) and runs one shard per core.
@@ -187,6 +188,14 @@ pub struct Config {
     /// nothing (also `CONFIG SET loglevel`).
     #[arg(long, default_value = "notice", value_parser = loglevel_arg)]
     pub loglevel: String,
+
+    /// A tenant: `name=NAME,keys=PATTERN` (a key prefix `llama70b@*` or an
+    /// exact key). Repeat for each (at most 15); a key belongs to the first
+    /// tenant whose pattern it matches, else to `default`. Each tenant's
+    /// bytes, keys, hits, misses, evictions and refused writes are in INFO
+    /// `tenants` and the metrics.
+    #[arg(long = "tenant", value_name = "SPEC", value_parser = parse_tenant, action = clap::ArgAction::Append)]
+    pub tenants: Vec<TenantSpec>,
 
     /// Log format on stderr: `text` (colours only on a terminal) or `json`
     /// (one object per line: time, level, target, message, fields).
@@ -364,14 +373,33 @@ impl Config {
     pub fn load_from(args: Vec<String>) -> Result<Config, String> {
         let first = Config::try_parse_from(&args).map_err(|e| e.to_string())?;
         let Some(path) = &first.config_file else {
-            return Ok(first);
+            return first.checked();
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
         let mut merged = vec![args[0].clone()];
         merged.extend(file_to_flags(&text)?);
         merged.extend(args[1..].iter().cloned());
-        Config::try_parse_from(&merged).map_err(|e| e.to_string())
+        Config::try_parse_from(&merged)
+            .map_err(|e| e.to_string())?
+            .checked()
+    }
+
+    /// What one flag cannot check alone: the tenants' names are distinct,
+    /// and there are at most [`MAX_TENANTS`].
+    fn checked(self) -> Result<Config, String> {
+        if self.tenants.len() > MAX_TENANTS {
+            return Err(format!(
+                "{} tenants: at most {MAX_TENANTS}",
+                self.tenants.len()
+            ));
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            if self.tenants[..i].iter().any(|o| o.name == t.name) {
+                return Err(format!("tenant '{}' is named twice", t.name));
+            }
+        }
+        Ok(self)
     }
 
     /// Shard threads to run.
@@ -403,6 +431,40 @@ impl Config {
             .map(Some)
             .map_err(|e| format!("invalid --metrics-addr '{}': {e}", self.metrics_addr))
     }
+}
+
+/// A tenant named by `--tenant`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// Its name (letters, digits, `_`, `-`; not `default`).
+    pub name: String,
+    /// Its keys.
+    pub keys: KeyPattern,
+}
+
+/// `name=NAME,keys=PATTERN`.
+fn parse_tenant(s: &str) -> Result<TenantSpec, String> {
+    let (mut name, mut keys) = (None, None);
+    for part in s.split(',') {
+        match part.split_once('=') {
+            Some(("name", v)) => name = Some(v),
+            Some(("keys", v)) => keys = Some(KeyPattern::parse(v)?),
+            _ => return Err(format!("'{part}': expected name=NAME,keys=PATTERN")),
+        }
+    }
+    let (Some(name), Some(keys)) = (name, keys) else {
+        return Err(format!("'{s}': expected name=NAME,keys=PATTERN"));
+    };
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if name.is_empty() || !name.chars().all(valid) || name == "default" {
+        return Err(format!(
+            "tenant name '{name}': letters, digits, '_' or '-', and not 'default'"
+        ));
+    }
+    Ok(TenantSpec {
+        name: name.to_string(),
+        keys,
+    })
 }
 
 /// Turns config-file lines into `--name value` flags.
@@ -613,9 +675,25 @@ pub struct LiveConfig {
     pub spill_admission: AtomicU64,
     /// Write DRAM blocks to the spill tier on graceful shutdown.
     pub spill_on_shutdown: AtomicBool,
+    /// The tenants (`--tenant`), fixed at start: a store's tenant slot
+    /// `i + 1` is `tenants[i]`, slot 0 the default tenant.
+    pub tenants: Vec<TenantSpec>,
 }
 
 impl LiveConfig {
+    /// The name of tenant slot `slot` (0: `default`).
+    pub fn tenant_name(&self, slot: usize) -> &str {
+        match slot {
+            0 => "default",
+            n => &self.tenants[n - 1].name,
+        }
+    }
+
+    /// The tenants' key patterns, in slot order from 1.
+    pub fn tenant_patterns(&self) -> Vec<KeyPattern> {
+        self.tenants.iter().map(|t| t.keys.clone()).collect()
+    }
+
     /// How many bytes lookups may hold on one of `shards` shards
     /// (`hold-max-memory`, `hold-client-max-memory`; see
     /// `kvtier_store::holds`). No limit without maxmemory: nothing is
@@ -687,6 +765,7 @@ impl LiveConfig {
             prealloc: config.prealloc,
             spill_admission: AtomicU64::new(config.spill_admission),
             spill_on_shutdown: AtomicBool::new(config.spill_on_shutdown),
+            tenants: config.tenants.clone(),
             fixed: vec![
                 (
                     "spill-dir",

@@ -223,6 +223,7 @@ fn run_shard(
         let mut store =
             Store::with_memory(shard_slots(id, n), budget, shared.config.policy(), memory);
         shard::configure_store(&mut store, &shared.config, n);
+        store.set_tenants(&shared.config.tenant_patterns());
         if let Some(tier) = &shared.spill {
             let mailbox = set.mailboxes[id].clone();
             store.enable_spill(SpillConfig {

@@ -144,3 +144,190 @@ fn spill_tier_metrics_are_exported() {
     assert!(body.contains("kvtier_spill_write_seconds"), "{body}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `INFO tenants` as {tenant: {field: value}}.
+fn tenants_info(
+    c: &mut RawConn,
+) -> std::collections::HashMap<String, std::collections::HashMap<String, u64>> {
+    let Resp::Bulk(Some(text)) = c.run("INFO tenants") else {
+        panic!("INFO tenants is not a bulk string");
+    };
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("tenant_"))
+        .map(|l| {
+            let (name, fields) = l.split_once(':').unwrap();
+            let fields = fields
+                .split(',')
+                .map(|f| {
+                    let (k, v) = f.split_once('=').unwrap();
+                    (k.to_string(), v.parse().unwrap())
+                })
+                .collect();
+            (name.to_string(), fields)
+        })
+        .collect()
+}
+
+#[test]
+fn tenants_are_counted_in_info_and_metrics() {
+    let metrics_port = free_port();
+    let addr = format!("127.0.0.1:{metrics_port}");
+    let server = Server::start(&[
+        "--metrics-addr",
+        &addr,
+        "--maxmemory",
+        "8mb",
+        "--tenant",
+        "name=llama,keys=llama@*",
+        "--tenant",
+        "name=mistral,keys=mistral@*",
+    ]);
+    let mut c = server.raw();
+    let block = "b".repeat(8192);
+    for k in ["llama@1", "llama@2", "llama@3", "mistral@1", "other"] {
+        assert_eq!(c.cmd(&[b"SET", k.as_bytes(), block.as_bytes()]), ok());
+    }
+    assert_eq!(c.run("GET llama@1"), bulk(&block));
+    assert_eq!(c.run("GET llama@nope"), nil());
+    assert_eq!(c.run("GET mistral@1"), bulk(&block));
+    assert_eq!(c.run("DEL llama@3"), int(1));
+    let t = tenants_info(&mut c);
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert_eq!(
+        (t["llama"]["keys"], t["llama"]["hits"], t["llama"]["misses"]),
+        (2, 1, 1)
+    );
+    assert_eq!((t["mistral"]["keys"], t["mistral"]["hits"]), (1, 1));
+    assert_eq!((t["default"]["keys"], t["default"]["hits"]), (1, 0));
+    // Two 8 KiB values in slab slots, and their keys' index charges.
+    assert!((16384..20000).contains(&t["llama"]["dram_bytes"]), "{t:?}");
+    assert_eq!(t["llama"]["disk_bytes"], 0);
+
+    // mistral floods the 8 MB tier: its keys are the ones evicted.
+    for i in 0..2000 {
+        let key = format!("mistral@flood{i}");
+        assert_eq!(c.cmd(&[b"SET", key.as_bytes(), block.as_bytes()]), ok());
+    }
+    let t = tenants_info(&mut c);
+    let Resp::Bulk(Some(stats)) = c.run("INFO stats") else {
+        panic!()
+    };
+    let stats = String::from_utf8(stats).unwrap();
+    let evicted: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("evicted_keys:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(t["mistral"]["evicted_keys"] > 0, "{t:?}");
+    let per_tenant: u64 = t.values().map(|f| f["evicted_keys"]).sum();
+    assert_eq!(per_tenant, evicted, "{t:?}");
+    let dram: u64 = t.values().map(|f| f["dram_bytes"]).sum();
+    assert!(dram <= 8 << 20, "tenants hold {dram} bytes in an 8 MB tier");
+
+    // The metrics: one series per shard and tenant, the same figures.
+    let llama_keys = t["llama"]["keys"] as f64;
+    let mut body = String::new();
+    let complete = eventually(Duration::from_secs(20), || {
+        body = scrape(metrics_port);
+        let keys: f64 = (0..SHARDS)
+            .filter_map(|s| {
+                sample(
+                    &body,
+                    &format!(r#"kvtier_tenant_keys{{shard="{s}",tenant="llama"}}"#),
+                )
+            })
+            .sum();
+        let hits: f64 = (0..SHARDS)
+            .filter_map(|s| {
+                sample(
+                    &body,
+                    &format!(r#"kvtier_tenant_hits_total{{shard="{s}",tenant="mistral"}}"#),
+                )
+            })
+            .sum();
+        keys == llama_keys && hits == 1.0
+    });
+    assert!(complete, "no tenant series:\n{body}");
+    assert!(
+        body.contains("# TYPE kvtier_tenant_used_bytes gauge"),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"kvtier_tenant_used_bytes{shard="0",tenant="default",tier="dram"}"#),
+        "{body}"
+    );
+    // Prometheus's own checker, where it is installed (scripts/test.sh
+    // installs it).
+    if let Ok(mut promtool) = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let out = promtool.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // FLUSHALL empties every tenant; the list stays.
+    assert_eq!(c.run("FLUSHALL"), ok());
+    let t = tenants_info(&mut c);
+    assert_eq!(t.len(), 3);
+    assert!(
+        t.values().all(|f| f["keys"] == 0 && f["dram_bytes"] == 0),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn bad_tenants_are_refused_at_start() {
+    for (args, says) in [
+        (
+            vec!["--tenant", "name=a,keys=a*b*"],
+            "only 'prefix*' or an exact key",
+        ),
+        (vec!["--tenant", "name=default,keys=a@*"], "not 'default'"),
+        (
+            vec!["--tenant", "keys=a@*"],
+            "expected name=NAME,keys=PATTERN",
+        ),
+        (
+            vec!["--tenant", "name=a,keys=a@*", "--tenant", "name=a,keys=b@*"],
+            "tenant 'a' is named twice",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+            .args(["--port", "0", "--metrics-addr", "none"])
+            .args(&args)
+            .output()
+            .expect("run kvtier-server");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let many: Vec<String> = (0..16)
+        .flat_map(|i| ["--tenant".to_string(), format!("name=t{i},keys=t{i}@*")])
+        .collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+        .args(["--port", "0", "--metrics-addr", "none"])
+        .args(&many)
+        .output()
+        .expect("run kvtier-server");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 15"));
+}

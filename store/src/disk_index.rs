@@ -32,6 +32,7 @@ use crate::entry::{Entry, Queue, Value};
 use crate::links::LinkEvent;
 use crate::slot::key_slot;
 use crate::spill::{record, DiskLoc, Segment};
+use crate::tenants::Cost;
 use crate::{EvictionPolicy, Store};
 
 /// The disk index's unit of placement: records start on 4 KiB pages.
@@ -129,6 +130,16 @@ impl DiskEntry {
     /// Bytes charged to the disk index for it.
     pub(crate) fn charge(&self) -> usize {
         charge(self.key.len(), self.flags & TTL != 0)
+    }
+
+    /// What it costs the counters beside the maps: its disk index charge,
+    /// and its block's bytes on disk for its tenant.
+    pub(crate) fn cost(&self) -> Cost {
+        Cost {
+            disk_index: self.charge(),
+            disk: self.value_len as usize,
+            ..Cost::default()
+        }
     }
 
     /// Where its record is, in `segment` (the one [`DiskEntry::segment`]
@@ -320,7 +331,7 @@ impl Store {
         let Some((d, expire_at)) = self.disk.take(index, key) else {
             return false;
         };
-        let before = d.charge();
+        let before = d.cost();
         let segment = self
             .meta
             .disk
@@ -333,7 +344,7 @@ impl Store {
         };
         let entry = d.to_entry(segment, expire_at, crate::now_ms());
         let key = Bytes::from(d.key);
-        self.meta.recharge((0, before), entry.charges(key.len()));
+        self.meta.recharge(&key, before, entry.cost(key.len()));
         self.faulted.push(key.clone());
         self.maps[index].insert(key, entry);
         true
@@ -391,8 +402,12 @@ impl Store {
             // Its slots in the queues are stale now: eviction skips them.
             self.meta.queued -= 1;
         }
-        let charge = charge(key.len(), entry.expire_at != 0);
-        self.meta.recharge(entry.charges(key.len()), (0, charge));
+        // Charged as it will be once in the table (with its TTL flag).
+        let after = Cost {
+            disk_index: charge(key.len(), entry.expire_at != 0),
+            ..d.cost()
+        };
+        self.meta.recharge(&key, entry.cost(key.len()), after);
         self.disk.insert(index, d, entry.expire_at);
     }
 
@@ -668,6 +683,20 @@ mod tests {
                 );
             }
             prop_assert_eq!(s.disk_index_memory(), index, "disk index bytes");
+            let mut tenants = [crate::tenants::TenantUse::default(); crate::tenants::TENANT_SLOTS];
+            let costs = s.disk.all().map(|d| (d.key(), d.cost())).chain(
+                s.maps
+                    .iter()
+                    .flatten()
+                    .map(|(k, e)| (&k[..], e.cost(k.len()))),
+            );
+            for (k, cost) in costs {
+                let t = &mut tenants[s.meta.tenants.of(k)];
+                t.dram += cost.dram;
+                t.disk += cost.disk;
+                t.keys += 1;
+            }
+            prop_assert_eq!(s.tenant_usage(), tenants, "what each tenant holds");
             prop_assert_eq!(s.spill_keys(), with_record, "keys with a record");
             let volatile = s
                 .maps
@@ -692,6 +721,12 @@ mod tests {
             // A small DRAM tier: most blocks live on disk only.
             let name = format!("prop-{}-{}", policy.name(), ops.len());
             let (mut s, jobs, d, path) = store(&name, 128 << 10, policy);
+            // Two named tenants and the default: blocks moving between
+            // DRAM, the disk and the compact table stay counted for theirs.
+            s.set_tenants(&[
+                crate::tenants::KeyPattern::parse("k1*").unwrap(),
+                crate::tenants::KeyPattern::parse("k2*").unwrap(),
+            ]);
             let mut model: std::collections::HashMap<String, (Bytes, u64)> = Default::default();
             let mut version = 0u8;
             for &(op, k) in ops {

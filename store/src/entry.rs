@@ -285,6 +285,23 @@ impl Entry {
         }
     }
 
+    /// What the entry costs the counters beside the maps: its charges,
+    /// and its tenant's bytes in DRAM (the index charge and the value's
+    /// slot) and on disk (the block's bytes in the spill tier).
+    pub(crate) fn cost(&self, key_len: usize) -> crate::tenants::Cost {
+        let (index, disk_index) = self.charges(key_len);
+        crate::tenants::Cost {
+            index,
+            disk_index,
+            dram: index
+                + match &self.value {
+                    Value::Heap(_) => 0,
+                    v => v.footprint(),
+                },
+            disk: self.value.disk().map_or(0, |loc| loc.value_len as usize),
+        }
+    }
+
     fn index_charge(&self, key_len: usize, heap_value: usize) -> usize {
         super::Store::charge(key_len, heap_value, self.expire_at != 0)
             + self.parent.as_ref().map_or(0, |p| p.len())

@@ -104,6 +104,7 @@ impl Store {
         // A block living only on disk is in the compact table: moved into
         // the map for this batch of work.
         self.ensure_mapped(index, key);
+        let tenant = self.meta.tenants.of(key);
         match live(
             &mut self.maps[index],
             &mut self.meta,
@@ -114,6 +115,7 @@ impl Store {
             Some((key, entry)) => Ok(Found {
                 key,
                 entry,
+                tenant,
                 stats: &mut self.stats,
                 recency: &mut self.recency,
                 policy: self.policy,
@@ -128,10 +130,12 @@ impl Store {
         // A use queues the block again: reads alone must not grow the queues.
         self.compact_queues_if_stale();
         self.release_hold(key);
+        let tenant = self.meta.tenants.of(key);
         match self.live_entry(slot, key, now) {
             Ok(found) => Some(found.hit(now, touch)),
             Err(stats) => {
                 stats.keyspace_misses += 1;
+                stats.tenants.misses[tenant] += 1;
                 None
             }
         }
@@ -332,7 +336,7 @@ impl Store {
             index_growth = new_charge.saturating_sub(old_charge);
             if index_growth > 0 {
                 self.ensure_room(index_growth, protect)
-                    .map_err(|_| self.refused(index_growth + value.len()))?;
+                    .map_err(|_| self.refused(key, index_growth + value.len()))?;
             }
         }
         let stored = match value {
@@ -344,7 +348,7 @@ impl Store {
                 let len = value.len();
                 match self.place_in_slab(value, protect, index_growth) {
                     Ok(slot) => Value::Slab(slot),
-                    Err(_) => return Err(self.refused(index_growth + len)),
+                    Err(_) => return Err(self.refused(key, index_growth + len)),
                 }
             }
         };
@@ -430,7 +434,7 @@ impl Store {
         }
         let charge = Self::charge(key.len(), value.len(), write.expire_at != 0);
         if self.budget != 0 && charge > self.budget {
-            self.refused(charge);
+            self.refused(key, charge);
             return -1;
         }
         let write = Write {
@@ -447,9 +451,10 @@ impl Store {
         }
     }
 
-    /// Counts a write refused for lack of memory (needing `needed` bytes)
-    /// by its cause, and gives the error back.
-    fn refused(&mut self, needed: usize) -> OutOfMemory {
+    /// Counts a write of `key` refused for lack of memory (needing `needed`
+    /// bytes) by its cause and its tenant, and gives the error back.
+    fn refused(&mut self, key: &[u8], needed: usize) -> OutOfMemory {
+        self.stats.tenants.refused[self.meta.tenants.of(key)] += 1;
         let cause = if self.budget != 0 && needed > self.budget {
             Refusal::TooLarge
         } else if self.policy == EvictionPolicy::NoEviction {
@@ -543,15 +548,15 @@ impl Store {
         };
         let old = entry.expire_at;
         if old != expire_at {
-            let before = entry.charges(stored.len());
+            let before = entry.cost(stored.len());
             entry.expire_at = expire_at;
-            let after = entry.charges(stored.len());
+            let after = entry.cost(stored.len());
             let on_disk = entry.on_disk;
             let stored = stored.clone();
             self.meta.modified(&stored);
             self.meta.unindex_expiry(&stored, old);
             self.meta.index_expiry(&stored, expire_at);
-            self.meta.recharge(before, after);
+            self.meta.recharge(&stored, before, after);
             // The record on disk has the old expiry: a warm restart must
             // not bring the key back with it (a miss is fine, a key that
             // outlives its TTL is not).
@@ -601,10 +606,12 @@ impl Store {
             flushed: true,
             ..Default::default()
         });
+        let tenants = self.meta.tenants.emptied();
         self.meta = Meta {
             watched,
             disk,
             loading,
+            tenants,
             ..Meta::default()
         };
         // Empty queues (the index is empty).
@@ -771,6 +778,8 @@ impl Store {
 struct Found<'a> {
     key: &'a Bytes,
     entry: &'a mut Entry,
+    /// The key's tenant slot.
+    tenant: usize,
     stats: &'a mut StoreStats,
     recency: &'a mut Recency,
     policy: EvictionPolicy,
@@ -782,6 +791,7 @@ impl<'a> Found<'a> {
     /// tier.
     fn hit(self, now: u64, touch: bool) -> &'a mut Entry {
         self.stats.keyspace_hits += 1;
+        self.stats.tenants.hits[self.tenant] += 1;
         if touch {
             self.entry.reads = self.entry.reads.saturating_add(1);
             return self.used(now);

@@ -29,6 +29,7 @@ pub mod slab;
 pub mod slot;
 pub mod spill;
 mod spilling;
+pub mod tenants;
 mod watches;
 
 use std::ops::Range;
@@ -207,6 +208,22 @@ pub struct StoreStats {
     pub holds: HoldStats,
     /// Writes not stored, by [`Refusal`] (same order as `Refusal::ALL`).
     pub refused_by: [u64; 3],
+    /// The same counts per tenant.
+    pub tenants: TenantStats,
+}
+
+/// Counters per tenant slot ([`tenants::TENANT_SLOTS`]; 0 the default
+/// tenant).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TenantStats {
+    /// Reads that found their key.
+    pub hits: [u64; tenants::TENANT_SLOTS],
+    /// Reads that did not.
+    pub misses: [u64; tenants::TENANT_SLOTS],
+    /// Keys removed to make room.
+    pub evicted: [u64; tenants::TENANT_SLOTS],
+    /// Writes not stored for lack of memory.
+    pub refused: [u64; tenants::TENANT_SLOTS],
 }
 
 /// How the store's memory is set up (flags `--hugepages`, `--prealloc`).
@@ -341,6 +358,27 @@ impl Store {
     /// cost in DRAM (outside `maxmemory`, which bounds the DRAM tier).
     pub fn disk_index_memory(&self) -> usize {
         self.meta.disk_index
+    }
+
+    /// Names tenants by key patterns (slot `i + 1` for `patterns[i]`; keys
+    /// no pattern names are the default tenant's, slot 0) and counts what
+    /// each holds now: a scan of the index, for start-up.
+    pub fn set_tenants(&mut self, patterns: &[tenants::KeyPattern]) {
+        let mut t = tenants::Tenants::new(patterns);
+        for map in &self.maps {
+            for (k, e) in map {
+                t.add(k, e.cost(k.len()), 1);
+            }
+        }
+        for d in self.disk.all() {
+            t.add(d.key(), d.cost(), 1);
+        }
+        self.meta.tenants = t;
+    }
+
+    /// What each tenant slot holds in this store.
+    pub fn tenant_usage(&self) -> [tenants::TenantUse; tenants::TENANT_SLOTS] {
+        self.meta.tenants.usage
     }
 
     /// The arena's figures (INFO slabs, MEMORY STATS).

@@ -131,8 +131,7 @@ impl Store {
         for key in keys {
             let slot = key_slot(&key);
             if !self.evict_key(slot, &key) {
-                self.stats.evicted_keys += 1;
-                self.stats.evicted_by[EvictReason::Rebalance as usize] += 1;
+                self.count_eviction(&key, EvictReason::Rebalance);
             }
         }
         self.arena.reclaim();
@@ -140,6 +139,13 @@ impl Store {
             self.arena.unmap_empty(self.arena.page_size());
         }
         true
+    }
+
+    /// Counts an eviction of `key` for `reason`, in all and for its tenant.
+    pub(crate) fn count_eviction(&mut self, key: &[u8], reason: EvictReason) {
+        self.stats.evicted_keys += 1;
+        self.stats.evicted_by[reason as usize] += 1;
+        self.stats.tenants.evicted[self.meta.tenants.of(key)] += 1;
     }
 
     /// Whether a lookup holds `key` against eviction now.
@@ -245,8 +251,7 @@ impl Store {
         if !kept {
             let gone = self.drop_entry(slot, &key)?;
             self.remember_evicted(&key, gone);
-            self.stats.evicted_keys += 1;
-            self.stats.evicted_by[reason as usize] += 1;
+            self.count_eviction(&key, reason);
         }
         // Its parent may be a leaf now, its children orphans.
         self.settle_links();

@@ -12,6 +12,7 @@ use hashbrown::HashMap;
 
 use crate::entry::{Entry, Queue};
 use crate::links::LinkEvent;
+use crate::tenants::{Cost, Tenants};
 use crate::{spill, StoreStats};
 
 /// Counts and indexes kept beside the maps, updated on every insert and
@@ -51,6 +52,8 @@ pub(crate) struct Meta {
     pub(crate) disk_entries: usize,
     /// While the warm restart loads: the keys written or deleted since.
     pub(crate) loading: Option<Loading>,
+    /// Who owns each key, and what each tenant holds.
+    pub(crate) tenants: Tenants,
 }
 
 /// What a store remembers while the warm restart brings its records.
@@ -118,9 +121,10 @@ impl Meta {
             self.track_disk();
         }
         self.index_expiry(key, entry.expire_at);
-        let (dram, disk) = entry.charges(key.len());
-        self.used += dram;
-        self.disk_index += disk;
+        let cost = entry.cost(key.len());
+        self.used += cost.index;
+        self.disk_index += cost.disk_index;
+        self.tenants.add(key, cost, 1);
         self.keys += 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.insert(slot, key.clone());
@@ -139,10 +143,14 @@ impl Meta {
 
     /// `replaced`: a new value takes the key's place at once (its children
     /// stay its children).
-    /// An entry's charges changed from `before` to `after` ([`Entry::charges`]).
-    pub(crate) fn recharge(&mut self, before: (usize, usize), after: (usize, usize)) {
-        self.used = self.used - before.0 + after.0;
-        self.disk_index = self.disk_index - before.1 + after.1;
+    /// `key`'s entry's cost changed from `before` to `after` ([`Entry::cost`]).
+    pub(crate) fn recharge(&mut self, key: &[u8], before: Cost, after: Cost) {
+        self.used = self.used - before.index + after.index;
+        self.disk_index = self.disk_index - before.disk_index + after.disk_index;
+        if before != after {
+            self.tenants.sub(key, before, 0);
+            self.tenants.add(key, after, 0);
+        }
     }
 
     /// `key`, stored here, names `parent` (a `ParentGone` reaches it).
@@ -167,24 +175,26 @@ impl Meta {
 
     /// A block living only on disk enters the compact index (the warm
     /// restart): charged `charge` bytes of the disk index.
-    pub(crate) fn added_compact(&mut self, key: &[u8], expire_at: u64, charge: usize) {
+    pub(crate) fn added_compact(&mut self, key: &[u8], expire_at: u64, cost: Cost) {
         self.modified(key);
         self.track_disk();
         if expire_at != 0 {
             self.index_expiry(&Bytes::copy_from_slice(key), expire_at);
         }
-        self.disk_index += charge;
+        self.disk_index += cost.disk_index;
+        self.tenants.add(key, cost, 1);
         self.keys += 1;
     }
 
     /// A compact entry goes without its record being counted out (its
     /// segment is gone).
-    pub(crate) fn removed_compact(&mut self, key: &Bytes, expire_at: u64, charge: usize) {
+    pub(crate) fn removed_compact(&mut self, key: &Bytes, expire_at: u64, cost: Cost) {
         self.modified(key);
         self.touched(key);
         self.disk_entries -= 1;
         self.unindex_expiry(key, expire_at);
-        self.disk_index -= charge;
+        self.disk_index -= cost.disk_index;
+        self.tenants.sub(key, cost, 1);
         self.keys -= 1;
     }
 
@@ -195,9 +205,10 @@ impl Meta {
             self.untrack_disk(loc);
         }
         self.unindex_expiry(key, entry.expire_at);
-        let (dram, disk) = entry.charges(key.len());
-        self.used -= dram;
-        self.disk_index -= disk;
+        let cost = entry.cost(key.len());
+        self.used -= cost.index;
+        self.disk_index -= cost.disk_index;
+        self.tenants.sub(key, cost, 1);
         self.keys -= 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.remove(&slot);

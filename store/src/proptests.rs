@@ -219,8 +219,15 @@ struct Run {
 
 impl Run {
     fn new(budget: usize, policy: EvictionPolicy) -> Run {
+        let mut store = Store::new(0..STORE_SLOTS, budget, policy);
+        // Three tenants (two named, the default): every change is counted
+        // for the right one (`check_accounting`).
+        store.set_tenants(&[
+            crate::tenants::KeyPattern::parse("key:1*").unwrap(),
+            crate::tenants::KeyPattern::parse("key:2*").unwrap(),
+        ]);
         Run {
-            store: Store::new(0..STORE_SLOTS, budget, policy),
+            store,
             budget,
             initial_budget: budget,
             overdrawn: false,
@@ -545,10 +552,15 @@ impl Run {
         // Distinct memory in the arena, by address: footprint, span?
         let mut in_arena: StdMap<usize, (usize, bool)> = StdMap::new();
         let mut present: HashSet<Bytes> = HashSet::new();
+        let mut tenants = [crate::tenants::TenantUse::default(); crate::tenants::TENANT_SLOTS];
         for map in &store.maps {
             for (k, e) in map {
                 present.insert(k.clone());
                 keys += 1;
+                let (t, cost) = (store.meta.tenants.of(k), e.cost(k.len()));
+                tenants[t].dram += cost.dram;
+                tenants[t].disk += cost.disk;
+                tenants[t].keys += 1;
                 index += e.charge(k.len());
                 volatile += (e.expire_at != 0) as usize;
                 queued += (e.queue != Queue::Out) as usize;
@@ -566,6 +578,8 @@ impl Run {
         }
         prop_assert_eq!(store.meta.keys, keys, "key count");
         prop_assert_eq!(store.meta.used, index, "index charge");
+        prop_assert_eq!(store.meta.tenants.usage, tenants, "what each tenant holds");
+        prop_assert!(tenants.iter().filter(|u| u.keys > 0).count() <= 3);
         prop_assert_eq!(store.meta.expires.len(), volatile, "expiry set");
         prop_assert_eq!(store.meta.queued, queued, "queued count");
         if store.policy() == EvictionPolicy::Prefix {

@@ -478,9 +478,10 @@ impl Store {
         if entry.parent.is_some() {
             return;
         }
-        let before = entry.charges(stored.len());
+        let before = entry.cost(stored.len());
         entry.parent = Some(parent.clone());
-        self.meta.recharge(before, entry.charges(stored.len()));
+        let after = entry.cost(stored.len());
+        self.meta.recharge(stored, before, after);
         let child = stored.clone();
         self.meta.note_child(&parent, &child);
         // Under `prefix` the parent counts it once it is back in DRAM
@@ -572,7 +573,7 @@ impl Store {
             return;
         };
         let stored = stored.clone();
-        let before = entry.charges(stored.len());
+        let before = entry.cost(stored.len());
         if let Some(old) = entry.value.slot().and_then(|s| s.page_location()) {
             self.meta.slot_keys.remove(&old);
         }
@@ -601,8 +602,8 @@ impl Store {
             self.faulted.push(stored.clone());
         }
         entry.value = value;
-        let after = entry.charges(stored.len());
-        self.meta.recharge(before, after);
+        let after = entry.cost(stored.len());
+        self.meta.recharge(&stored, before, after);
         let same = matches!((&old_disk, &new_disk), (Some(o), Some(n)) if same_loc(o, n));
         if !same {
             if let Some(old) = &old_disk {
@@ -902,8 +903,7 @@ impl Store {
             }
             dir.counters.drop_for(SpillDrop::Reclaimed);
             self.drop_entry(slot, &key);
-            self.stats.evicted_keys += 1;
-            self.stats.evicted_by[EvictReason::Policy as usize] += 1;
+            self.count_eviction(&key, EvictReason::Policy);
         }
     }
 
@@ -925,7 +925,10 @@ impl Store {
             slot: slot_ref,
             loc,
         } = *c;
+        let before = entry.cost(key.len());
         entry.value = Value::Slab(slot_ref);
+        let after = entry.cost(key.len());
+        self.meta.recharge(key, before, after);
         self.meta.untrack_disk(&loc);
     }
 
@@ -961,8 +964,7 @@ impl Store {
         }
         dir.counters.drop_for(SpillDrop::Reclaimed);
         self.drop_entry(slot, &key);
-        self.stats.evicted_keys += 1;
-        self.stats.evicted_by[EvictReason::Policy as usize] += 1;
+        self.count_eviction(&key, EvictReason::Policy);
     }
 
     /// Graceful shutdown: writes every block still in DRAM (and waits for
@@ -1057,14 +1059,14 @@ impl Store {
                 loc,
                 expire_at,
             } = r;
-            let charge = crate::disk_index::charge(key.len(), expire_at != 0);
             // Into the compact index (unless a newer record of the key came
             // first); a record whose fields do not fit it gets a full entry
             // (its parent comes back when it is read).
             let added = match DiskEntry::loaded(key, &loc) {
                 Ok(d) => match self.disk.insert(index, d, expire_at) {
                     Some(d) => {
-                        self.meta.added_compact(d.key(), expire_at, charge);
+                        let cost = d.cost();
+                        self.meta.added_compact(d.key(), expire_at, cost);
                         true
                     }
                     None => false,

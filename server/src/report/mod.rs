@@ -20,6 +20,7 @@
 //! | `keyspace.rs` | keyspace, shards | keys per shard |
 //! | `spill.rs` | spill | the spill tier's |
 //! | `cluster.rs` | cluster | the cluster's |
+//! | `tenants.rs` | tenants | keys, bytes, hits, misses, evictions, refusals per tenant |
 
 mod clients;
 mod cluster;
@@ -31,6 +32,7 @@ mod server_info;
 pub mod snapshot;
 mod spill;
 mod stats;
+mod tenants;
 
 pub use metric::{Exporter, Metric};
 pub use snapshot::{gather, rss_bytes, Info, ShardReport};
@@ -57,6 +59,7 @@ const SECTIONS: &[(&str, &str, Render)] = &[
     ("commandstats", "Commandstats", commands::info),
     ("slabs", "Slabs", memory::slabs),
     ("shards", "Shards", keyspace::shards),
+    ("tenants", "Tenants", tenants::info),
 ];
 
 /// Sections INFO shows with no argument (or `default`): the first twelve.
@@ -112,6 +115,7 @@ pub fn export(shard: &mut Exporter, node: &mut Exporter, shared: &Shared, report
     commands::export(shard, shared, report);
     keyspace::export(shard, report);
     spill::export_shard(shard, report);
+    tenants::export(shard, shared, report);
     if report.id == 0 {
         memory::export_node(node, shared);
         spill::export(node, shared);
@@ -129,6 +133,7 @@ pub fn all_metrics() -> impl Iterator<Item = &'static Metric> {
         keyspace::METRICS,
         spill::METRICS,
         cluster::METRICS,
+        tenants::METRICS,
     ]
     .into_iter()
     .flatten()

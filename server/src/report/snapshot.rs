@@ -80,6 +80,8 @@ pub struct ShardReport {
     pub idle_poll_hits: u64,
     /// CONFIG RESETSTAT calls so far (they zero the counts above).
     pub resets: u64,
+    /// What each tenant slot holds in this shard.
+    pub tenants: [kvtier_store::tenants::TenantUse; kvtier_store::tenants::TENANT_SLOTS],
 }
 
 impl ShardReport {
@@ -123,6 +125,7 @@ impl ShardReport {
             idle_poll_us: stats.idle_poll_us,
             idle_poll_hits: stats.idle_poll_hits,
             resets: stats.resets,
+            tenants: store.tenant_usage(),
         }
     }
 }
