@@ -18,6 +18,9 @@
 # Environment: N (2000 requests per multi-key cell, 10x for single keys),
 # VALUE (bytes per block, default 2048).
 #
+# TENANTS=1 adds this build with two tenants named (`--tenant`, the
+# workload's keys matching the second pattern) to either table.
+#
 # EVICTION=1 counts writes under eviction instead: SET, MSETBLOCK and MSETBLOCK
 # CHAIN (a one-block chain write, which the `prefix` classes see) of one
 # 4 KiB value to random keys on a server (--threads 1, whole process) with
@@ -96,10 +99,10 @@ instructions() {
   if [[ $kind == kvtier ]]; then
     total=$(counted "$out" "$port" single_requests \
       --toggle-collect='*connection::accept*' --toggle-collect='*run_mailbox*' \
-      "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL)
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none $POLL $EXTRA)
   elif [[ $kind == kvtier-process ]]; then
     total=$(counted "$out" "$port" single_requests \
-      "$bin" --port "$port" --threads "$threads" --metrics-addr none --hz 1 $POLL)
+      "$bin" --port "$port" --threads "$threads" --metrics-addr none --hz 1 $POLL $EXTRA)
   else
     total=$(counted "$out" "$port" single_requests \
       redis-server --port "$port" --save '' --appendonly no)
@@ -142,11 +145,16 @@ evicting() {
   local POLL; POLL=$(poll_off "$bin")
   # shellcheck disable=SC2086
   counted "$WORK/ev.$port" "$port" evicting_requests "$bin" --port "$port" --threads "$threads" \
-    --metrics-addr none --hz 1 $POLL --maxmemory 32mb --maxmemory-policy "$policy"
+    --metrics-addr none --hz 1 $POLL $EXTRA --maxmemory 32mb --maxmemory-policy "$policy"
 }
 
+# TENANTS=1: rows of this build with two tenants named, whose patterns the
+# workload's keys match (the second one: two prefix tests per key).
+TENANT_FLAGS="--tenant name=blocks,keys=blk:* --tenant name=strings,keys=key:*"
+EXTRA=""
 if [[ ${EVICTION:-0} == 1 ]]; then
   builds=("this build|target/release/kvtier-server")
+  [[ ${TENANTS:-0} == 1 ]] && builds+=("this build, 2 tenants|target/release/kvtier-server|$TENANT_FLAGS")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
   echo "instructions per write under eviction (callgrind, --threads 1 unless marked t=2, whole process, 4 KiB values, maxmemory 32mb full)"
   chain64=${CHAIN64:-0}
@@ -158,7 +166,7 @@ if [[ ${EVICTION:-0} == 1 ]]; then
     echo "|---|---|---|---|---|"
   fi
   for b in "${builds[@]}"; do
-    IFS='|' read -r name bin <<<"$b"
+    IFS='|' read -r name bin EXTRA <<<"$b"
     for policy in prefix allkeys-lru; do
       base=$(evicting "$bin" "$policy" none)
       row="| $name | $policy |"
@@ -179,6 +187,9 @@ fi
 
 servers=("kvtier t=1 tasks|kvtier|target/release/kvtier-server|1" "kvtier t=2 tasks|kvtier|target/release/kvtier-server|2"
   "kvtier t=1 process|kvtier-process|target/release/kvtier-server|1" "kvtier t=2 process|kvtier-process|target/release/kvtier-server|2")
+if [[ ${TENANTS:-0} == 1 ]]; then
+  servers+=("kvtier t=1 tasks, 2 tenants|kvtier|target/release/kvtier-server|1|$TENANT_FLAGS")
+fi
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   servers+=("baseline t=1|kvtier|$BASELINE_BIN|1" "baseline t=2|kvtier|$BASELINE_BIN|2")
 fi
@@ -188,7 +199,7 @@ echo "instructions per request (callgrind), one client, values of $VALUE bytes, 
 header="| server | GET 64 B | SET 64 B | PREFIXLEN 64 | MGETPREFIX 64 |"
 echo "$header"; echo "|---|---|---|---|---|"
 for s in "${servers[@]}"; do
-  IFS='|' read -r name kind bin threads <<<"$s"
+  IFS='|' read -r name kind bin threads EXTRA <<<"$s"
   g=$(per_request "$kind" "$bin" "$threads" get $((N * 10)))
   st=$(per_request "$kind" "$bin" "$threads" set $((N * 10)))
   if [[ $kind == kvtier* ]]; then
