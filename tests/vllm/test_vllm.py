@@ -54,9 +54,26 @@ def keyspace_hits(server: Server) -> int:
 
 
 def layout_of(server: Server) -> str:
-    keys = server.client().scan_keys("kvtier:vllm:*")
-    assert keys, "nothing stored"
+    """The layout part of the stored keys' names. The engine stores on its
+    save thread after generate returns: waits up to 60 s for a first key."""
+    deadline = time.monotonic() + 60
+    while not (keys := server.client().scan_keys("kvtier:vllm:*")):
+        assert time.monotonic() < deadline, "nothing stored"
+        time.sleep(0.05)
     return keys[0].split(":")[2]
+
+
+def wait_stored(server: Server, keys: list[str]) -> None:
+    """Waits up to 60 s until every one of ``keys`` is stored (the engine's
+    save thread runs after generate returns)."""
+    deadline = time.monotonic() + 60
+    while True:
+        present = server.client().execute("EXISTS", *keys)
+        assert isinstance(present, int)
+        if present == len(keys):
+            return
+        assert time.monotonic() < deadline, "the engine's save did not land"
+        time.sleep(0.05)
 
 
 def block_keys(server: Server, tokens: list[int], rank: int = 0, count: int | None = None) -> list[str]:
@@ -168,15 +185,7 @@ def test_a_second_engine_loads_a_shared_prefix(
     # The engine stores what it recomputed on its save thread, after
     # generate returns: wait for every whole block of the prompt, so that
     # no write of this test lands in the next one's emptied tier.
-    whole = block_keys(kvtier_server, b_prompt, count=len(b_prompt) // BLOCK)
-    deadline = time.monotonic() + 60
-    while True:
-        present = kvtier_server.client().execute("EXISTS", *whole)
-        assert isinstance(present, int)
-        if present == len(whole):
-            break
-        assert time.monotonic() < deadline, "the engine's save did not land"
-        time.sleep(0.05)
+    wait_stored(kvtier_server, block_keys(kvtier_server, b_prompt, count=len(b_prompt) // BLOCK))
 
 
 def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
@@ -293,6 +302,7 @@ def test_a_client_can_read_what_the_engine_stored(kvtier_server: Server, kv_engi
     p = prompt(50, 1500)
     kv_engine.generate([p])
     keys = block_keys(kvtier_server, p)
+    wait_stored(kvtier_server, keys)
     c = kvtier.Client(kvtier_server.addr)
     assert c.prefix_len(keys) == loadable(p)
     other = [k.replace(":vllm:", ":vllm:0") for k in keys]
