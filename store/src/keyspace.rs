@@ -14,6 +14,7 @@ use crate::holds::{HoldLimits, Holds};
 use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
 use crate::slot::key_slot;
+use crate::tenants::Tenants;
 use crate::{
     InPrefix, OutOfMemory, Protect, Recency, Refusal, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
 };
@@ -99,12 +100,11 @@ impl Store {
         slot: u16,
         key: &[u8],
         now: u64,
-    ) -> Result<Found<'_>, &mut StoreStats> {
+    ) -> Result<Found<'_>, (&mut StoreStats, &Tenants)> {
         let index = self.index(slot);
         // A block living only on disk is in the compact table: moved into
         // the map for this batch of work.
         self.ensure_mapped(index, key);
-        let tenant = self.meta.tenants.of(key);
         match live(
             &mut self.maps[index],
             &mut self.meta,
@@ -115,12 +115,12 @@ impl Store {
             Some((key, entry)) => Ok(Found {
                 key,
                 entry,
-                tenant,
+                tenants: &self.meta.tenants,
                 stats: &mut self.stats,
                 recency: &mut self.recency,
                 policy: self.policy,
             }),
-            None => Err(&mut self.stats),
+            None => Err((&mut self.stats, &self.meta.tenants)),
         }
     }
 
@@ -130,12 +130,11 @@ impl Store {
         // A use queues the block again: reads alone must not grow the queues.
         self.compact_queues_if_stale();
         self.release_hold(key);
-        let tenant = self.meta.tenants.of(key);
         match self.live_entry(slot, key, now) {
             Ok(found) => Some(found.hit(now, touch)),
-            Err(stats) => {
+            Err((stats, tenants)) => {
                 stats.keyspace_misses += 1;
-                stats.tenants.misses[tenant] += 1;
+                stats.tenants.misses[tenants.of(key)] += 1;
                 None
             }
         }
@@ -377,8 +376,7 @@ impl Store {
                 o.get_mut().children = old.children;
                 // A restart must not bring the old value back from disk.
                 o.get_mut().on_disk = old.on_disk;
-                self.meta.removed(o.key(), &old, true);
-                self.meta.added(o.key(), o.get());
+                self.meta.replaced(o.key(), &old, o.get());
                 (o.key().clone(), Some(old))
             }
             MapEntry::Vacant(v) => {
@@ -778,8 +776,8 @@ impl Store {
 struct Found<'a> {
     key: &'a Bytes,
     entry: &'a mut Entry,
-    /// The key's tenant slot.
-    tenant: usize,
+    /// Whose keys are whose (a hit counts for the key's tenant).
+    tenants: &'a Tenants,
     stats: &'a mut StoreStats,
     recency: &'a mut Recency,
     policy: EvictionPolicy,
@@ -791,7 +789,7 @@ impl<'a> Found<'a> {
     /// tier.
     fn hit(self, now: u64, touch: bool) -> &'a mut Entry {
         self.stats.keyspace_hits += 1;
-        self.stats.tenants.hits[self.tenant] += 1;
+        self.stats.tenants.hits[self.tenants.of(self.key)] += 1;
         if touch {
             self.entry.reads = self.entry.reads.saturating_add(1);
             return self.used(now);

@@ -367,11 +367,11 @@ impl Store {
         let mut t = tenants::Tenants::new(patterns);
         for map in &self.maps {
             for (k, e) in map {
-                t.add(k, e.cost(k.len()), 1);
+                t.shift(k, Default::default(), e.cost(k.len()), 1);
             }
         }
         for d in self.disk.all() {
-            t.add(d.key(), d.cost(), 1);
+            t.shift(d.key(), Default::default(), d.cost(), 1);
         }
         self.meta.tenants = t;
     }

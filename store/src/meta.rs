@@ -115,6 +115,20 @@ impl Meta {
     }
 
     pub(crate) fn added(&mut self, key: &Bytes, entry: &Entry) {
+        let cost = self.index_added(key, entry);
+        self.tenants.shift(key, Cost::default(), cost, 1);
+    }
+
+    /// `key`'s entry `old` gave way to `new` (an overwrite): [`Meta::removed`]
+    /// and [`Meta::added`] with one tenant lookup.
+    pub(crate) fn replaced(&mut self, key: &Bytes, old: &Entry, new: &Entry) {
+        let before = self.index_removed(key, old, true);
+        let after = self.index_added(key, new);
+        self.tenants.shift(key, before, after, 0);
+    }
+
+    /// Everything [`Meta::added`] counts but the tenant; the entry's cost.
+    fn index_added(&mut self, key: &Bytes, entry: &Entry) -> Cost {
         self.modified(key);
         self.touched(key);
         if entry.value.disk().is_some() {
@@ -124,7 +138,6 @@ impl Meta {
         let cost = entry.cost(key.len());
         self.used += cost.index;
         self.disk_index += cost.disk_index;
-        self.tenants.add(key, cost, 1);
         self.keys += 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.insert(slot, key.clone());
@@ -139,6 +152,7 @@ impl Meta {
         if entry.queue != Queue::Out {
             self.queued += 1;
         }
+        cost
     }
 
     /// `replaced`: a new value takes the key's place at once (its children
@@ -147,9 +161,8 @@ impl Meta {
     pub(crate) fn recharge(&mut self, key: &[u8], before: Cost, after: Cost) {
         self.used = self.used - before.index + after.index;
         self.disk_index = self.disk_index - before.disk_index + after.disk_index;
-        if before != after {
-            self.tenants.sub(key, before, 0);
-            self.tenants.add(key, after, 0);
+        if (before.dram, before.disk) != (after.dram, after.disk) {
+            self.tenants.shift(key, before, after, 0);
         }
     }
 
@@ -182,7 +195,7 @@ impl Meta {
             self.index_expiry(&Bytes::copy_from_slice(key), expire_at);
         }
         self.disk_index += cost.disk_index;
-        self.tenants.add(key, cost, 1);
+        self.tenants.shift(key, Cost::default(), cost, 1);
         self.keys += 1;
     }
 
@@ -194,11 +207,17 @@ impl Meta {
         self.disk_entries -= 1;
         self.unindex_expiry(key, expire_at);
         self.disk_index -= cost.disk_index;
-        self.tenants.sub(key, cost, 1);
+        self.tenants.shift(key, cost, Cost::default(), -1);
         self.keys -= 1;
     }
 
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
+        let cost = self.index_removed(key, entry, replaced);
+        self.tenants.shift(key, cost, Cost::default(), -1);
+    }
+
+    /// Everything [`Meta::removed`] counts but the tenant; the entry's cost.
+    fn index_removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) -> Cost {
         self.modified(key);
         self.touched(key);
         if let Some(loc) = entry.value.disk() {
@@ -208,7 +227,6 @@ impl Meta {
         let cost = entry.cost(key.len());
         self.used -= cost.index;
         self.disk_index -= cost.disk_index;
-        self.tenants.sub(key, cost, 1);
         self.keys -= 1;
         if let Some(slot) = entry.value.slot().and_then(|s| s.page_location()) {
             self.slot_keys.remove(&slot);
@@ -232,6 +250,7 @@ impl Meta {
         if entry.queue != Queue::Out {
             self.queued -= 1;
         }
+        cost
     }
 }
 

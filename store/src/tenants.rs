@@ -82,10 +82,68 @@ pub(crate) struct Cost {
 /// The tenants' patterns and what each holds here.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tenants {
-    /// `(pattern, slot)`: the named tenants' patterns, in order.
-    patterns: Vec<(KeyPattern, usize)>,
+    /// The named tenants' patterns, in order, as compared.
+    patterns: Vec<Compiled>,
     /// Per slot.
     pub(crate) usage: [TenantUse; TENANT_SLOTS],
+}
+
+/// A pattern as a key is tested against it: its first 16 bytes as one
+/// number under a mask (one compare for most prefixes, no call), the rest
+/// as bytes.
+#[derive(Clone, Debug)]
+struct Compiled {
+    head: u128,
+    mask: u128,
+    /// The prefix's (or exact key's) length.
+    len: usize,
+    /// Its bytes past the 16th.
+    rest: Box<[u8]>,
+    exact: bool,
+    slot: usize,
+}
+
+/// A key's first 16 bytes (zeros past its end) as one number.
+#[inline]
+fn head(key: &[u8]) -> u128 {
+    match key.first_chunk::<16>() {
+        Some(first) => u128::from_le_bytes(*first),
+        None => {
+            let mut buf = [0u8; 16];
+            buf[..key.len()].copy_from_slice(key);
+            u128::from_le_bytes(buf)
+        }
+    }
+}
+
+impl Compiled {
+    fn new(pattern: &KeyPattern, slot: usize) -> Compiled {
+        let (bytes, exact) = match pattern {
+            KeyPattern::Prefix(p) => (p, false),
+            KeyPattern::Exact(k) => (k, true),
+        };
+        let n = bytes.len().min(16);
+        Compiled {
+            head: head(&bytes[..n]),
+            mask: if n == 16 {
+                u128::MAX
+            } else {
+                (1u128 << (8 * n)) - 1
+            },
+            len: bytes.len(),
+            rest: bytes[n..].into(),
+            exact,
+            slot,
+        }
+    }
+
+    #[inline]
+    fn matches(&self, key: &[u8], key_head: u128) -> bool {
+        key.len() >= self.len
+            && key_head & self.mask == self.head
+            && (self.rest.is_empty() || key[16..self.len] == self.rest[..])
+            && (!self.exact || key.len() == self.len)
+    }
 }
 
 impl Tenants {
@@ -96,7 +154,11 @@ impl Tenants {
             "at most {MAX_TENANTS} tenants"
         );
         Tenants {
-            patterns: patterns.iter().cloned().zip(1..).collect(),
+            patterns: patterns
+                .iter()
+                .zip(1..)
+                .map(|(p, slot)| Compiled::new(p, slot))
+                .collect(),
             usage: Default::default(),
         }
     }
@@ -120,28 +182,21 @@ impl Tenants {
 
     #[inline(never)]
     fn find(&self, key: &[u8]) -> usize {
+        let key_head = head(key);
         self.patterns
             .iter()
-            .find(|(p, _)| p.matches(key))
-            .map_or(0, |&(_, slot)| slot)
+            .find(|p| p.matches(key, key_head))
+            .map_or(0, |p| p.slot)
     }
 
-    /// `key` came with `cost` (`keys`: it is a new key).
+    /// `key`'s cost went from `before` to `after`, and its keys by `keys`
+    /// (1: it is new, -1: it is gone): one pattern search for the three.
     #[inline]
-    pub(crate) fn add(&mut self, key: &[u8], cost: Cost, keys: usize) {
+    pub(crate) fn shift(&mut self, key: &[u8], before: Cost, after: Cost, keys: isize) {
         let u = &mut self.usage[self.of(key)];
-        u.dram += cost.dram;
-        u.disk += cost.disk;
-        u.keys += keys;
-    }
-
-    /// `key` went, or gave up `cost` (`keys`: the key is gone).
-    #[inline]
-    pub(crate) fn sub(&mut self, key: &[u8], cost: Cost, keys: usize) {
-        let u = &mut self.usage[self.of(key)];
-        u.dram -= cost.dram;
-        u.disk -= cost.disk;
-        u.keys -= keys;
+        u.dram = u.dram - before.dram + after.dram;
+        u.disk = u.disk - before.disk + after.disk;
+        u.keys = u.keys.wrapping_add_signed(keys);
     }
 }
 
@@ -158,6 +213,45 @@ mod tests {
         assert!(exact.matches(b"sys:prompt") && !exact.matches(b"sys:prompt2"));
         for bad in ["a*b*", "a?*", "[ab]*", "a\\*"] {
             assert!(KeyPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn compiled_patterns_agree_with_plain_matching() {
+        let patterns: Vec<KeyPattern> = [
+            "a*",
+            "ab",
+            "llama70b@*",
+            "exactly-sixteen!",
+            "exactly-sixteen!*",
+            "a-prefix-longer-than-16-bytes@*",
+            "*",
+        ]
+        .iter()
+        .map(|p| KeyPattern::parse(p).unwrap())
+        .collect();
+        let keys: [&[u8]; 10] = [
+            b"",
+            b"a",
+            b"ab",
+            b"abc",
+            b"llama70b@1",
+            b"llama70b",
+            b"exactly-sixteen!",
+            b"exactly-sixteen!x",
+            b"a-prefix-longer-than-16-bytes@k",
+            b"a-prefix-longer-than-16-bytes",
+        ];
+        for p in &patterns {
+            let c = Compiled::new(p, 1);
+            for k in keys {
+                assert_eq!(
+                    c.matches(k, head(k)),
+                    p.matches(k),
+                    "{p:?} {:?}",
+                    String::from_utf8_lossy(k)
+                );
+            }
         }
     }
 
