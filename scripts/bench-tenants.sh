@@ -32,18 +32,14 @@ FLOOD=${FLOOD:-10}
 THREADS=${THREADS:-$(nproc)}
 REDIS=${REDIS:-1}
 OUT=${OUT:-}
-cargo build --release -q -p kvtier-server -p kvtier-bench
-PID=""; TMP=$(mktemp -d)
-trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT
+bench_setup tenants
 
-python3 bench/gen_traces.py conversation --requests "$REQUESTS" --seed "$SEED" -o "$TMP/b.jsonl" >/dev/null
-unique=$(trace_unique_blocks "$TMP/b.jsonl")
+python3 bench/gen_traces.py conversation --requests "$REQUESTS" --seed "$SEED" -o "$WORK/b.jsonl" >/dev/null
+unique=$(trace_unique_blocks "$WORK/b.jsonl")
 tier=$(( TIER_MB << 20 ))
 # B's unique blocks take twice the tier: its half is a quarter of them.
 block=$(( 2 * tier / unique / 4096 * 4096 ))
 (( block >= 4096 )) || block=4096
-
-wait_up() { for _ in $(seq 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "port $1 did not answer"; exit 1; }
 
 # replay SERVER MAXMEMORY FLOOD -> "B's hit rate, A's bytes / B's bytes"
 replay() {
@@ -53,16 +49,16 @@ replay() {
     redis-server --port "$port" --save '' --appendonly no --maxmemory "$2" \
       --maxmemory-policy allkeys-lru >/dev/null 2>&1 &
   else
-    target/release/kvtier-server --port "$port" --threads "$THREADS" --metrics-addr none \
+    "$BIN" --port "$port" --threads "$THREADS" --metrics-addr none \
       --maxmemory "$2" >/dev/null 2>&1 &
   fi
-  PID=$!
+  PIDS+=($!)
   wait_up "$port"
-  target/release/kvtier-bench trace "$TMP/b.jsonl" --target "127.0.0.1:$port" --block-bytes "$block" \
+  "$BENCH" trace "$WORK/b.jsonl" --target "127.0.0.1:$port" --block-bytes "$block" \
     --protocol "$protocol" --concurrency 1 --key-prefix b@ --flood-ratio "$3" --flood-prefix a@ \
-    --json "$TMP/run.json" >/dev/null
-  kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-  json "$TMP/run.json" "'%.4f %.2f' % (r['block_hit_rate'], r['flood_bytes_written'] / max(1, r['bytes_written']))"
+    --json "$WORK/run.json" >/dev/null
+  stop_all
+  json "$WORK/run.json" "'%.4f %.2f' % (r['block_hit_rate'], r['flood_bytes_written'] / max(1, r['bytes_written']))"
 }
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, kvtier $(git rev-parse --short HEAD)"

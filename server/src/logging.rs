@@ -81,23 +81,37 @@ pub fn port_line(addr: &str, format: LogFormat) -> String {
     match format {
         LogFormat::Text => message,
         LogFormat::Json => {
-            let mut time = String::new();
-            let _ = SystemTime.format_time(&mut Writer::new(&mut time));
-            let mut line = String::from("{\"time\":");
-            let _ = json_string(&mut line, &time);
-            line.push_str(",\"level\":\"INFO\",\"target\":\"kvtier_server\",\"message\":");
-            let _ = json_string(&mut line, &message);
-            line.push_str(",\"fields\":{\"addr\":");
-            let _ = json_string(&mut line, addr);
-            line.push_str("}}");
+            let mut fields = String::from("\"addr\":");
+            let _ = json_string(&mut fields, addr);
+            let mut line = String::new();
+            let _ = json_line(&mut line, "INFO", "kvtier_server", &message, &fields);
             line
         }
     }
 }
 
-/// One JSON object per event: `time` (RFC 3339, UTC), `level`, `target`,
-/// `message` and the event's other `fields` (numbers and booleans as
-/// such, anything else as its text).
+/// One log object, stamped now: `time` (RFC 3339, UTC), `level`, `target`,
+/// `message`, and `fields` (given as JSON members, `"name":value,…`).
+fn json_line(
+    out: &mut impl fmt::Write,
+    level: &str,
+    target: &str,
+    message: &str,
+    fields: &str,
+) -> fmt::Result {
+    let mut time = String::new();
+    SystemTime.format_time(&mut Writer::new(&mut time))?;
+    out.write_str("{\"time\":")?;
+    json_string(out, &time)?;
+    write!(out, ",\"level\":\"{level}\",\"target\":")?;
+    json_string(out, target)?;
+    out.write_str(",\"message\":")?;
+    json_string(out, message)?;
+    write!(out, ",\"fields\":{{{fields}}}}}")
+}
+
+/// One JSON object per event ([`json_line`]): numbers and booleans among
+/// the fields as such, anything else as its text.
 struct Json;
 
 impl<S, N> FormatEvent<S, N> for Json
@@ -111,18 +125,17 @@ where
         mut out: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let mut time = String::new();
-        SystemTime.format_time(&mut Writer::new(&mut time))?;
         let mut fields = JsonFields::default();
         event.record(&mut fields);
         let meta = event.metadata();
-        out.write_str("{\"time\":")?;
-        json_string(&mut out, &time)?;
-        write!(out, ",\"level\":\"{}\",\"target\":", meta.level())?;
-        json_string(&mut out, meta.target())?;
-        out.write_str(",\"message\":")?;
-        json_string(&mut out, &fields.message)?;
-        writeln!(out, ",\"fields\":{{{}}}}}", fields.rest)
+        json_line(
+            &mut out,
+            meta.level().as_str(),
+            meta.target(),
+            &fields.message,
+            &fields.rest,
+        )?;
+        writeln!(out)
     }
 }
 

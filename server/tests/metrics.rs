@@ -170,6 +170,18 @@ fn tenants_info(
         .collect()
 }
 
+/// A tenant's series of `metric`, summed over the shards.
+fn tenant_total(body: &str, metric: &str, tenant: &str) -> f64 {
+    (0..SHARDS)
+        .filter_map(|s| {
+            sample(
+                body,
+                &format!(r#"{metric}{{shard="{s}",tenant="{tenant}"}}"#),
+            )
+        })
+        .sum()
+}
+
 #[test]
 fn tenants_are_counted_in_info_and_metrics() {
     let metrics_port = free_port();
@@ -233,22 +245,8 @@ fn tenants_are_counted_in_info_and_metrics() {
     let mut body = String::new();
     let complete = eventually(Duration::from_secs(20), || {
         body = scrape(metrics_port);
-        let keys: f64 = (0..SHARDS)
-            .filter_map(|s| {
-                sample(
-                    &body,
-                    &format!(r#"kvtier_tenant_keys{{shard="{s}",tenant="llama"}}"#),
-                )
-            })
-            .sum();
-        let hits: f64 = (0..SHARDS)
-            .filter_map(|s| {
-                sample(
-                    &body,
-                    &format!(r#"kvtier_tenant_hits_total{{shard="{s}",tenant="mistral"}}"#),
-                )
-            })
-            .sum();
+        let keys = tenant_total(&body, "kvtier_tenant_keys", "llama");
+        let hits = tenant_total(&body, "kvtier_tenant_hits_total", "mistral");
         keys == llama_keys && hits == 1.0
     });
     assert!(complete, "no tenant series:\n{body}");

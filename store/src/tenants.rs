@@ -15,13 +15,41 @@ pub const TENANT_SLOTS: usize = MAX_TENANTS + 1;
 
 /// A tenant's keys: those starting with a prefix (`llama70b@*`), or one
 /// exact key. Patterns are tried in order; the first that matches owns the
-/// key.
+/// key. Kept as a key is tested against it: its first 16 bytes as one
+/// number under a mask (one compare for most prefixes, no call), the rest
+/// as bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyPattern {
-    /// `prefix*`: every key starting with the prefix (`*` alone: every key).
-    Prefix(Vec<u8>),
-    /// A key without `*`: that key only.
-    Exact(Vec<u8>),
+pub struct KeyPattern {
+    head: u128,
+    mask: u128,
+    /// The prefix's (or exact key's) length.
+    len: usize,
+    /// Its bytes past the 16th.
+    rest: Box<[u8]>,
+    /// An exact key, not a prefix.
+    exact: bool,
+}
+
+/// A key's first 16 bytes (zeros past its end) as one number. A key of 8
+/// to 15 bytes is read as two overlapping 8-byte words, with no copy.
+#[inline]
+fn head(key: &[u8]) -> u128 {
+    if let Some(first) = key.first_chunk::<16>() {
+        return u128::from_le_bytes(*first);
+    }
+    let n = key.len();
+    match (key.first_chunk::<8>(), key.last_chunk::<8>()) {
+        (Some(lo), Some(hi)) => {
+            // `hi` is bytes n-8..n: shifted to their places, it overlaps
+            // `lo` only where the bytes are the same.
+            u64::from_le_bytes(*lo) as u128 | (u64::from_le_bytes(*hi) as u128) << (8 * (n - 8))
+        }
+        _ => {
+            let mut buf = [0u8; 16];
+            buf[..n].copy_from_slice(key);
+            u128::from_le_bytes(buf)
+        }
+    }
 }
 
 impl KeyPattern {
@@ -39,19 +67,33 @@ impl KeyPattern {
                 "key pattern '{s}': only 'prefix*' or an exact key (no ?, [ ], \\ or inner *)"
             ));
         }
-        Ok(if body.len() < bytes.len() {
-            KeyPattern::Prefix(body.to_vec())
-        } else {
-            KeyPattern::Exact(body.to_vec())
+        let n = body.len().min(16);
+        Ok(KeyPattern {
+            head: head(&body[..n]),
+            mask: if n == 16 {
+                u128::MAX
+            } else {
+                (1u128 << (8 * n)) - 1
+            },
+            len: body.len(),
+            rest: body[n..].into(),
+            exact: body.len() == bytes.len(),
         })
     }
 
     /// Whether `key` is one of the pattern's keys.
     pub fn matches(&self, key: &[u8]) -> bool {
-        match self {
-            KeyPattern::Prefix(p) => key.starts_with(p),
-            KeyPattern::Exact(k) => key == k.as_slice(),
-        }
+        self.matches_head(key, head(key))
+    }
+
+    /// [`KeyPattern::matches`] with the key's [`head`] worked out once for
+    /// every pattern.
+    #[inline]
+    fn matches_head(&self, key: &[u8], key_head: u128) -> bool {
+        key.len() >= self.len
+            && key_head & self.mask == self.head
+            && (self.rest.is_empty() || key[16..self.len] == self.rest[..])
+            && (!self.exact || key.len() == self.len)
     }
 }
 
@@ -82,68 +124,10 @@ pub(crate) struct Cost {
 /// The tenants' patterns and what each holds here.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tenants {
-    /// The named tenants' patterns, in order, as compared.
-    patterns: Vec<Compiled>,
+    /// The named tenants' patterns, in order: slot `i + 1` is `patterns[i]`.
+    patterns: Vec<KeyPattern>,
     /// Per slot.
     pub(crate) usage: [TenantUse; TENANT_SLOTS],
-}
-
-/// A pattern as a key is tested against it: its first 16 bytes as one
-/// number under a mask (one compare for most prefixes, no call), the rest
-/// as bytes.
-#[derive(Clone, Debug)]
-struct Compiled {
-    head: u128,
-    mask: u128,
-    /// The prefix's (or exact key's) length.
-    len: usize,
-    /// Its bytes past the 16th.
-    rest: Box<[u8]>,
-    exact: bool,
-    slot: usize,
-}
-
-/// A key's first 16 bytes (zeros past its end) as one number.
-#[inline]
-fn head(key: &[u8]) -> u128 {
-    match key.first_chunk::<16>() {
-        Some(first) => u128::from_le_bytes(*first),
-        None => {
-            let mut buf = [0u8; 16];
-            buf[..key.len()].copy_from_slice(key);
-            u128::from_le_bytes(buf)
-        }
-    }
-}
-
-impl Compiled {
-    fn new(pattern: &KeyPattern, slot: usize) -> Compiled {
-        let (bytes, exact) = match pattern {
-            KeyPattern::Prefix(p) => (p, false),
-            KeyPattern::Exact(k) => (k, true),
-        };
-        let n = bytes.len().min(16);
-        Compiled {
-            head: head(&bytes[..n]),
-            mask: if n == 16 {
-                u128::MAX
-            } else {
-                (1u128 << (8 * n)) - 1
-            },
-            len: bytes.len(),
-            rest: bytes[n..].into(),
-            exact,
-            slot,
-        }
-    }
-
-    #[inline]
-    fn matches(&self, key: &[u8], key_head: u128) -> bool {
-        key.len() >= self.len
-            && key_head & self.mask == self.head
-            && (self.rest.is_empty() || key[16..self.len] == self.rest[..])
-            && (!self.exact || key.len() == self.len)
-    }
 }
 
 impl Tenants {
@@ -154,11 +138,7 @@ impl Tenants {
             "at most {MAX_TENANTS} tenants"
         );
         Tenants {
-            patterns: patterns
-                .iter()
-                .zip(1..)
-                .map(|(p, slot)| Compiled::new(p, slot))
-                .collect(),
+            patterns: patterns.to_vec(),
             usage: Default::default(),
         }
     }
@@ -185,8 +165,8 @@ impl Tenants {
         let key_head = head(key);
         self.patterns
             .iter()
-            .find(|p| p.matches(key, key_head))
-            .map_or(0, |p| p.slot)
+            .position(|p| p.matches_head(key, key_head))
+            .map_or(0, |i| i + 1)
     }
 
     /// `key`'s cost went from `before` to `after`, and its keys by `keys`
@@ -216,41 +196,31 @@ mod tests {
         }
     }
 
+    /// The masked compare against plain slice matching, for every key
+    /// length around the 8- and 16-byte edges and prefixes of every length
+    /// (equal, and differing in their last byte).
     #[test]
-    fn compiled_patterns_agree_with_plain_matching() {
-        let patterns: Vec<KeyPattern> = [
-            "a*",
-            "ab",
-            "llama70b@*",
-            "exactly-sixteen!",
-            "exactly-sixteen!*",
-            "a-prefix-longer-than-16-bytes@*",
-            "*",
-        ]
-        .iter()
-        .map(|p| KeyPattern::parse(p).unwrap())
-        .collect();
-        let keys: [&[u8]; 10] = [
-            b"",
-            b"a",
-            b"ab",
-            b"abc",
-            b"llama70b@1",
-            b"llama70b",
-            b"exactly-sixteen!",
-            b"exactly-sixteen!x",
-            b"a-prefix-longer-than-16-bytes@k",
-            b"a-prefix-longer-than-16-bytes",
-        ];
-        for p in &patterns {
-            let c = Compiled::new(p, 1);
-            for k in keys {
-                assert_eq!(
-                    c.matches(k, head(k)),
-                    p.matches(k),
-                    "{p:?} {:?}",
-                    String::from_utf8_lossy(k)
-                );
+    fn masked_compare_agrees_with_plain_matching() {
+        let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
+        for plen in 0..=24 {
+            let mut other = alphabet[..plen].to_vec();
+            if let Some(last) = other.last_mut() {
+                *last = b'!';
+            }
+            for body in [&alphabet[..plen], &other[..]] {
+                let text = std::str::from_utf8(body).unwrap();
+                for (pattern, exact) in [(format!("{text}*"), false), (text.to_string(), true)] {
+                    let p = KeyPattern::parse(&pattern).unwrap();
+                    for klen in 0..=40 {
+                        let key = &alphabet[..klen];
+                        let plain = if exact {
+                            key == body
+                        } else {
+                            key.starts_with(body)
+                        };
+                        assert_eq!(p.matches(key), plain, "{pattern:?} against {klen} bytes");
+                    }
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 from urllib.parse import parse_qsl, unquote, urlparse
 
-from ._resp import Arg, BulkSink
+from ._resp import Arg, BulkSink, arg_nbytes
 from .errors import ProtocolError
 
 Key = Union[str, bytes]
@@ -402,20 +402,11 @@ def stripe_mgetprefix(keys: Sequence[Key], node: Optional[Node], stripes: int) -
 
 
 def value_nbytes(value: Value) -> int:
+    """Bytes a value is sent as (a numpy array's ``len`` counts rows)."""
     if isinstance(value, (bytes, bytearray)):
         return len(value)
-    if isinstance(value, (list, tuple)):
-        return sum(buffer_nbytes(p) for p in value)
-    return buffer_nbytes(value)  # type: ignore[arg-type]
-
-
-def buffer_nbytes(buf: Any) -> int:
-    """Bytes of a buffer (a numpy array's ``len`` counts rows, not bytes)."""
-    if isinstance(buf, (bytes, bytearray)):
-        return len(buf)
-    if isinstance(buf, str):
-        return len(buf.encode())
-    return (buf if isinstance(buf, memoryview) else memoryview(buf)).nbytes
+    parts = value if isinstance(value, (list, tuple)) else (value,)
+    return sum(arg_nbytes(p) for p in parts)
 
 
 #: What a value of ``put_chain`` may be, for its errors.

@@ -70,6 +70,11 @@ def _nbytes(buf: Union[bytes, bytearray, memoryview]) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 
 
+def arg_nbytes(arg: Union[bytes, bytearray, memoryview, str, int]) -> int:
+    """Bytes an argument (or a piece of one) is sent as."""
+    return _nbytes(_as_bytes(arg))
+
+
 def encode_command(args: Sequence[Arg]) -> list[Union[bytes, bytearray, memoryview]]:
     """Encodes one command as a list of buffers to send in order.
 
