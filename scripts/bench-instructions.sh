@@ -19,7 +19,8 @@
 # VALUE (bytes per block, default 2048).
 #
 # TENANTS=1 adds this build with two tenants named (`--tenant`, the
-# workload's keys matching the second pattern) to either table.
+# workload's keys matching the second pattern) to either table, counted
+# only and with shares (eviction per tenant).
 #
 # EVICTION=1 counts writes under eviction instead: SET, MSETBLOCK and MSETBLOCK
 # CHAIN (a one-block chain write, which the `prefix` classes see) of one
@@ -151,10 +152,12 @@ evicting() {
 # TENANTS=1: rows of this build with two tenants named, whose patterns the
 # workload's keys match (the second one: two prefix tests per key).
 TENANT_FLAGS="--tenant name=blocks,keys=blk:* --tenant name=strings,keys=key:*"
+SHARE_FLAGS="--tenant name=blocks,keys=blk:*,share=30% --tenant name=strings,keys=key:*,share=60%"
 EXTRA=""
 if [[ ${EVICTION:-0} == 1 ]]; then
   builds=("this build|target/release/kvtier-server")
-  [[ ${TENANTS:-0} == 1 ]] && builds+=("this build, 2 tenants|target/release/kvtier-server|$TENANT_FLAGS")
+  [[ ${TENANTS:-0} == 1 ]] && builds+=("this build, 2 tenants|target/release/kvtier-server|$TENANT_FLAGS"
+                                      "this build, 2 tenants with shares|target/release/kvtier-server|$SHARE_FLAGS")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
   echo "instructions per write under eviction (callgrind, --threads 1 unless marked t=2, whole process, 4 KiB values, maxmemory 32mb full)"
   chain64=${CHAIN64:-0}
@@ -188,7 +191,8 @@ fi
 servers=("kvtier t=1 tasks|kvtier|target/release/kvtier-server|1" "kvtier t=2 tasks|kvtier|target/release/kvtier-server|2"
   "kvtier t=1 process|kvtier-process|target/release/kvtier-server|1" "kvtier t=2 process|kvtier-process|target/release/kvtier-server|2")
 if [[ ${TENANTS:-0} == 1 ]]; then
-  servers+=("kvtier t=1 tasks, 2 tenants|kvtier|target/release/kvtier-server|1|$TENANT_FLAGS")
+  servers+=("kvtier t=1 tasks, 2 tenants|kvtier|target/release/kvtier-server|1|$TENANT_FLAGS"
+            "kvtier t=1 tasks, 2 tenants with shares|kvtier|target/release/kvtier-server|1|$SHARE_FLAGS")
 fi
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   servers+=("baseline t=1|kvtier|$BASELINE_BIN|1" "baseline t=2|kvtier|$BASELINE_BIN|2")

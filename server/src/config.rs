@@ -17,7 +17,7 @@ use crate::acl::Acl;
 use crate::glob::glob_match;
 use crate::logging::LogFormat;
 use crate::tls::{Tls, TlsSettings};
-use kvtier_store::tenants::{KeyPattern, MAX_TENANTS};
+use kvtier_store::tenants::{KeyPattern, Limits, MAX_TENANTS, WHOLE};
 
 /// kvtier-server: the shared, fleet-wide storage tier for LLM KV-cache blocks.
 /// Speaks RESP (Redis clients work unchanged) and runs one shard per core.
@@ -190,10 +190,16 @@ pub struct Config {
     pub loglevel: String,
 
     /// A tenant: `name=NAME,keys=PATTERN` (a key prefix `llama70b@*` or an
-    /// exact key). Repeat for each (at most 15); a key belongs to the first
-    /// tenant whose pattern it matches, else to `default`. Each tenant's
-    /// bytes, keys, hits, misses, evictions and refused writes are in INFO
-    /// `tenants` and the metrics.
+    /// exact key) or `name=NAME,user=USER` (the keys the ACL user may
+    /// write, by its key patterns at start) or both, optionally with `share=P%`, `cap=P%` (of maxmemory),
+    /// `disk-share=P%` and `disk-cap=P%` (of spill-max-bytes). Repeat for
+    /// each (at most 15); a key belongs to the first tenant whose pattern
+    /// it matches, else to `default`, which gets the shares the others
+    /// leave. A share is guaranteed: another tenant's writes evict nothing
+    /// of a tenant within it. A cap is the most a tenant may hold. Each
+    /// tenant's bytes, keys, hits, misses, evictions and refused writes
+    /// are in INFO `tenants` and the metrics. `CONFIG SET tenant
+    /// "name=NAME,share=P%"` changes the limits at run time.
     #[arg(long = "tenant", value_name = "SPEC", value_parser = parse_tenant, action = clap::ArgAction::Append)]
     pub tenants: Vec<TenantSpec>,
 
@@ -386,7 +392,8 @@ impl Config {
     }
 
     /// What one flag cannot check alone: the tenants' names are distinct,
-    /// and there are at most [`MAX_TENANTS`].
+    /// there are at most [`MAX_TENANTS`], and their shares add up to no
+    /// more than the whole.
     fn checked(self) -> Result<Config, String> {
         if self.tenants.len() > MAX_TENANTS {
             return Err(format!(
@@ -399,6 +406,7 @@ impl Config {
                 return Err(format!("tenant '{}' is named twice", t.name));
             }
         }
+        check_shares(self.tenants.iter().map(|t| &t.limits))?;
         Ok(self)
     }
 
@@ -438,22 +446,128 @@ impl Config {
 pub struct TenantSpec {
     /// Its name (letters, digits, `_`, `-`; not `default`).
     pub name: String,
-    /// Its keys.
-    pub keys: KeyPattern,
+    /// Its own key pattern and the pattern as written, if it has one.
+    pub keys: Option<(KeyPattern, String)>,
+    /// The ACL user whose writable keys are its keys too.
+    pub user: Option<String>,
+    /// Its shares and caps (at start; `CONFIG SET tenant` changes them).
+    pub limits: Limits,
 }
 
-/// `name=NAME,keys=PATTERN`.
+impl std::fmt::Display for TenantSpec {
+    /// As `--tenant` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "name={}", self.name)?;
+        if let Some((_, pattern)) = &self.keys {
+            write!(f, ",keys={pattern}")?;
+        }
+        if let Some(user) = &self.user {
+            write!(f, ",user={user}")?;
+        }
+        write_limits(f, &self.limits)
+    }
+}
+
+/// `,share=P%,cap=P%,disk-share=P%,disk-cap=P%`.
+fn write_limits(f: &mut impl std::fmt::Write, l: &Limits) -> std::fmt::Result {
+    let percent = |bp: u16| {
+        let (whole, rest) = (bp / 100, bp % 100);
+        match rest {
+            0 => format!("{whole}%"),
+            r if r % 10 == 0 => format!("{whole}.{}%", r / 10),
+            r => format!("{whole}.{r:02}%"),
+        }
+    };
+    write!(
+        f,
+        ",share={},cap={},disk-share={},disk-cap={}",
+        percent(l.share),
+        percent(l.cap),
+        percent(l.disk_share),
+        percent(l.disk_cap)
+    )
+}
+
+/// A part of a tier: `50%`, `12.5%` or `50` (percent), to 0.01%.
+fn parse_part(v: &str) -> Result<u16, String> {
+    let n = v.strip_suffix('%').unwrap_or(v);
+    let (whole, frac) = n.split_once('.').unwrap_or((n, ""));
+    let bad = || format!("'{v}': a percentage from 0% to 100%, to 0.01%");
+    if whole.is_empty()
+        || frac.len() > 2
+        || !(whole.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: u32 = whole.parse().map_err(|_| bad())?;
+    let frac: u32 = format!("{frac:0<2}").parse().map_err(|_| bad())?;
+    let bp = whole
+        .checked_mul(100)
+        .and_then(|w| w.checked_add(frac))
+        .ok_or_else(bad)?;
+    if bp > WHOLE as u32 {
+        return Err(bad());
+    }
+    Ok(bp as u16)
+}
+
+/// One `share=`, `cap=`, `disk-share=` or `disk-cap=` into `limits`;
+/// false if `name` is none of them.
+fn set_limit(limits: &mut Limits, name: &str, value: &str) -> Result<bool, String> {
+    let field = match name {
+        "share" => &mut limits.share,
+        "cap" => &mut limits.cap,
+        "disk-share" => &mut limits.disk_share,
+        "disk-cap" => &mut limits.disk_cap,
+        _ => return Ok(false),
+    };
+    *field = parse_part(value).map_err(|e| format!("{name}={e}"))?;
+    Ok(true)
+}
+
+/// A tenant's share is within its cap, on each tier.
+fn check_limits(name: &str, l: &Limits) -> Result<(), String> {
+    if l.share > l.cap || l.disk_share > l.disk_cap {
+        return Err(format!("tenant '{name}': a share above its cap"));
+    }
+    Ok(())
+}
+
+/// The tenants' shares add up to no more than the whole, on each tier.
+fn check_shares<'a>(limits: impl Iterator<Item = &'a Limits> + Clone) -> Result<(), String> {
+    for (tier, f) in [
+        ("share", (|l: &Limits| l.share) as fn(&Limits) -> u16),
+        ("disk-share", |l| l.disk_share),
+    ] {
+        let sum: u32 = limits.clone().map(|l| f(l) as u32).sum();
+        if sum > WHOLE as u32 {
+            return Err(format!(
+                "the tenants' {tier}s add up to {}%: at most 100%",
+                sum as f64 / 100.0
+            ));
+        }
+    }
+    Ok(())
+}
+
+const TENANT_FORM: &str =
+    "expected name=NAME,keys=PATTERN|user=USER[,share=P%][,cap=P%][,disk-share=P%][,disk-cap=P%]";
+
+/// `name=NAME` with `keys=PATTERN`, `user=USER` or both, and the limits.
 fn parse_tenant(s: &str) -> Result<TenantSpec, String> {
-    let (mut name, mut keys) = (None, None);
+    let (mut name, mut keys, mut user) = (None, None, None);
+    let mut limits = Limits::default();
     for part in s.split(',') {
         match part.split_once('=') {
             Some(("name", v)) => name = Some(v),
-            Some(("keys", v)) => keys = Some(KeyPattern::parse(v)?),
-            _ => return Err(format!("'{part}': expected name=NAME,keys=PATTERN")),
+            Some(("keys", v)) => keys = Some((KeyPattern::parse(v)?, v.to_string())),
+            Some(("user", v)) if !v.is_empty() => user = Some(v.to_string()),
+            Some((k, v)) if set_limit(&mut limits, k, v)? => {}
+            _ => return Err(format!("'{part}': {TENANT_FORM}")),
         }
     }
-    let (Some(name), Some(keys)) = (name, keys) else {
-        return Err(format!("'{s}': expected name=NAME,keys=PATTERN"));
+    let Some(name) = name.filter(|_| keys.is_some() || user.is_some()) else {
+        return Err(format!("'{s}': {TENANT_FORM}"));
     };
     let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if name.is_empty() || !name.chars().all(valid) || name == "default" {
@@ -461,10 +575,37 @@ fn parse_tenant(s: &str) -> Result<TenantSpec, String> {
             "tenant name '{name}': letters, digits, '_' or '-', and not 'default'"
         ));
     }
+    check_limits(name, &limits)?;
     Ok(TenantSpec {
         name: name.to_string(),
         keys,
+        user,
+        limits,
     })
+}
+
+/// Each tenant's key patterns, in slot order from 1: its own, then its
+/// ACL user's writable ones (a user's fences must be prefixes or exact
+/// keys: a prefix test per key is what a write can afford).
+pub fn tenant_patterns(tenants: &[TenantSpec], acl: &Acl) -> Result<Vec<Vec<KeyPattern>>, String> {
+    tenants
+        .iter()
+        .map(|t| {
+            let mut patterns: Vec<KeyPattern> = t.keys.iter().map(|(p, _)| p.clone()).collect();
+            if let Some(name) = &t.user {
+                let user = acl
+                    .user(name)
+                    .ok_or_else(|| format!("tenant '{}': no ACL user '{name}'", t.name))?;
+                for glob in user.write_patterns() {
+                    let text = String::from_utf8_lossy(&glob);
+                    let p = KeyPattern::parse(&text)
+                        .map_err(|e| format!("tenant '{}': ACL user '{name}': {e}", t.name))?;
+                    patterns.push(p);
+                }
+            }
+            Ok(patterns)
+        })
+        .collect()
 }
 
 /// Turns config-file lines into `--name value` flags.
@@ -676,8 +817,12 @@ pub struct LiveConfig {
     /// Write DRAM blocks to the spill tier on graceful shutdown.
     pub spill_on_shutdown: AtomicBool,
     /// The tenants (`--tenant`), fixed at start: a store's tenant slot
-    /// `i + 1` is `tenants[i]`, slot 0 the default tenant.
+    /// `i + 1` is `tenants[i]`, slot 0 the default tenant. Their limits
+    /// are those at start: `tenant_limits` has the current ones.
     pub tenants: Vec<TenantSpec>,
+    /// The tenants' shares and caps, `tenants`' order (`CONFIG SET
+    /// tenant`).
+    tenant_limits: RwLock<Vec<Limits>>,
 }
 
 impl LiveConfig {
@@ -689,9 +834,77 @@ impl LiveConfig {
         }
     }
 
-    /// The tenants' key patterns, in slot order from 1.
-    pub fn tenant_patterns(&self) -> Vec<KeyPattern> {
-        self.tenants.iter().map(|t| t.keys.clone()).collect()
+    /// The tenants' key patterns, in slot order from 1 (each tenant's own
+    /// and its ACL user's, as the ACL was at start).
+    pub fn tenant_patterns(&self) -> Vec<Vec<KeyPattern>> {
+        tenant_patterns(&self.tenants, &self.acl).unwrap_or_default()
+    }
+
+    /// The tenants' shares and caps now, in slot order from 1.
+    pub fn tenant_limits(&self) -> Vec<Limits> {
+        self.tenant_limits
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    /// CONFIG GET tenant: every tenant as `--tenant` takes it, with its
+    /// limits now, separated by spaces.
+    fn tenant_text(&self) -> String {
+        let limits = self.tenant_limits();
+        self.tenants
+            .iter()
+            .zip(&limits)
+            .map(|(t, l)| {
+                TenantSpec {
+                    limits: *l,
+                    ..t.clone()
+                }
+                .to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The limits CONFIG SET tenant `value` would leave: one or more specs
+    /// (separated by spaces) of tenants named at start, each `name=` and
+    /// any of `share=`, `cap=`, `disk-share=`, `disk-cap=` (`keys=` only
+    /// as it is: a key's tenant cannot change while the server runs).
+    fn tenant_limits_after(&self, value: &str) -> Result<Vec<Limits>, String> {
+        let mut limits = self.tenant_limits();
+        for spec in value.split_whitespace() {
+            let mut slot = None;
+            let mut changes = Vec::new();
+            for part in spec.split(',') {
+                match part.split_once('=') {
+                    Some(("name", v)) => {
+                        slot = Some(self.tenants.iter().position(|t| t.name == v).ok_or_else(
+                            || format!("no tenant '{v}' (tenants are named at start, by --tenant)"),
+                        )?)
+                    }
+                    Some((k, v)) => changes.push((k, v)),
+                    None => return Err(format!("'{part}': expected name=NAME,share=P%,...")),
+                }
+            }
+            let slot = slot.ok_or_else(|| format!("'{spec}': no name=NAME"))?;
+            for (k, v) in changes {
+                if k == "keys" || k == "user" {
+                    let t = &self.tenants[slot];
+                    let now = match k {
+                        "keys" => t.keys.as_ref().map(|(_, p)| p.as_str()),
+                        _ => t.user.as_deref(),
+                    };
+                    if now != Some(v) {
+                        return Err("a tenant's keys are set at start".into());
+                    }
+                } else if !set_limit(&mut limits[slot], k, v)? {
+                    return Err(format!("'{k}={v}': {TENANT_FORM}"));
+                }
+            }
+            check_limits(&self.tenants[slot].name, &limits[slot])?;
+        }
+        check_shares(limits.iter())?;
+        Ok(limits)
     }
 
     /// How many bytes lookups may hold on one of `shards` shards
@@ -766,6 +979,7 @@ impl LiveConfig {
             spill_admission: AtomicU64::new(config.spill_admission),
             spill_on_shutdown: AtomicBool::new(config.spill_on_shutdown),
             tenants: config.tenants.clone(),
+            tenant_limits: RwLock::new(config.tenants.iter().map(|t| t.limits).collect()),
             fixed: vec![
                 (
                     "spill-dir",
@@ -918,6 +1132,7 @@ impl LiveConfig {
             .map(|p| (p.name.to_string(), (p.get)(self)))
             .chain(self.fixed.iter().map(|(k, v)| (k.to_string(), v.clone())))
             .chain(self.tls.iter().flat_map(|t| t.params()))
+            .chain([("tenant".to_string(), self.tenant_text())])
             .collect();
         out.sort();
         out
@@ -937,6 +1152,9 @@ impl LiveConfig {
             Some(p) => (p.parse)(value).map(|_| ()),
             // Checked by loading them, when set.
             None if self.tls_param(name) => Ok(()),
+            None if name.eq_ignore_ascii_case("tenant") => {
+                self.tenant_limits_after(value).map(|_| ())
+            }
             None if self.fixed.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) => {
                 Err("can't set immutable config".into())
             }
@@ -976,6 +1194,13 @@ impl LiveConfig {
     }
 
     fn set_one(&self, name: &str, value: &str) -> Result<(), String> {
+        if name.eq_ignore_ascii_case("tenant") {
+            let limits = self.tenant_limits_after(value)?;
+            if let Ok(mut l) = self.tenant_limits.write() {
+                *l = limits;
+            }
+            return Ok(());
+        }
         let p = PARAMS
             .iter()
             .find(|p| p.name.eq_ignore_ascii_case(name))

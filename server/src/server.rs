@@ -24,8 +24,8 @@ use crate::shard::{self, slot::shard_slots, Shard, ShardSet};
 use crate::shared::{ShardSeat, Shared, SpillTier};
 
 /// The users `config` names (`--requirepass`, `--aclfile`), over the
-/// command table's catalog: checked first, before the TLS settings and the
-/// listeners.
+/// command table's catalog, and the tenants they name: checked first,
+/// before the TLS settings and the listeners.
 pub fn users(config: &Config) -> io::Result<Acl> {
     let acl = Acl::new(
         &crate::commands::registry::table().catalog,
@@ -34,6 +34,10 @@ pub fn users(config: &Config) -> io::Result<Acl> {
     )
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     acl.log_max_len.store(config.acllog_max_len, Relaxed);
+    // Tenants named by ACL users: the users exist, their key fences are
+    // prefixes.
+    crate::config::tenant_patterns(&config.tenants, &acl)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     Ok(acl)
 }
 
@@ -222,8 +226,8 @@ fn run_shard(
         };
         let mut store =
             Store::with_memory(shard_slots(id, n), budget, shared.config.policy(), memory);
-        shard::configure_store(&mut store, &shared.config, n);
         store.set_tenants(&shared.config.tenant_patterns());
+        shard::configure_store(&mut store, &shared.config, n);
         if let Some(tier) = &shared.spill {
             let mailbox = set.mailboxes[id].clone();
             store.enable_spill(SpillConfig {

@@ -168,3 +168,103 @@ fn config_set_maxmemory_at_run_time() {
     assert_eq!(c.run("CONFIG SET maxmemory 0"), ok());
     assert_eq!(c.cmd(&[b"SET", b"after", &value]), ok());
 }
+
+/// Tenants with shares and caps: a flood of one tenant's unique blocks
+/// evicts only its own while the other is within its guaranteed share;
+/// `CONFIG SET tenant` changes shares and caps while the server runs.
+#[test]
+fn a_tenant_within_its_share_keeps_its_blocks_through_another_tenants_flood() {
+    let server = Server::start(&[
+        "--maxmemory",
+        "8mb",
+        "--tenant",
+        "name=a,keys=a@*",
+        "--tenant",
+        "name=b,keys=b@*,share=50%",
+    ]);
+    let mut c = server.raw();
+    let block = vec![b'x'; 16384];
+    let set = |c: &mut RawConn, key: &str| c.cmd(&[b"SET", key.as_bytes(), &block]);
+    // b: 2.4 MB, within its half of the tier on each shard.
+    for i in 0..150 {
+        assert_eq!(set(&mut c, &format!("b@{i}")), ok());
+    }
+    // a: 40 MB of unique blocks.
+    for i in 0..2500 {
+        assert_eq!(set(&mut c, &format!("a@{i}")), ok());
+    }
+    for i in 0..150 {
+        let key = format!("b@{i}");
+        assert_eq!(c.cmd(&[b"GET", key.as_bytes()]), bulk(&block), "{key}");
+    }
+    let t = tenants_info(&mut c);
+    assert_eq!(t["b"]["evicted_keys"], 0, "{t:?}");
+    assert!(t["a"]["evicted_keys"] > 2000, "{t:?}");
+    let got = c.run("CONFIG GET tenant").items();
+    assert_eq!(
+        got[1],
+        bulk(
+            "name=a,keys=a@*,share=0%,cap=100%,disk-share=0%,disk-cap=100% \
+             name=b,keys=b@*,share=50%,cap=100%,disk-share=0%,disk-cap=100%"
+        )
+    );
+
+    // Shares changed at run time: b keeps a tenth, a takes the rest (the
+    // default tenant has nothing left to lend).
+    assert_eq!(
+        c.cmd(&[
+            b"CONFIG",
+            b"SET",
+            b"tenant",
+            b"name=a,share=90% name=b,share=10%"
+        ]),
+        ok()
+    );
+    for i in 0..2500 {
+        assert_eq!(set(&mut c, &format!("a@again{i}")), ok());
+    }
+    let t = tenants_info(&mut c);
+    // Each shard holds its part of the share, less than a block short.
+    let (tenth, slack) = ((8u64 << 20) / 10, SHARDS as u64 * 16_600);
+    assert!(t["b"]["evicted_keys"] > 0, "{t:?}");
+    assert!(t["b"]["dram_bytes"] <= tenth, "{t:?}");
+    assert!(
+        t["b"]["dram_bytes"] + slack >= tenth,
+        "b keeps its share: {t:?}"
+    );
+
+    // A cap: a's blocks beyond a quarter of the tier go at once, and its
+    // writes stay within it.
+    assert_eq!(
+        c.cmd(&[b"CONFIG", b"SET", b"tenant", b"name=a,share=0%,cap=25%"]),
+        ok()
+    );
+    assert!(tenants_info(&mut c)["a"]["dram_bytes"] <= 2 << 20);
+    for i in 0..200 {
+        assert_eq!(set(&mut c, &format!("a@capped{i}")), ok());
+    }
+    let t = tenants_info(&mut c);
+    assert!(t["a"]["dram_bytes"] <= 2 << 20, "{t:?}");
+    assert!(t["a"]["dram_bytes"] + slack >= 2 << 20, "{t:?}");
+
+    // Settings that cannot be: the error says why, nothing changes.
+    for (value, error) in [
+        ("name=zz,share=1%", "no tenant 'zz'"),
+        (
+            "name=a,share=60%,cap=100% name=b,share=60%",
+            "add up to 120%",
+        ),
+        ("name=a,keys=x@*", "keys are set at start"),
+        ("name=a,share=30%,cap=20%", "a share above its cap"),
+        ("name=a,share=abc", "a percentage"),
+        ("name=a,share=101%", "a percentage"),
+        ("name=a,weight=2", "expected name="),
+    ] {
+        let reply = c.cmd(&[b"CONFIG", b"SET", b"tenant", value.as_bytes()]);
+        let text = format!("{reply:?}");
+        assert!(reply.is_error() && text.contains(error), "{value}: {text}");
+    }
+    assert!(c.run("CONFIG GET tenant").items()[1]
+        .text()
+        .contains("name=a,keys=a@*,share=0%,cap=25%"));
+}

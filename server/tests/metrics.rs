@@ -145,31 +145,6 @@ fn spill_tier_metrics_are_exported() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `INFO tenants` as {tenant: {field: value}}.
-fn tenants_info(
-    c: &mut RawConn,
-) -> std::collections::HashMap<String, std::collections::HashMap<String, u64>> {
-    let Resp::Bulk(Some(text)) = c.run("INFO tenants") else {
-        panic!("INFO tenants is not a bulk string");
-    };
-    String::from_utf8(text)
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.strip_prefix("tenant_"))
-        .map(|l| {
-            let (name, fields) = l.split_once(':').unwrap();
-            let fields = fields
-                .split(',')
-                .map(|f| {
-                    let (k, v) = f.split_once('=').unwrap();
-                    (k.to_string(), v.parse().unwrap())
-                })
-                .collect();
-            (name.to_string(), fields)
-        })
-        .collect()
-}
-
 /// A tenant's series of `metric`, summed over the shards.
 fn tenant_total(body: &str, metric: &str, tenant: &str) -> f64 {
     (0..SHARDS)
@@ -247,7 +222,13 @@ fn tenants_are_counted_in_info_and_metrics() {
         body = scrape(metrics_port);
         let keys = tenant_total(&body, "kvtier_tenant_keys", "llama");
         let hits = tenant_total(&body, "kvtier_tenant_hits_total", "mistral");
-        keys == llama_keys && hits == 1.0
+        // Every shard has exported its series (each reports in its turn).
+        let every_shard = (0..SHARDS).all(|s| {
+            body.contains(&format!(
+                r#"kvtier_tenant_used_bytes{{shard="{s}",tenant="default",tier="dram"}}"#
+            ))
+        });
+        keys == llama_keys && hits == 1.0 && every_shard
     });
     assert!(complete, "no tenant series:\n{body}");
     assert!(
@@ -308,6 +289,32 @@ fn bad_tenants_are_refused_at_start() {
             vec!["--tenant", "name=a,keys=a@*", "--tenant", "name=a,keys=b@*"],
             "tenant 'a' is named twice",
         ),
+        (vec!["--tenant", "name=a"], "user=USER"),
+        (
+            vec!["--tenant", "name=a,user=nobody"],
+            "no ACL user 'nobody'",
+        ),
+        (
+            vec![
+                "--tenant",
+                "name=a,keys=a@*,share=60%",
+                "--tenant",
+                "name=b,keys=b@*,share=50%",
+            ],
+            "add up to 110%",
+        ),
+        (
+            vec!["--tenant", "name=a,keys=a@*,share=50%,cap=40%"],
+            "a share above its cap",
+        ),
+        (
+            vec!["--tenant", "name=a,keys=a@*,cap=1.234%"],
+            "a percentage",
+        ),
+        (
+            vec!["--tenant", "name=a,keys=a@*,disk-cap=-1%"],
+            "a percentage",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
             .args(["--port", "0", "--metrics-addr", "none"])
@@ -328,4 +335,59 @@ fn bad_tenants_are_refused_at_start() {
         .expect("run kvtier-server");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 15"));
+}
+
+/// A tenant named by an ACL user: its keys are those the user may write
+/// (its key fences at start), whoever writes them; a user whose fences are
+/// not prefixes cannot name a tenant.
+#[test]
+fn a_tenant_named_by_an_acl_user_owns_the_keys_it_may_write() {
+    let dir = std::env::temp_dir().join(format!("kvtier-acl-tenant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("users.acl");
+    std::fs::write(
+        &file,
+        "user default on nopass ~* &* +@all\n\
+         user alice on >pw ~llama@* %R~shared@* +@all\n\
+         user globber on >pw ~a?c +@all\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let server = Server::start(&[
+        "--aclfile",
+        &path,
+        "--tenant",
+        "name=team,user=alice,keys=team@*,share=25%",
+    ]);
+    let mut c = server.raw();
+    assert_eq!(c.run("AUTH alice pw"), ok());
+    for k in ["llama@1", "llama@2"] {
+        assert_eq!(c.run(&format!("SET {k} v")), ok());
+    }
+    let mut d = server.raw();
+    // The default user's writes of alice's keys count for her tenant too;
+    // keys she may only read, or not touch, are the default tenant's.
+    for k in ["team@1", "shared@1", "other"] {
+        assert_eq!(d.run(&format!("SET {k} v")), ok());
+    }
+    let t = tenants_info(&mut d);
+    assert_eq!((t["team"]["keys"], t["default"]["keys"]), (3, 2), "{t:?}");
+    let spec = d.run("CONFIG GET tenant").items()[1].text();
+    assert!(
+        spec.starts_with("name=team,keys=team@*,user=alice,share=25%"),
+        "{spec}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+        .args(["--port", "0", "--metrics-addr", "none", "--aclfile", &path])
+        .args(["--tenant", "name=g,user=globber"])
+        .output()
+        .expect("run kvtier-server");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ACL user 'globber'") && stderr.contains("only 'prefix*'"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

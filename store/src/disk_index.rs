@@ -342,7 +342,8 @@ impl Store {
             self.meta.removed_compact(&key, expire_at, before);
             return false;
         };
-        let entry = d.to_entry(segment, expire_at, crate::now_ms());
+        let mut entry = d.to_entry(segment, expire_at, crate::now_ms());
+        entry.tenant = self.meta.tenants.of(&d.key) as u8;
         let key = Bytes::from(d.key);
         self.meta.recharge(&key, before, entry.cost(key.len()));
         self.faulted.push(key.clone());
@@ -398,7 +399,7 @@ impl Store {
                 });
             }
         }
-        if entry.queue != Queue::Out {
+        if entry.queue != Queue::OUT {
             // Its slots in the queues are stale now: eviction skips them.
             self.meta.queued -= 1;
         }
@@ -724,8 +725,8 @@ mod tests {
             // Two named tenants and the default: blocks moving between
             // DRAM, the disk and the compact table stay counted for theirs.
             s.set_tenants(&[
-                crate::tenants::KeyPattern::parse("k1*").unwrap(),
-                crate::tenants::KeyPattern::parse("k2*").unwrap(),
+                vec![crate::tenants::KeyPattern::parse("k1*").unwrap()],
+                vec![crate::tenants::KeyPattern::parse("k2*").unwrap()],
             ]);
             let mut model: std::collections::HashMap<String, (Bytes, u64)> = Default::default();
             let mut version = 0u8;

@@ -168,13 +168,27 @@ pub fn decayed(counter: u8, since: u16, now_ms: u64) -> u8 {
     counter.saturating_sub(elapsed.min(255) as u8)
 }
 
-/// Where an entry is queued for the `prefix` policy.
+/// Where an entry is queued for the `prefix` policy: in the queues of a
+/// level (log2 of its uses), or in none ([`Queue::OUT`]: the value is on
+/// disk, or another policy is in force). One byte (an enum with a level
+/// would take two), so that the entry has room for its tenant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Queue {
-    /// In the queues of this level (log2 of its uses).
-    Level(u8),
-    /// In no queue (the value is on disk, or another policy is in force).
-    Out,
+pub struct Queue(u8);
+
+impl Queue {
+    /// In no queue.
+    pub const OUT: Queue = Queue(u8::MAX);
+
+    /// In the queues of `level`.
+    pub fn at(level: u8) -> Queue {
+        debug_assert!(level != u8::MAX);
+        Queue(level)
+    }
+
+    /// Its level, if it is queued.
+    pub fn level(self) -> Option<u8> {
+        (self != Queue::OUT).then_some(self.0)
+    }
 }
 
 /// One key's value and bookkeeping.
@@ -220,6 +234,9 @@ pub struct Entry {
     pub(crate) on_disk: bool,
     /// The `prefix` policy's measured class of the block (0: none).
     pub(crate) class: u8,
+    /// Its tenant's slot ([`crate::tenants`]): set as the entry is made,
+    /// so that queueing and counting it need no pattern search.
+    pub(crate) tenant: u8,
 }
 
 impl Entry {
@@ -238,10 +255,11 @@ impl Entry {
             orphan: false,
             parked: false,
             uses: 1,
-            queue: Queue::Out,
+            queue: Queue::OUT,
             reads: 0,
             on_disk: false,
             class: 0,
+            tenant: 0,
         }
     }
 
@@ -251,7 +269,7 @@ impl Entry {
         let mut e = Entry::new(Value::Spilled(loc), expire_at, now);
         e.encoding = Encoding::Raw;
         e.on_disk = true;
-        e.queue = Queue::Out;
+        e.queue = Queue::OUT;
         e
     }
 

@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::entry::{decayed, minutes, Queue, LFU_INIT};
 use crate::slot::key_slot;
+use crate::tenants::Order;
 use crate::{now_ms, Entry, EvictReason, Protect, Store};
 
 /// `maxmemory-policy`.
@@ -340,16 +341,18 @@ impl Ghosts {
 /// with no maxmemory never evicts: its reads and writes queue nothing, and
 /// setting a budget builds the queues from the index, in recency order).
 ///
+/// Each tenant has queues of its own (a [`Lane`]): eviction picks the
+/// tenant first ([`crate::tenants::Tenants::victims`]), then the block by
+/// the policy among that tenant's. Without tenants there is one lane.
+///
 /// With them, the store's logical clock (one tick per read or write of a
 /// key, kept with or without queues: exact recency for LRU and the
 /// lifetimes here, and the stamp that tells current queue entries from
 /// stale ones).
-#[derive(Default)]
 pub(crate) struct Recency {
     pub(crate) clock: u32,
-    pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
-    pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
-    pub(crate) orphans: VecDeque<(Bytes, u32)>,
+    /// Per tenant slot in use (at least one).
+    pub(crate) lanes: Vec<Lane>,
     /// Slots pushed since the queues were last counted.
     pub(crate) pushed: usize,
     /// `allkeys-lru`: one queue (level 0) in exact recency order, nothing
@@ -502,6 +505,28 @@ impl Classes {
     }
 }
 
+/// One tenant's queues (see [`Recency`]).
+#[derive(Default)]
+pub(crate) struct Lane {
+    pub(crate) queues: [VecDeque<(Bytes, u32)>; LEVELS],
+    pub(crate) parked: [VecDeque<(Bytes, u32)>; LEVELS],
+    pub(crate) orphans: VecDeque<(Bytes, u32)>,
+}
+
+impl Default for Recency {
+    fn default() -> Self {
+        Recency {
+            clock: 0,
+            lanes: vec![Lane::default()],
+            pushed: 0,
+            lru_only: false,
+            tuning: PrefixTuning::default(),
+            ghosts: Ghosts::default(),
+            classes: Classes::default(),
+        }
+    }
+}
+
 impl Recency {
     /// One more tick of the logical clock; its new time.
     pub(crate) fn tick(&mut self) -> u32 {
@@ -521,16 +546,25 @@ impl Recency {
     /// entry), not parked.
     pub(crate) fn place(&self, entry: &mut Entry) -> u8 {
         let level = self.level_of(entry.uses);
-        entry.queue = Queue::Level(level);
+        entry.queue = Queue::at(level);
         entry.parked = false;
         level
     }
 
-    /// Pushes `key`, stamped `tick`, on level `level`'s queue (its parked
-    /// queue if `parked`), at the front if `front`.
-    pub(crate) fn push(&mut self, level: u8, parked: bool, front: bool, key: Bytes, tick: u32) {
+    /// Pushes `key` (of tenant slot `lane`), stamped `tick`, on level
+    /// `level`'s queue (its parked queue if `parked`), at the front if
+    /// `front`.
+    pub(crate) fn push(
+        &mut self,
+        lane: u8,
+        level: u8,
+        parked: bool,
+        front: bool,
+        key: Bytes,
+        tick: u32,
+    ) {
         self.pushed += 1;
-        let q = self.queue(level, parked);
+        let q = self.queue(lane, level, parked);
         if front {
             q.push_front((key, tick));
         } else {
@@ -543,40 +577,61 @@ impl Recency {
     /// front instead (a block the writer does not expect read again).
     pub(crate) fn requeue(&mut self, key: &Bytes, entry: &mut Entry, cold: bool) {
         let level = self.place(entry);
-        self.push(level, false, cold, key.clone(), entry.tick);
+        self.push(entry.tenant, level, false, cold, key.clone(), entry.tick);
     }
 
     /// A parked block that lost its last cached child: back to the front of
     /// its level, where it waited (it is older than anything queued since).
     pub(crate) fn unpark(&mut self, key: &Bytes, entry: &mut Entry) {
-        if let (true, Queue::Level(level)) = (entry.parked, entry.queue) {
+        if let (true, Some(level)) = (entry.parked, entry.queue.level()) {
             entry.parked = false;
-            self.push(level, false, true, key.clone(), entry.tick);
+            self.push(entry.tenant, level, false, true, key.clone(), entry.tick);
         }
     }
 
     /// A block that became an orphan: queued to go first.
     pub(crate) fn orphaned(&mut self, key: &Bytes, entry: &Entry) {
         self.pushed += 1;
-        self.orphans.push_back((key.clone(), entry.tick));
+        self.lane(entry.tenant)
+            .orphans
+            .push_back((key.clone(), entry.tick));
     }
 
     /// Slots (live or stale) in all queues: what compaction bounds, beside
     /// the blocks queued (`Meta::queued`).
     pub(crate) fn slots(&self) -> usize {
-        self.queues
+        self.lanes
             .iter()
-            .chain(&self.parked)
-            .chain([&self.orphans])
+            .flat_map(|l| l.queues.iter().chain(&l.parked).chain([&l.orphans]))
             .map(VecDeque::len)
             .sum()
     }
 
-    fn queue(&mut self, level: u8, parked: bool) -> &mut VecDeque<(Bytes, u32)> {
-        if parked {
-            &mut self.parked[level as usize]
+    /// Tenant slot `lane`'s queues (lane 0 for any slot past the lanes:
+    /// without per-tenant eviction there is one lane, for every key).
+    #[inline]
+    pub(crate) fn lane(&mut self, lane: u8) -> &mut Lane {
+        let at = self.lane_index(lane);
+        &mut self.lanes[at]
+    }
+
+    /// The index in `lanes` of tenant slot `lane`'s queues.
+    #[inline]
+    fn lane_index(&self, lane: u8) -> usize {
+        if (lane as usize) < self.lanes.len() {
+            lane as usize
         } else {
-            &mut self.queues[level as usize]
+            0
+        }
+    }
+
+    #[inline]
+    fn queue(&mut self, lane: u8, level: u8, parked: bool) -> &mut VecDeque<(Bytes, u32)> {
+        let lane = self.lane(lane);
+        if parked {
+            &mut lane.parked[level as usize]
+        } else {
+            &mut lane.queues[level as usize]
         }
     }
 }
@@ -601,6 +656,9 @@ impl Store {
     pub(crate) fn reset_queues(&mut self) {
         self.recency = Recency {
             clock: self.recency.clock,
+            lanes: (0..self.meta.tenants.lanes())
+                .map(|_| Lane::default())
+                .collect(),
             lru_only: self.policy == EvictionPolicy::AllKeysLru,
             tuning: self.recency.tuning,
             ..Recency::default()
@@ -611,7 +669,7 @@ impl Store {
         let mut order = Vec::new();
         for map in &mut self.maps {
             for (key, e) in map.iter_mut() {
-                e.queue = Queue::Out;
+                e.queue = Queue::OUT;
                 e.parked = false;
                 if on && e.value.in_dram() {
                     order.push((clock.wrapping_sub(e.tick), key.clone()));
@@ -653,29 +711,23 @@ impl Store {
     }
 
     fn compact_queues(&mut self) {
-        let mut orphans = std::mem::take(&mut self.recency.orphans);
-        orphans.retain(|(key, _)| {
-            let index = self.index(key_slot(key));
-            self.maps[index].get(&key[..]).is_some_and(|e| e.orphan)
-        });
-        self.recency.orphans = orphans;
-        for parked in [false, true] {
-            let mut queues = match parked {
-                true => std::mem::take(&mut self.recency.parked),
-                false => std::mem::take(&mut self.recency.queues),
-            };
-            for q in &mut queues {
-                q.retain(|(key, tick)| {
-                    let index = self.index(key_slot(key));
-                    let e = self.maps[index].get(&key[..]);
-                    e.is_some_and(|e| current(e, *tick, parked))
-                });
-            }
-            match parked {
-                true => self.recency.parked = queues,
-                false => self.recency.queues = queues,
+        let mut lanes = std::mem::take(&mut self.recency.lanes);
+        for lane in &mut lanes {
+            lane.orphans.retain(|(key, _)| {
+                let index = self.index(key_slot(key));
+                self.maps[index].get(&key[..]).is_some_and(|e| e.orphan)
+            });
+            for (parked, queues) in [(false, &mut lane.queues), (true, &mut lane.parked)] {
+                for q in queues {
+                    q.retain(|(key, tick)| {
+                        let index = self.index(key_slot(key));
+                        let e = self.maps[index].get(&key[..]);
+                        e.is_some_and(|e| current(e, *tick, parked))
+                    });
+                }
             }
         }
+        self.recency.lanes = lanes;
     }
 
     /// Records that `key` (its entry `gone`) left the index by eviction
@@ -773,33 +825,35 @@ impl Store {
         ((self.meta.queued as f32 * self.recency.tuning.lifetime_per_block) as u32).max(64)
     }
 
-    /// Moves the blocks at the front of levels 1.. whose lifetime ran out
-    /// to the back of the level below, their uses halved (a few per call:
-    /// O(1)).
-    fn demote_expired(&mut self) {
+    /// Moves the blocks at the front of tenant `lane`'s levels 1.. whose
+    /// lifetime ran out to the back of the level below, their uses halved
+    /// (a few per call: O(1)).
+    fn demote_expired(&mut self, lane: u8) {
         let (now, lifetime) = (self.recency.clock, self.lifetime());
+        let at = self.recency.lane_index(lane);
         for level in 1..LEVELS as u8 {
             let mut budget = 8;
             while budget > 0 {
-                let Some((key, tick)) = self.recency.queues[level as usize].front().cloned() else {
+                let queue = &mut self.recency.lanes[at].queues[level as usize];
+                let Some((key, tick)) = queue.front().cloned() else {
                     break;
                 };
                 let index = self.index(key_slot(&key));
                 let e = self.maps[index].get_mut(&key[..]);
                 let Some(e) = e.filter(|e| current(e, tick, false)) else {
-                    self.recency.queues[level as usize].pop_front();
+                    self.recency.lanes[at].queues[level as usize].pop_front();
                     continue;
                 };
                 if (now.wrapping_sub(e.tick) as i32) < lifetime as i32 {
                     break;
                 }
                 budget -= 1;
-                self.recency.queues[level as usize].pop_front();
+                self.recency.lanes[at].queues[level as usize].pop_front();
                 e.uses /= 2;
                 e.tick = self.recency.tick();
                 let down = level - 1;
-                e.queue = Queue::Level(down);
-                self.recency.push(down, false, false, key, e.tick);
+                e.queue = Queue::at(down);
+                self.recency.push(lane, down, false, false, key, e.tick);
             }
         }
     }
@@ -807,10 +861,11 @@ impl Store {
     /// The `prefix` policy's victim: an orphan if there is one; else, from
     /// the lowest level up, the least recently used block no cached block
     /// continues (a leaf); else, when nothing but blocks with cached
-    /// children is left, the least recently used of those. Held values and
-    /// `protect` are never chosen.
+    /// children is left, the least recently used of those; all among
+    /// tenant `lane`'s blocks. Held values and `protect` are never chosen.
     pub(crate) fn prefix_victim(
         &mut self,
+        lane: u8,
         protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
@@ -819,7 +874,7 @@ impl Store {
         // queued: they go first once free.
         let mut skipped = Vec::new();
         let mut found = None;
-        while let Some((key, tick)) = self.recency.orphans.pop_front() {
+        while let Some((key, tick)) = self.recency.lane(lane).orphans.pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let Some(e) = self.maps[index].get(&key[..]) else {
@@ -842,13 +897,13 @@ impl Store {
             break;
         }
         for entry in skipped.into_iter().rev() {
-            self.recency.orphans.push_front(entry);
+            self.recency.lane(lane).orphans.push_front(entry);
         }
         if found.is_some() {
             return found;
         }
         // 2. Blocks unused for a lifetime go down a level first.
-        self.demote_expired();
+        self.demote_expired(lane);
         // 3. From the lowest level up, the least recently used block that
         // no cached block continues (those that are, met first, are
         // parked); 4. when there is none at any level, the lowest level's
@@ -856,7 +911,7 @@ impl Store {
         // and `protect` are passed over and put back in their place.
         for parked in [false, true] {
             for level in 0..LEVELS as u8 {
-                if let Some(victim) = self.queue_victim(level, parked, protect, dram_only) {
+                if let Some(victim) = self.queue_victim(lane, level, parked, protect, dram_only) {
                     return Some(victim);
                 }
             }
@@ -864,21 +919,23 @@ impl Store {
         None
     }
 
-    /// `allkeys-lru`'s victim: the least recently used key, exactly (its
-    /// one queue is in recency order).
+    /// `allkeys-lru`'s victim: tenant `lane`'s least recently used key,
+    /// exactly (its one queue is in recency order).
     pub(crate) fn lru_victim(
         &mut self,
+        lane: u8,
         protect: Protect,
         dram_only: bool,
     ) -> Option<(u16, Bytes, EvictReason)> {
-        self.queue_victim(0, false, protect, dram_only)
+        self.queue_victim(lane, 0, false, protect, dram_only)
             .map(|(slot, key, _)| (slot, key, EvictReason::Policy))
     }
 
-    /// The least recently used block of one queue (a level's, or its
-    /// parked blocks') that may go.
+    /// The least recently used block of one of tenant `lane`'s queues (a
+    /// level's, or its parked blocks') that may go.
     fn queue_victim(
         &mut self,
+        lane: u8,
         level: u8,
         parked: bool,
         protect: Protect,
@@ -888,7 +945,7 @@ impl Store {
         let mut victim = None;
         let lru_only = self.recency.lru_only;
         let now = if self.holds.is_empty() { 0 } else { now_ms() };
-        while let Some((key, tick)) = self.recency.queue(level, parked).pop_front() {
+        while let Some((key, tick)) = self.recency.queue(lane, level, parked).pop_front() {
             let slot = key_slot(&key);
             let index = self.index(slot);
             let Some(e) = self.maps[index].get_mut(&key[..]) else {
@@ -900,15 +957,15 @@ impl Store {
             if !parked && !lru_only && e.children > 0 {
                 // An inner block: waits until its children are gone.
                 e.parked = true;
-                self.recency.push(level, true, false, key, tick);
+                self.recency.push(lane, level, true, false, key, tick);
                 continue;
             }
             if !e.value.in_dram() {
                 // Spilled: it left DRAM, and the queues with it.
-                if e.queue != Queue::Out {
+                if e.queue != Queue::OUT {
                     self.meta.queued -= 1;
                 }
-                e.queue = Queue::Out;
+                e.queue = Queue::OUT;
                 if dram_only {
                     continue;
                 }
@@ -931,9 +988,15 @@ impl Store {
             break;
         }
         for entry in passed.into_iter().rev() {
-            self.recency.queue(level, parked).push_front(entry);
+            self.recency.queue(lane, level, parked).push_front(entry);
         }
         victim
+    }
+
+    /// Whether `key` is of one of the tenants in `tenants` (always, with
+    /// no tenants).
+    fn owned_by(&self, key: &[u8], tenants: &Order) -> bool {
+        !self.meta.tenants.fair() || tenants.has(self.meta.tenants.of(key))
     }
 
     pub(crate) fn next_random(&mut self) -> u64 {
@@ -973,13 +1036,16 @@ impl Store {
         Some((index, key.clone()))
     }
 
-    /// Redis-style sampled choice for the classic policies (held values and
-    /// `protect` are skipped).
+    /// Redis-style sampled choice for the classic policies among the keys
+    /// of the tenants in `tenants` (held values and `protect` are skipped).
     pub(crate) fn pick_victim(
         &mut self,
         protect: Protect,
         dram_only: bool,
+        tenants: &Order,
     ) -> Option<(u16, Bytes)> {
+        let anyone = !self.meta.tenants.fair();
+        let allowed = |e: &Entry| anyone || tenants.has(e.tenant as usize);
         let now = now_ms();
         let policy = match self.policy {
             // Keys the prefix queues do not know yet: rank by recency.
@@ -991,7 +1057,9 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now))?
+                .find(|(_, k)| {
+                    !protect.covers(k) && !self.holds.covers(k, now) && self.owned_by(k, tenants)
+                })?
                 .clone();
             return Some((key_slot(&key), key));
         }
@@ -1013,6 +1081,7 @@ impl Store {
             }
             let entry = &self.maps[index][&key];
             if (volatile_only && entry.expire_at == 0)
+                || !allowed(entry)
                 || entry.value.is_held()
                 || (dram_only && !entry.value.in_dram())
                 || self.holds.covers(&key, now)
@@ -1032,7 +1101,9 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now))
+                .find(|(_, k)| {
+                    !protect.covers(k) && !self.holds.covers(k, now) && self.owned_by(k, tenants)
+                })
                 .map(|(_, k)| (key_slot(k), k.clone())),
             None => None,
         }

@@ -115,7 +115,6 @@ impl Store {
             Some((key, entry)) => Ok(Found {
                 key,
                 entry,
-                tenants: &self.meta.tenants,
                 stats: &mut self.stats,
                 recency: &mut self.recency,
                 policy: self.policy,
@@ -325,7 +324,8 @@ impl Store {
         let parent_kept = parent
             .as_deref()
             .filter(|_| self.policy == EvictionPolicy::Prefix);
-        let protect = Protect::write(key, parent_kept);
+        let tenant = self.meta.tenants.of(key) as u8;
+        let protect = Protect::write(key, parent_kept, tenant);
         // What the index will be charged beyond what the key costs now.
         let mut index_growth = 0;
         if self.budget != 0 {
@@ -333,6 +333,14 @@ impl Store {
                 + parent.as_ref().map_or(0, |p| p.len());
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
             index_growth = new_charge.saturating_sub(old_charge);
+            if self.meta.tenants.capped(tenant) {
+                let value_growth = match heap_len {
+                    0 => self.arena.footprint_for(value.len()),
+                    _ => 0,
+                };
+                self.within_cap(tenant, index_growth + value_growth, protect)
+                    .map_err(|_| self.refused(key, index_growth + value.len()))?;
+            }
             if index_growth > 0 {
                 self.ensure_room(index_growth, protect)
                     .map_err(|_| self.refused(key, index_growth + value.len()))?;
@@ -352,6 +360,7 @@ impl Store {
             }
         };
         let mut entry = Entry::new(stored, expire_at, now);
+        entry.tenant = tenant;
         entry.encoding = encoding;
         entry.parent = parent;
         entry.tick = self.recency.tick();
@@ -390,7 +399,8 @@ impl Store {
             self.tombstone(key);
         }
         if let Some(level) = level {
-            self.recency.push(level, false, cold, stored_key, tick);
+            self.recency
+                .push(tenant, level, false, cold, stored_key, tick);
             self.compact_queues_if_stale();
         }
         self.settle_links();
@@ -539,7 +549,8 @@ impl Store {
             // The expiry-set node is charged: make room for it like any
             // write. EXPIRE never fails for memory (as in Redis), so when
             // nothing can be evicted the budget is overdrawn by the node.
-            let _ = self.ensure_room(EXPIRE_OVERHEAD, Protect::key(key));
+            let tenant = self.meta.tenants.of(key) as u8;
+            let _ = self.ensure_room(EXPIRE_OVERHEAD, Protect::key(key).by(tenant));
         }
         let Some((stored, entry)) = self.maps[index].get_key_value_mut(key) else {
             return false;
@@ -776,8 +787,6 @@ impl Store {
 struct Found<'a> {
     key: &'a Bytes,
     entry: &'a mut Entry,
-    /// Whose keys are whose (a hit counts for the key's tenant).
-    tenants: &'a Tenants,
     stats: &'a mut StoreStats,
     recency: &'a mut Recency,
     policy: EvictionPolicy,
@@ -789,7 +798,7 @@ impl<'a> Found<'a> {
     /// tier.
     fn hit(self, now: u64, touch: bool) -> &'a mut Entry {
         self.stats.keyspace_hits += 1;
-        self.stats.tenants.hits[self.tenants.of(self.key)] += 1;
+        self.stats.tenants.hits[self.entry.tenant as usize] += 1;
         if touch {
             self.entry.reads = self.entry.reads.saturating_add(1);
             return self.used(now);
@@ -802,7 +811,7 @@ impl<'a> Found<'a> {
     fn used(self, now: u64) -> &'a mut Entry {
         let tick = self.recency.tick();
         eviction::touch(self.entry, self.policy, now, tick);
-        if self.entry.queue != Queue::Out {
+        if self.entry.queue != Queue::OUT {
             self.recency.requeue(self.key, self.entry, false);
         }
         self.entry

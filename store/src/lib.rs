@@ -360,20 +360,44 @@ impl Store {
         self.meta.disk_index
     }
 
-    /// Names tenants by key patterns (slot `i + 1` for `patterns[i]`; keys
-    /// no pattern names are the default tenant's, slot 0) and counts what
-    /// each holds now: a scan of the index, for start-up.
-    pub fn set_tenants(&mut self, patterns: &[tenants::KeyPattern]) {
-        let mut t = tenants::Tenants::new(patterns);
-        for map in &self.maps {
-            for (k, e) in map {
-                t.shift(k, Default::default(), e.cost(k.len()), 1);
+    /// Names tenants by key patterns (slot `i + 1` for the patterns of
+    /// `tenants[i]`, tried in order; keys no pattern names are the default
+    /// tenant's, slot 0) and counts what each holds now: a scan of the
+    /// index, for start-up.
+    pub fn set_tenants(&mut self, tenants: &[Vec<tenants::KeyPattern>]) {
+        let mut t = tenants::Tenants::grouped(tenants);
+        for map in &mut self.maps {
+            for (k, e) in map.iter_mut() {
+                e.tenant = t.of(k) as u8;
+                t.shift_slot(e.tenant as usize, Default::default(), e.cost(k.len()), 1);
             }
         }
         for d in self.disk.all() {
             t.shift(d.key(), Default::default(), d.cost(), 1);
         }
         self.meta.tenants = t;
+        // A queue per tenant.
+        self.reset_queues();
+    }
+
+    /// Sets the named tenants' shares and caps (slot `i + 1` takes
+    /// `named[i]`; the default tenant gets the shares they leave). A cap
+    /// lowered below what a tenant holds evicts its keys now, by policy.
+    pub fn set_tenant_limits(&mut self, named: &[tenants::Limits]) {
+        let lanes = self.meta.tenants.lanes();
+        self.meta.tenants.set_limits(named);
+        if lanes != self.meta.tenants.lanes() {
+            self.reset_queues();
+        }
+        for t in 0..self.meta.tenants.slots() {
+            let _ = self.within_cap(t as u8, 0, Protect::NONE);
+        }
+        self.settle_links();
+    }
+
+    /// Each tenant slot's limits.
+    pub fn tenant_limits(&self) -> [tenants::Limits; tenants::TENANT_SLOTS] {
+        self.meta.tenants.limits
     }
 
     /// What each tenant slot holds in this store.
@@ -453,6 +477,53 @@ mod tests {
 
     fn store(budget: usize, policy: EvictionPolicy) -> Store {
         Store::new(0..SLOTS, budget, policy)
+    }
+
+    /// A tenant within its share keeps all it holds through another's
+    /// flood; shares changed later take effect at the next writes, and the
+    /// tenant above its share is brought to it, not below it by more than
+    /// a block.
+    #[test]
+    fn shares_hold_against_a_flood_and_change_at_run_time() {
+        for policy in [
+            EvictionPolicy::Prefix,
+            EvictionPolicy::AllKeysLru,
+            EvictionPolicy::AllKeysLfu,
+        ] {
+            let budget = 4 << 20;
+            let mut s = store(budget, policy);
+            s.set_tenants(&[
+                vec![tenants::KeyPattern::parse("a@*").unwrap()],
+                vec![tenants::KeyPattern::parse("b@*").unwrap()],
+            ]);
+            let limits = |share: u16| tenants::Limits {
+                share,
+                ..tenants::Limits::default()
+            };
+            s.set_tenant_limits(&[limits(0), limits(5000)]);
+            let block = Bytes::from(vec![7u8; 16384]);
+            let put = |s: &mut Store, key: String| {
+                let slot = key_slot(key.as_bytes());
+                s.insert(slot, key.as_bytes(), block.clone(), 0, 0).unwrap();
+            };
+            for i in 0..75 {
+                put(&mut s, format!("b@{i}"));
+            }
+            for i in 0..2500 {
+                put(&mut s, format!("a@{i}"));
+            }
+            let b = || s.stats.tenants.evicted[2];
+            assert_eq!(b(), 0, "{policy}");
+            s.set_tenant_limits(&[limits(9000), limits(1000)]);
+            for i in 0..2500 {
+                put(&mut s, format!("a@again{i}"));
+            }
+            let share = tenants::part_of(budget, 1000);
+            let held = s.tenant_usage()[2].dram;
+            assert!(s.stats.tenants.evicted[2] > 0, "{policy}");
+            assert!(held <= share, "{policy}: {held} > {share}");
+            assert!(held + 16384 + 200 > share, "{policy}: {held} of {share}");
+        }
     }
 
     fn put(s: &mut Store, key: &str, value: &str, expire_at: u64) -> Result<(), OutOfMemory> {
@@ -994,11 +1065,11 @@ mod slab_tests {
         // Written once before, written again: two uses, level 1.
         put(&mut s, "r", block(1, 64 * 1024), None);
         let e = s.peek(key_slot(b"r"), b"r", 1000).unwrap();
-        assert_eq!((e.uses, e.queue), (2, Queue::Level(1)));
+        assert_eq!((e.uses, e.queue), (2, Queue::at(1)));
         // A key never seen starts from its write.
         put(&mut s, "new", block(2, 64 * 1024), None);
         let e = s.peek(key_slot(b"new"), b"new", 1000).unwrap();
-        assert_eq!((e.uses, e.queue), (1, Queue::Level(0)));
+        assert_eq!((e.uses, e.queue), (1, Queue::at(0)));
         // The table has room for `ghosts_per_block` x blocks in DRAM (the
         // power of two at or above), and newer evictions take the place of
         // older ones: it stays that size however many go.
@@ -1062,8 +1133,8 @@ mod slab_tests {
         let keys = |q: &std::collections::VecDeque<(Bytes, u32)>| -> Vec<Bytes> {
             q.iter().map(|(k, _)| k.clone()).collect()
         };
-        assert_eq!(keys(&s.recency.queues[0]), ["b", "c"]);
-        assert_eq!(keys(&s.recency.queues[1]), ["a"]);
+        assert_eq!(keys(&s.recency.lanes[0].queues[0]), ["b", "c"]);
+        assert_eq!(keys(&s.recency.lanes[0].queues[1]), ["a"]);
         assert_eq!(s.meta.queued, 3);
         // No budget again: the queues go.
         s.set_budget(0);

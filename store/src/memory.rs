@@ -6,16 +6,22 @@ use bytes::Bytes;
 
 use crate::slab::{self, NoRoom};
 use crate::slot::key_slot;
+use crate::tenants::Order;
 use crate::{Contents, EvictReason, EvictionPolicy, OutOfMemory, Store, ADOPT_MIN};
 
-/// The keys eviction must not choose for a write: the key being written
-/// and, under `prefix`, the block it continues (a chain written under
-/// pressure keeps its last block; a block stored cold goes to the front,
-/// where the next block's write would meet it first).
+/// What eviction for a write must respect: the keys it must not choose
+/// (the key being written and, under `prefix`, the block it continues: a
+/// chain written under pressure keeps its last block; a block stored cold
+/// goes to the front, where the next block's write would meet it first),
+/// and whose write it is (its tenant: eviction for it takes from tenants
+/// above their share, else from it).
 #[derive(Clone, Copy, Debug)]
 pub struct Protect<'a> {
     key: Option<&'a [u8]>,
     parent: Option<&'a [u8]>,
+    /// The writer's tenant slot (None: no tenant's write, as a budget
+    /// lowered by CONFIG SET).
+    pub(crate) tenant: Option<u8>,
 }
 
 impl<'a> Protect<'a> {
@@ -23,6 +29,7 @@ impl<'a> Protect<'a> {
     pub const NONE: Protect<'static> = Protect {
         key: None,
         parent: None,
+        tenant: None,
     };
 
     /// `key` alone.
@@ -30,14 +37,24 @@ impl<'a> Protect<'a> {
         Protect {
             key: Some(key),
             parent: None,
+            tenant: None,
         }
     }
 
-    /// `key` and, if given, `parent`.
-    pub(crate) fn write(key: &'a [u8], parent: Option<&'a [u8]>) -> Protect<'a> {
+    /// `key` and, if given, `parent`, for a write of tenant slot `tenant`.
+    pub(crate) fn write(key: &'a [u8], parent: Option<&'a [u8]>, tenant: u8) -> Protect<'a> {
         Protect {
             key: Some(key),
             parent,
+            tenant: Some(tenant),
+        }
+    }
+
+    /// The same, for a write of tenant slot `tenant`.
+    pub(crate) fn by(self, tenant: u8) -> Protect<'a> {
+        Protect {
+            tenant: Some(tenant),
+            ..self
         }
     }
 
@@ -128,6 +145,12 @@ impl Store {
         if keys.is_empty() || keys.iter().any(|k| protect.covers(k) || self.held(k)) {
             return false;
         }
+        // Not a page whose keys would take another tenant below its share
+        // (fairness first: the write evicts by policy instead, or is
+        // refused).
+        if self.meta.tenants.fair() && !self.may_empty(&keys, protect) {
+            return false;
+        }
         for key in keys {
             let slot = key_slot(&key);
             if !self.evict_key(slot, &key) {
@@ -141,11 +164,31 @@ impl Store {
         true
     }
 
+    /// Whether evicting all of `keys` (a page's) for `protect`'s write
+    /// leaves every tenant but the writer at or above its share.
+    fn may_empty(&self, keys: &[Bytes], protect: Protect) -> bool {
+        let mut lose = [0usize; crate::tenants::TENANT_SLOTS];
+        for k in keys {
+            if let Some(e) = self.maps[self.index(key_slot(k))].get(&k[..]) {
+                lose[e.tenant as usize] += e.cost(k.len()).dram;
+            }
+        }
+        let t = &self.meta.tenants;
+        (0..t.slots()).all(|s| {
+            lose[s] == 0 || protect.tenant == Some(s as u8) || lose[s] <= t.excess(s, self.budget)
+        })
+    }
+
     /// Counts an eviction of `key` for `reason`, in all and for its tenant.
     pub(crate) fn count_eviction(&mut self, key: &[u8], reason: EvictReason) {
+        self.count_eviction_of(self.meta.tenants.of(key), reason);
+    }
+
+    /// Counts an eviction of a key of tenant slot `tenant` for `reason`.
+    pub(crate) fn count_eviction_of(&mut self, tenant: usize, reason: EvictReason) {
         self.stats.evicted_keys += 1;
         self.stats.evicted_by[reason as usize] += 1;
-        self.stats.tenants.evicted[self.meta.tenants.of(key)] += 1;
+        self.stats.tenants.evicted[tenant] += 1;
     }
 
     /// Whether a lookup holds `key` against eviction now.
@@ -163,6 +206,40 @@ impl Store {
             self.remember_evicted(key, gone);
         }
         false
+    }
+
+    /// Keeps tenant slot `tenant` within its cap with `extra` more bytes
+    /// of its in DRAM, evicting its own keys (never `protect`) by policy;
+    /// `Err` when they cannot make room.
+    pub(crate) fn within_cap(
+        &mut self,
+        tenant: u8,
+        extra: usize,
+        protect: Protect,
+    ) -> Result<(), OutOfMemory> {
+        let t = &self.meta.tenants;
+        let cap = t.limits[tenant as usize].cap;
+        if self.budget == 0 || cap >= crate::tenants::WHOLE {
+            return Ok(());
+        }
+        let cap = crate::tenants::part_of(self.budget, cap);
+        if self.policy == EvictionPolicy::NoEviction {
+            return match self.meta.tenants.usage[tenant as usize].dram + extra <= cap {
+                true => Ok(()),
+                false => Err(OutOfMemory),
+            };
+        }
+        if extra > cap {
+            return Err(OutOfMemory);
+        }
+        let own = Order::one(tenant as usize);
+        let dram_only = self.spill.is_some();
+        while self.meta.tenants.usage[tenant as usize].dram + extra > cap {
+            if self.evict_among(&own, protect, dram_only).is_none() {
+                return Err(OutOfMemory);
+            }
+        }
+        Ok(())
     }
 
     /// Evicts by policy until `extra` more bytes fit the budget. `protect`
@@ -217,32 +294,56 @@ impl Store {
         self.budget == 0 || self.used_memory() + extra <= self.budget
     }
 
-    /// Evicts one key by policy; `None` if nothing may go.
+    /// The tenants eviction for `protect`'s write may take from, in the
+    /// order it should ([`crate::tenants::Tenants::victims`]).
+    pub(crate) fn victim_tenants(&self, protect: Protect) -> Order {
+        self.meta.tenants.victims(
+            self.budget,
+            protect.tenant.map(usize::from),
+            |u| u.dram,
+            |l| l.share,
+        )
+    }
+
     /// Evicts one key by policy; `None` if nothing may go. With the spill
     /// tier on, a block in DRAM is written to disk and stays readable.
     /// `dram_only`: only keys whose value is in DRAM (a slot is needed).
+    /// The tenant is chosen first: the one furthest above its share, else
+    /// the writer ([`Store::victim_tenants`]); then the key, by policy,
+    /// among that tenant's.
     pub(crate) fn evict_one(&mut self, protect: Protect, dram_only: bool) -> Option<EvictReason> {
-        let (slot, key, reason) = if self.policy == EvictionPolicy::AllKeysLru {
-            match self.lru_victim(protect, dram_only) {
-                Some(found) => found,
-                // Keys written before the policy changed are not queued.
-                None => {
-                    let (slot, key) = self.pick_victim(protect, dram_only)?;
-                    (slot, key, EvictReason::Policy)
-                }
+        let tenants = self.victim_tenants(protect);
+        self.evict_among(&tenants, protect, dram_only)
+    }
+
+    /// [`Store::evict_one`] among the keys of `tenants`, tried in order.
+    pub(crate) fn evict_among(
+        &mut self,
+        tenants: &Order,
+        protect: Protect,
+        dram_only: bool,
+    ) -> Option<EvictReason> {
+        let queued = match self.policy {
+            EvictionPolicy::AllKeysLru => tenants
+                .iter()
+                .find_map(|t| self.lru_victim(t as u8, protect, dram_only)),
+            EvictionPolicy::Prefix => tenants
+                .iter()
+                .find_map(|t| self.prefix_victim(t as u8, protect, dram_only)),
+            _ => None,
+        };
+        let (slot, key, reason) = match queued {
+            Some(found) => found,
+            // The sampling policies; and keys the queues do not know yet
+            // (written before the policy changed).
+            None => {
+                let (slot, key) = self.pick_victim(protect, dram_only, tenants)?;
+                let reason = match self.policy {
+                    EvictionPolicy::Prefix => EvictReason::Leaf,
+                    _ => EvictReason::Policy,
+                };
+                (slot, key, reason)
             }
-        } else if self.policy == EvictionPolicy::Prefix {
-            match self.prefix_victim(protect, dram_only) {
-                Some(found) => found,
-                // Keys written before the policy changed are not queued.
-                None => {
-                    let (slot, key) = self.pick_victim(protect, dram_only)?;
-                    (slot, key, EvictReason::Leaf)
-                }
-            }
-        } else {
-            let (slot, key) = self.pick_victim(protect, dram_only)?;
-            (slot, key, EvictReason::Policy)
         };
         let in_dram = self.maps[self.index(slot)]
             .get(&key[..])
@@ -250,8 +351,9 @@ impl Store {
         let kept = in_dram && self.spill_out(slot, &key, false);
         if !kept {
             let gone = self.drop_entry(slot, &key)?;
+            let tenant = gone.tenant as usize;
             self.remember_evicted(&key, gone);
-            self.count_eviction(&key, reason);
+            self.count_eviction_of(tenant, reason);
         }
         // Its parent may be a leaf now, its children orphans.
         self.settle_links();

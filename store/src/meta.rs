@@ -116,15 +116,18 @@ impl Meta {
 
     pub(crate) fn added(&mut self, key: &Bytes, entry: &Entry) {
         let cost = self.index_added(key, entry);
-        self.tenants.shift(key, Cost::default(), cost, 1);
+        self.tenants
+            .shift_slot(entry.tenant as usize, Cost::default(), cost, 1);
     }
 
     /// `key`'s entry `old` gave way to `new` (an overwrite): [`Meta::removed`]
-    /// and [`Meta::added`] with one tenant lookup.
+    /// and [`Meta::added`] at once (a key's tenant is its key's, so the
+    /// two entries have the same).
     pub(crate) fn replaced(&mut self, key: &Bytes, old: &Entry, new: &Entry) {
         let before = self.index_removed(key, old, true);
         let after = self.index_added(key, new);
-        self.tenants.shift(key, before, after, 0);
+        self.tenants
+            .shift_slot(new.tenant as usize, before, after, 0);
     }
 
     /// Everything [`Meta::added`] counts but the tenant; the entry's cost.
@@ -149,7 +152,7 @@ impl Meta {
                 child: key.clone(),
             });
         }
-        if entry.queue != Queue::Out {
+        if entry.queue != Queue::OUT {
             self.queued += 1;
         }
         cost
@@ -213,7 +216,8 @@ impl Meta {
 
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         let cost = self.index_removed(key, entry, replaced);
-        self.tenants.shift(key, cost, Cost::default(), -1);
+        self.tenants
+            .shift_slot(entry.tenant as usize, cost, Cost::default(), -1);
     }
 
     /// Everything [`Meta::removed`] counts but the tenant; the entry's cost.
@@ -247,7 +251,7 @@ impl Meta {
                 });
             }
         }
-        if entry.queue != Queue::Out {
+        if entry.queue != Queue::OUT {
             self.queued -= 1;
         }
         cost

@@ -129,6 +129,9 @@ enum Op {
     /// CONFIG SET maxmemory to `percent`% of the starting budget (0: none,
     /// and the eviction queues go until a budget is set again).
     Budget { percent: u8 },
+    /// The two named tenants' shares and caps, in percent (0 and 100 for
+    /// both: no limits, one pool again).
+    Limits { shares: [u8; 2], caps: [u8; 2] },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -152,6 +155,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Links),
         1 => proptest::bool::weighted(0.05).prop_map(|clear| if clear { Op::Clear } else { Op::Links }),
         1 => prop_oneof![Just(0u8), 25..150u8].prop_map(|percent| Op::Budget { percent }),
+        1 => (0..=50u8, 0..=50u8, 0..=100u8, 0..=100u8).prop_map(|(a, b, ca, cb)| Op::Limits {
+            shares: [a, b],
+            caps: [a.max(ca), b.max(cb)],
+        }),
     ]
 }
 
@@ -223,8 +230,8 @@ impl Run {
         // Three tenants (two named, the default): every change is counted
         // for the right one (`check_accounting`).
         store.set_tenants(&[
-            crate::tenants::KeyPattern::parse("key:1*").unwrap(),
-            crate::tenants::KeyPattern::parse("key:2*").unwrap(),
+            vec![crate::tenants::KeyPattern::parse("key:1*").unwrap()],
+            vec![crate::tenants::KeyPattern::parse("key:2*").unwrap()],
         ]);
         Run {
             store,
@@ -250,6 +257,70 @@ impl Run {
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let writer = match *op {
+            Op::Set { key, .. } | Op::Block { key, .. } => {
+                Some(self.store.meta.tenants.of(&key_name(key)))
+            }
+            _ => None,
+        };
+        let before = (
+            self.store.meta.tenants.usage,
+            self.store.stats.tenants.evicted,
+            self.store.meta.tenants.limits,
+        );
+        self.apply_op(op)?;
+        if let Some(w) = writer {
+            self.check_fair(w, before)?;
+        }
+        Ok(())
+    }
+
+    /// After a write of tenant slot `w`: no other tenant at or under its
+    /// share before the write lost a key to it, and the writer is within
+    /// its cap if the write was stored.
+    fn check_fair(
+        &self,
+        w: usize,
+        (usage, evicted, limits): (
+            [crate::tenants::TenantUse; crate::tenants::TENANT_SLOTS],
+            [u64; crate::tenants::TENANT_SLOTS],
+            [crate::tenants::Limits; crate::tenants::TENANT_SLOTS],
+        ),
+    ) -> Result<(), TestCaseError> {
+        let t = &self.store.meta.tenants;
+        if !t.fair() {
+            return Ok(());
+        }
+        let budget = self.store.budget();
+        for other in (0..t.slots()).filter(|&o| o != w) {
+            let share = crate::tenants::part_of(budget, limits[other].share);
+            if usage[other].dram <= share {
+                prop_assert_eq!(
+                    self.store.stats.tenants.evicted[other],
+                    evicted[other],
+                    "tenant {} at {} of its share {} lost keys to tenant {}'s write",
+                    other,
+                    usage[other].dram,
+                    share,
+                    w
+                );
+            }
+        }
+        let cap = crate::tenants::part_of(budget, limits[w].cap);
+        let grew = t.usage[w].dram > usage[w].dram;
+        if budget != 0 && grew && limits[w].cap < crate::tenants::WHOLE {
+            prop_assert!(
+                t.usage[w].dram <= cap,
+                "tenant {} holds {} over its cap {}",
+                w,
+                t.usage[w].dram,
+                cap
+            );
+        }
+        Ok(())
+    }
+
+    fn apply_op(&mut self, op: &Op) -> Result<(), TestCaseError> {
         let now = self.now;
         match *op {
             Op::Set {
@@ -413,6 +484,30 @@ impl Run {
                 self.store.clear();
                 self.model.clear();
             }
+            Op::Limits { shares, caps } => {
+                let limits = |i: usize| crate::tenants::Limits {
+                    share: shares[i] as u16 * 100,
+                    cap: caps[i] as u16 * 100,
+                    ..crate::tenants::Limits::default()
+                };
+                self.store.set_tenant_limits(&[limits(0), limits(1)]);
+                // A cap lowered below what a tenant holds evicted its keys
+                // (all but those held).
+                let t = &self.store.meta.tenants;
+                for (i, u) in t.usage.iter().enumerate().take(t.slots()) {
+                    let cap = crate::tenants::part_of(self.budget, t.limits[i].cap);
+                    let evicts = self.store.policy() != EvictionPolicy::NoEviction;
+                    if self.budget != 0 && self.held.is_empty() && t.fair() && evicts {
+                        prop_assert!(
+                            u.dram <= cap,
+                            "tenant {} at {} over its new cap {}",
+                            i,
+                            u.dram,
+                            cap
+                        );
+                    }
+                }
+            }
             Op::Budget { percent } => {
                 if self.initial_budget != 0 {
                     self.budget = self.initial_budget * percent as usize / 100;
@@ -558,12 +653,13 @@ impl Run {
                 present.insert(k.clone());
                 keys += 1;
                 let (t, cost) = (store.meta.tenants.of(k), e.cost(k.len()));
+                prop_assert_eq!(e.tenant as usize, t, "{:?} is counted for its tenant", k);
                 tenants[t].dram += cost.dram;
                 tenants[t].disk += cost.disk;
                 tenants[t].keys += 1;
                 index += e.charge(k.len());
                 volatile += (e.expire_at != 0) as usize;
-                queued += (e.queue != Queue::Out) as usize;
+                queued += (e.queue != Queue::OUT) as usize;
                 if let Some(s) = e.value.slot() {
                     in_arena.insert(s.as_slice().as_ptr() as usize, (s.footprint(), s.in_span()));
                     if let Some(loc) = s.page_location() {
@@ -683,8 +779,13 @@ impl Run {
             // Under `prefix` with a budget, every orphan waits in the orphan
             // queue (held ones too: they go first once released).
             if store.policy() == EvictionPolicy::Prefix && store.budget() != 0 {
-                let queued: HashSet<&Bytes> =
-                    store.recency.orphans.iter().map(|(k, _)| k).collect();
+                let queued: HashSet<&Bytes> = store
+                    .recency
+                    .lanes
+                    .iter()
+                    .flat_map(|l| &l.orphans)
+                    .map(|(k, _)| k)
+                    .collect();
                 for (k, e) in store.maps.iter().flatten() {
                     if e.orphan {
                         prop_assert!(queued.contains(k), "orphan {:?} not queued", k);

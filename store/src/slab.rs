@@ -611,6 +611,26 @@ impl SlabArena {
 
     /// Whether a value of `len` bytes gets a span of its own rather than a
     /// slot.
+    /// The bytes a value of `len` would take once stored: its span, or a
+    /// slot of the class it would go to (at most `len` plus a 32nd, or, with
+    /// every class in use, the smallest slot it fits).
+    pub fn footprint_for(&self, len: usize) -> usize {
+        if self.is_span(len) {
+            return span_len(len);
+        }
+        let want = align(len.max(1));
+        let fits = self
+            .classes
+            .iter()
+            .map(|c| c.slot_size)
+            .filter(|&s| s >= want);
+        match fits.clone().filter(|&s| s <= want + want / 32).min() {
+            Some(size) => size,
+            None if self.classes.len() >= MAX_CLASSES => fits.min().unwrap_or(want),
+            None => want,
+        }
+    }
+
     pub fn takes_span(&self, len: usize) -> bool {
         self.is_span(len)
     }

@@ -502,7 +502,12 @@ impl Store {
         let placed = if value.len() < SLAB_MIN {
             Value::Heap(Bytes::copy_from_slice(&value))
         } else {
-            match self.place_in_slab(Contents::Bytes(&value), Protect::key(key), 0) {
+            let tenant = self.meta.tenants.of(key) as u8;
+            let protect = Protect::key(key).by(tenant);
+            let placed = self
+                .within_cap(tenant, value.len(), protect)
+                .and_then(|()| self.place_in_slab(Contents::Bytes(&value), protect, 0));
+            match placed {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
                     slot: slot_ref,
                     loc: loc.clone(),
@@ -519,7 +524,7 @@ impl Store {
         if self.queues_on() {
             let index = self.index(slot);
             if let Some((k, e)) = self.maps[index].get_key_value_mut(key) {
-                if e.queue == super::Queue::Out {
+                if e.queue == super::Queue::OUT {
                     self.meta.queued += 1;
                     e.tick = self.recency.tick();
                     self.recency.requeue(k, e, false);
@@ -653,8 +658,27 @@ impl Store {
         // decides the disk: an orphan (no prefix lookup reaches it) and a
         // cold partial block never read are dropped.
         let unwanted = self.policy == EvictionPolicy::Prefix && (entry.orphan || entry.uses == 0);
+        // Its tenant's part of the tier: past its cap it is not written;
+        // above its share, not into the room reclaim keeps for rewrites
+        // (the tier nearly full), which the tenants under their share get.
+        let (over_cap, over_share) = {
+            let t = &self.meta.tenants;
+            let (tenant, budget) = (entry.tenant as usize, self.disk_budget(&dir));
+            let (limits, held) = (t.limits[tenant], t.usage[tenant].disk + entry.value.len());
+            (
+                limits.disk_cap < crate::tenants::WHOLE
+                    && held > crate::tenants::part_of(budget, limits.disk_cap),
+                t.fair()
+                    && budget != 0
+                    && held > crate::tenants::part_of(budget, limits.disk_share),
+            )
+        };
         let dropped = if (entry.reads < spill.config.admission || unwanted) && !admit {
             Some(SpillDrop::Admission)
+        } else if over_cap {
+            Some(SpillDrop::TenantCap)
+        } else if over_share && !admit && dir.nearly_full() {
+            Some(SpillDrop::NoSpace)
         } else if dir.in_flight() >= QUEUE_HARD && !spill.shutting_down {
             Some(SpillDrop::QueueFull)
         } else if too_long {
@@ -664,6 +688,9 @@ impl Store {
         };
         if let Some(cause) = dropped {
             dir.counters.drop_for(cause);
+            if matches!(cause, SpillDrop::NoSpace) {
+                self.reclaim_disk();
+            }
             return false;
         }
         let value = match entry.value.bytes() {
@@ -813,6 +840,30 @@ impl Store {
         }
     }
 
+    /// This shard's part of the spill tier's budget (`spill-max-bytes`,
+    /// 0: none): by its share of the slots, as keys spread over slots
+    /// evenly. Tenants' disk shares and caps are parts of it.
+    pub(crate) fn disk_budget(&self, dir: &SpillDir) -> usize {
+        let max = dir.max_bytes() as u128;
+        (max * self.slots.len() as u128 / crate::slot::SLOTS as u128) as usize
+    }
+
+    /// Tenants whose blocks reclaim keeps though they were not read since
+    /// they were written: those under their share of the spill tier, while
+    /// another tenant is above its own (the tier is full because of it).
+    /// None without per-tenant eviction or a disk budget.
+    fn kept_by_share(&self, dir: &SpillDir) -> Option<crate::tenants::Order> {
+        let t = &self.meta.tenants;
+        let budget = self.disk_budget(dir);
+        if !t.fair() || budget == 0 {
+            return None;
+        }
+        let share = |slot: usize| crate::tenants::part_of(budget, t.limits[slot].disk_share);
+        let under = |slot: &usize| t.usage[*slot].disk <= share(*slot);
+        (!(0..t.slots()).all(|s| under(&s)))
+            .then(|| crate::tenants::Order::of((0..t.slots()).filter(under)))
+    }
+
     /// This shard's part of reclaiming segment `seq`: seal it if it is the
     /// shard's active segment, then drop or rewrite every record of it the
     /// shard's keys point to. The segment's keys come from its footer: from
@@ -859,6 +910,7 @@ impl Store {
         let Some(dir) = self.spill_dir().cloned() else {
             return;
         };
+        let kept_by_share = self.kept_by_share(&dir);
         for key in keys {
             let slot = key_slot(&key);
             if !self.slots.contains(&(slot as usize)) {
@@ -875,9 +927,15 @@ impl Store {
             if entry.value.disk().is_none_or(|l| l.segment.seq != seq) {
                 continue;
             }
-            // Second chance for blocks read since they were written here;
-            // orphans (no prefix reaches them) and expired keys go.
-            let keep = entry.reads > 0 && !entry.orphan && !entry.expired(super::now_ms());
+            // Second chance for blocks read since they were written here,
+            // and for the blocks of a tenant under its share of the tier
+            // while another is above its own; orphans (no prefix reaches
+            // them) and expired keys go.
+            let share_kept = kept_by_share
+                .as_ref()
+                .is_some_and(|k| k.has(entry.tenant as usize));
+            let keep =
+                (entry.reads > 0 || share_kept) && !entry.orphan && !entry.expired(super::now_ms());
             let value = match &entry.value {
                 Value::Writing(w) if keep => Some(w.data.clone()),
                 Value::Cached(_) => {
@@ -1072,7 +1130,8 @@ impl Store {
                     None => false,
                 },
                 Err(key) => {
-                    let entry = Entry::on_disk(loc.clone(), expire_at, now);
+                    let mut entry = Entry::on_disk(loc.clone(), expire_at, now);
+                    entry.tenant = self.meta.tenants.of(&key) as u8;
                     let key = Bytes::from(key);
                     self.meta.added(&key, &entry);
                     self.maps[index].insert(key, entry);
@@ -1206,6 +1265,123 @@ mod loading_tests {
             .unwrap();
         d.write(&seg, at, &footer::encode(at, &body, entries))
             .unwrap();
+    }
+
+    /// A tenant at its disk cap: its evicted blocks are dropped, not
+    /// written, and counted; the other tenant's are written as before.
+    #[test]
+    fn a_tenant_at_its_disk_cap_is_not_written_to_disk() {
+        let path = dir("disk-cap");
+        let d = Arc::new(SpillDir::open(&path, 64 << 20).unwrap());
+        let (mut s, jobs) = store(&d);
+        s.set_budget(16 << 20);
+        s.set_tenants(&[
+            vec![crate::tenants::KeyPattern::parse("a@*").unwrap()],
+            vec![crate::tenants::KeyPattern::parse("b@*").unwrap()],
+        ]);
+        let capped = crate::tenants::Limits {
+            disk_cap: 1000,
+            ..crate::tenants::Limits::default()
+        };
+        s.set_tenant_limits(&[capped, crate::tenants::Limits::default()]);
+        let now = crate::now_ms();
+        let block = Bytes::from(vec![3u8; 16384]);
+        for i in 0..1500 {
+            for t in ["a", "b"] {
+                let k = format!("{t}@{i}");
+                s.insert(key_slot(k.as_bytes()), k.as_bytes(), block.clone(), 0, now)
+                    .unwrap();
+            }
+            for job in jobs.lock().unwrap().drain(..) {
+                job(&mut s);
+            }
+        }
+        let cap = crate::tenants::part_of(64 << 20, 1000);
+        let usage = s.tenant_usage();
+        assert!(usage[1].disk <= cap, "{} > {cap}", usage[1].disk);
+        assert!(
+            usage[1].disk + 16384 > cap,
+            "a fills its cap: {}",
+            usage[1].disk
+        );
+        assert!(
+            usage[2].disk > 2 * cap,
+            "b is not capped: {}",
+            usage[2].disk
+        );
+        let dropped = d.counters.dropped_by[SpillDrop::TenantCap as usize].load(Relaxed);
+        assert!(dropped > 100, "{dropped}");
+        let _ = std::fs::remove_dir_all(&path);
+    }
+
+    /// Reclaim keeps the blocks of a tenant under its disk share while
+    /// another tenant's flood fills the tier: without the share they are
+    /// the oldest, never read, and would all go.
+    #[test]
+    fn reclaim_keeps_a_tenant_within_its_disk_share() {
+        for share in [0, 5000] {
+            let path = dir(&format!("disk-share-{share}"));
+            let d = Arc::new(SpillDir::open(&path, 32 << 20).unwrap());
+            let (mut s, jobs) = store(&d);
+            s.set_budget(16 << 20);
+            s.set_tenants(&[
+                vec![crate::tenants::KeyPattern::parse("a@*").unwrap()],
+                vec![crate::tenants::KeyPattern::parse("b@*").unwrap()],
+            ]);
+            let a = crate::tenants::Limits {
+                disk_share: share,
+                ..crate::tenants::Limits::default()
+            };
+            // Per tenant even without a share (a cap of all of it).
+            let b = crate::tenants::Limits {
+                cap: 9999,
+                ..crate::tenants::Limits::default()
+            };
+            s.set_tenant_limits(&[a, b]);
+            let now = crate::now_ms();
+            let block = Bytes::from(vec![5u8; 16384]);
+            let write = |s: &mut Store, k: String| {
+                s.insert(key_slot(k.as_bytes()), k.as_bytes(), block.clone(), 0, now)
+                    .unwrap();
+                let ready: Vec<StoreJob> = jobs.lock().unwrap().drain(..).collect();
+                for job in ready {
+                    job(s);
+                }
+                // The shard's delivery of its own link events (reclaim).
+                for e in s.take_link_events() {
+                    s.apply_link(e);
+                }
+            };
+            for i in 0..1500 {
+                write(&mut s, format!("a@{i}"));
+            }
+            s.flush_spill();
+            let before = s.tenant_usage()[1].disk;
+            assert!(before > 4 << 20, "a spilled {before}");
+            for i in 0..8000 {
+                write(&mut s, format!("b@{i}"));
+            }
+            s.flush_spill();
+            for _ in 0..100 {
+                let ready: Vec<StoreJob> = jobs.lock().unwrap().drain(..).collect();
+                for job in ready {
+                    job(&mut s);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            let after = s.tenant_usage()[1].disk;
+            match share {
+                0 => assert!(
+                    after < before / 4,
+                    "a kept {after} of {before} with no share"
+                ),
+                _ => assert!(
+                    after > before * 3 / 4,
+                    "a kept {after} of {before} under its share"
+                ),
+            }
+            let _ = std::fs::remove_dir_all(&path);
+        }
     }
 
     #[test]

@@ -1,11 +1,19 @@
-//! Tenants: who owns a key, named by a key pattern, and what each tenant
+//! Tenants: who owns a key, named by key patterns (one or more per tenant:
+//! its own, and its ACL user's key fences), what each tenant may hold
+//! (its guaranteed share and its cap of each tier, [`Limits`]) and what it
 //! holds in this store (bytes in DRAM and on disk, blocks). Keys no pattern
 //! names belong to the default tenant (slot 0). The server sums the shards'
 //! figures (INFO `tenants`, metrics with a `tenant` label).
 //!
 //! A key's tenant is decided by its bytes alone, so it is the same at every
-//! insert, change and removal, and needs no field in the entry; the
-//! patterns are fixed for the store's life (they are start-up settings).
+//! insert, change and removal; the patterns are fixed for the store's life
+//! (they are start-up settings), and an entry keeps its tenant's slot (one
+//! byte) so that queueing and counting it need no pattern search.
+//!
+//! Shares and caps are parts of each shard's budget: with eviction per
+//! tenant ([`Tenants::fair`]), each tenant has queues of its own, and an
+//! eviction first chooses the tenant ([`Tenants::victims`]), then the key
+//! by the policy among that tenant's. Per shard, no lock, no allocation.
 
 /// Most named tenants a store tells apart.
 pub const MAX_TENANTS: usize = 15;
@@ -97,6 +105,72 @@ impl KeyPattern {
     }
 }
 
+/// The whole of a tier in [`Limits`]' units (basis points: 1 = 0.01%).
+pub const WHOLE: u16 = 10_000;
+
+/// A tenant's share and cap of the DRAM tier (`maxmemory`) and of the
+/// spill tier (`spill-max-bytes`), in basis points of each ([`WHOLE`] is
+/// all of it). The share is guaranteed: eviction for another tenant's
+/// write takes nothing from a tenant at or under it. The cap is the most
+/// it may hold: its writes past it evict its own blocks. What one tenant
+/// leaves of its share unused, the others may use until it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Guaranteed part of the DRAM tier.
+    pub share: u16,
+    /// Most of the DRAM tier it may hold.
+    pub cap: u16,
+    /// Guaranteed part of the spill tier.
+    pub disk_share: u16,
+    /// Most of the spill tier it may hold.
+    pub disk_cap: u16,
+}
+
+impl Default for Limits {
+    /// No guarantee, no cap.
+    fn default() -> Self {
+        Limits {
+            share: 0,
+            cap: WHOLE,
+            disk_share: 0,
+            disk_cap: WHOLE,
+        }
+    }
+}
+
+impl Limits {
+    /// The default tenant's limits beside named tenants with `named`: the
+    /// shares they leave, no cap.
+    pub fn rest(named: &[Limits]) -> Limits {
+        let left = |f: fn(&Limits) -> u16| {
+            WHOLE.saturating_sub(
+                named
+                    .iter()
+                    .map(|l| f(l) as u32)
+                    .sum::<u32>()
+                    .min(WHOLE as u32) as u16,
+            )
+        };
+        Limits {
+            share: left(|l| l.share),
+            disk_share: left(|l| l.disk_share),
+            ..Limits::default()
+        }
+    }
+}
+
+/// `part` basis points of `whole` bytes. (In 64 bits, where the division
+/// by a constant is a multiply: a 128-bit one is a call of about a hundred
+/// instructions, and an eviction with tenants works out a share per
+/// tenant. Up to 1.8 PB; past it, in 128 bits.)
+#[inline]
+pub(crate) fn part_of(whole: usize, part: u16) -> usize {
+    match (whole as u64).checked_mul(part as u64) {
+        Some(n) => (n / WHOLE as u64) as usize,
+        None => (whole as u128 * part as u128 / WHOLE as u128) as usize,
+    }
+}
+
 /// What one tenant holds in a store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TenantUse {
@@ -121,34 +195,214 @@ pub(crate) struct Cost {
     pub(crate) disk: usize,
 }
 
-/// The tenants' patterns and what each holds here.
-#[derive(Clone, Debug, Default)]
+/// The tenants' patterns, their limits and what each holds here.
+#[derive(Clone, Debug)]
 pub(crate) struct Tenants {
-    /// The named tenants' patterns, in order: slot `i + 1` is `patterns[i]`.
-    patterns: Vec<KeyPattern>,
+    /// The named tenants' patterns, in the order they are tried, each
+    /// with its tenant's slot.
+    patterns: Vec<(KeyPattern, u8)>,
+    /// Named tenants (slots 1..=named).
+    named: usize,
     /// Per slot.
     pub(crate) usage: [TenantUse; TENANT_SLOTS],
+    /// Per slot (the default tenant's: the shares the others leave).
+    pub(crate) limits: [Limits; TENANT_SLOTS],
+    /// Some named tenant has a share or a cap: eviction keeps a queue per
+    /// tenant and chooses the tenant first. Without, tenants are only
+    /// counted, and eviction sees one pool as it does with no tenants.
+    fair: bool,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Tenants::grouped(&[])
+    }
+}
+
+/// Tenant slots in an order, at most [`TENANT_SLOTS`] of them, with no
+/// allocation.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Order {
+    slots: [u8; TENANT_SLOTS],
+    len: u8,
+}
+
+impl Order {
+    /// Tenant slot `slot` alone.
+    pub(crate) fn one(slot: usize) -> Order {
+        let mut order = Order::default();
+        order.push(slot);
+        order
+    }
+
+    /// These slots, in order.
+    pub(crate) fn of(slots: impl Iterator<Item = usize>) -> Order {
+        let mut order = Order::default();
+        slots.for_each(|s| order.push(s));
+        order
+    }
+
+    /// Inserts `slot` among the slots from `start` on, which are in
+    /// descending order of `weight` (ties: the lower slot first, as slots
+    /// are inserted in ascending order).
+    fn insert_by(&mut self, slot: usize, weight: &[usize; TENANT_SLOTS], start: usize) {
+        let mut at = self.len as usize;
+        while at > start && weight[self.slots[at - 1] as usize] < weight[slot] {
+            self.slots[at] = self.slots[at - 1];
+            at -= 1;
+        }
+        self.slots[at] = slot as u8;
+        self.len += 1;
+    }
+
+    fn push(&mut self, slot: usize) {
+        self.slots[self.len as usize] = slot as u8;
+        self.len += 1;
+    }
+
+    /// The slots, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slots[..self.len as usize].iter().map(|&s| s as usize)
+    }
+
+    /// Whether `slot` is one of them.
+    pub(crate) fn has(&self, slot: usize) -> bool {
+        self.iter().any(|s| s == slot)
+    }
 }
 
 impl Tenants {
     /// Tenants with these patterns, slot `i + 1` for `patterns[i]`.
+    #[cfg(test)]
     pub(crate) fn new(patterns: &[KeyPattern]) -> Tenants {
-        assert!(
-            patterns.len() <= MAX_TENANTS,
-            "at most {MAX_TENANTS} tenants"
-        );
+        let groups: Vec<Vec<KeyPattern>> = patterns.iter().map(|p| vec![p.clone()]).collect();
+        Tenants::grouped(&groups)
+    }
+
+    /// Tenants with these patterns, slot `i + 1` for the patterns of
+    /// `groups[i]` (tried in order, group by group).
+    pub(crate) fn grouped(groups: &[Vec<KeyPattern>]) -> Tenants {
+        assert!(groups.len() <= MAX_TENANTS, "at most {MAX_TENANTS} tenants");
+        let patterns = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(i, g)| g.iter().map(move |p| (p.clone(), i as u8 + 1)))
+            .collect();
+        let mut limits = [Limits::default(); TENANT_SLOTS];
+        limits[0] = Limits {
+            share: WHOLE,
+            disk_share: WHOLE,
+            ..Limits::default()
+        };
         Tenants {
-            patterns: patterns.to_vec(),
+            patterns,
+            named: groups.len(),
             usage: Default::default(),
+            limits,
+            fair: false,
         }
     }
 
-    /// The same patterns, nothing held (FLUSHALL).
+    /// The same patterns and limits, nothing held (FLUSHALL).
     pub(crate) fn emptied(&self) -> Tenants {
         Tenants {
-            patterns: self.patterns.clone(),
             usage: Default::default(),
+            ..self.clone()
         }
+    }
+
+    /// Slots in use: the default tenant's and one per pattern.
+    #[inline]
+    pub(crate) fn slots(&self) -> usize {
+        self.named + 1
+    }
+
+    /// Whether tenant slot `slot` has a cap on its DRAM.
+    #[inline]
+    pub(crate) fn capped(&self, slot: u8) -> bool {
+        self.limits[slot as usize].cap < WHOLE
+    }
+
+    /// Sets the named tenants' limits (slot `i + 1` takes `named[i]`; the
+    /// default tenant gets the shares they leave).
+    pub(crate) fn set_limits(&mut self, named: &[Limits]) {
+        let n = named.len().min(self.named);
+        self.limits[1..=n].copy_from_slice(&named[..n]);
+        let named = &self.limits[1..self.slots()];
+        self.fair = named.iter().any(|l| *l != Limits::default());
+        self.limits[0] = Limits::rest(named);
+    }
+
+    /// Bytes tenant slot `slot` holds in DRAM above its share of a tier of
+    /// `budget` bytes.
+    pub(crate) fn excess(&self, slot: usize, budget: usize) -> usize {
+        self.usage[slot]
+            .dram
+            .saturating_sub(part_of(budget, self.limits[slot].share))
+    }
+
+    /// Whether eviction is per tenant (see [`Tenants::fair`]).
+    #[inline]
+    pub(crate) fn fair(&self) -> bool {
+        self.fair
+    }
+
+    /// Eviction queues (lanes) kept: one per tenant slot when eviction is
+    /// per tenant, else one for all.
+    pub(crate) fn lanes(&self) -> usize {
+        if self.fair {
+            self.slots()
+        } else {
+            1
+        }
+    }
+
+    /// The tenants eviction may take from in a tier of `budget` bytes
+    /// (without per-tenant eviction: lane 0, which holds every key), in
+    /// the order it should (the bytes each holds there given by
+    /// `held`): those above their guaranteed share, furthest above first;
+    /// then the writer's own (`writer`; with none, every other tenant by
+    /// what it holds, most first). A tenant at or under its share is never
+    /// taken from for another's write. A pass over the tenants (≤ 16) and
+    /// an insertion sort of those above their share (mostly one), only
+    /// when something is evicted.
+    pub(crate) fn victims(
+        &self,
+        budget: usize,
+        writer: Option<usize>,
+        held: impl Fn(&TenantUse) -> usize,
+        share: impl Fn(&Limits) -> u16,
+    ) -> Order {
+        let mut order = Order::default();
+        if !self.fair {
+            // One pool: one lane, every key may go.
+            order.push(0);
+            return order;
+        }
+        let n = self.slots();
+        let mut weight = [0usize; TENANT_SLOTS];
+        for t in 0..n {
+            let excess =
+                held(&self.usage[t]).saturating_sub(part_of(budget, share(&self.limits[t])));
+            if excess > 0 {
+                weight[t] = excess;
+                order.insert_by(t, &weight, 0);
+            }
+        }
+        match writer {
+            Some(w) if !order.has(w) => order.push(w),
+            Some(_) => {}
+            None => {
+                let start = order.len as usize;
+                for t in 0..n {
+                    if !order.has(t) && held(&self.usage[t]) > 0 {
+                        weight[t] = held(&self.usage[t]);
+                        order.insert_by(t, &weight, start);
+                    }
+                }
+            }
+        }
+        order
     }
 
     /// The slot of `key`'s tenant.
@@ -165,15 +419,21 @@ impl Tenants {
         let key_head = head(key);
         self.patterns
             .iter()
-            .position(|p| p.matches_head(key, key_head))
-            .map_or(0, |i| i + 1)
+            .find(|(p, _)| p.matches_head(key, key_head))
+            .map_or(0, |&(_, slot)| slot as usize)
     }
 
     /// `key`'s cost went from `before` to `after`, and its keys by `keys`
     /// (1: it is new, -1: it is gone): one pattern search for the three.
     #[inline]
     pub(crate) fn shift(&mut self, key: &[u8], before: Cost, after: Cost, keys: isize) {
-        let u = &mut self.usage[self.of(key)];
+        self.shift_slot(self.of(key), before, after, keys);
+    }
+
+    /// [`Tenants::shift`] for a key of tenant slot `slot`.
+    #[inline]
+    pub(crate) fn shift_slot(&mut self, slot: usize, before: Cost, after: Cost, keys: isize) {
+        let u = &mut self.usage[slot];
         u.dram = u.dram - before.dram + after.dram;
         u.disk = u.disk - before.disk + after.disk;
         u.keys = u.keys.wrapping_add_signed(keys);
@@ -223,6 +483,47 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn victims_are_the_tenants_above_their_share_furthest_first_then_the_writer() {
+        let mut t = Tenants::new(&[
+            KeyPattern::parse("a@*").unwrap(),
+            KeyPattern::parse("b@*").unwrap(),
+            KeyPattern::parse("c@*").unwrap(),
+        ]);
+        let order = |t: &Tenants, writer| {
+            t.victims(1000, writer, |u| u.dram, |l| l.share)
+                .iter()
+                .collect::<Vec<_>>()
+        };
+        // Counted only: one lane for all.
+        assert_eq!(order(&t, Some(2)), [0]);
+        let share = |share| Limits {
+            share,
+            ..Limits::default()
+        };
+        // Shares 10%, 20%, 30% (of 1000 bytes); the default gets 40%.
+        t.set_limits(&[share(1000), share(2000), share(3000)]);
+        for (slot, held) in [(0, 100), (1, 150), (2, 400), (3, 350)] {
+            t.usage[slot].dram = held;
+        }
+        // Above: b by 200, c by 50, a by 50 (a first on the tie); the
+        // default (at 100 of 400) is never taken for another's write.
+        assert_eq!(order(&t, Some(0)), [2, 1, 3, 0]);
+        assert_eq!(order(&t, Some(2)), [2, 1, 3]);
+        // No writer: then the others by what they hold.
+        assert_eq!(order(&t, None), [2, 1, 3, 0]);
+        t.usage[2].dram = 100;
+        assert_eq!(order(&t, None), [1, 3, 0, 2]);
+    }
+
+    #[test]
+    fn parts_of_a_tier() {
+        assert_eq!(part_of(4 << 20, 1000), 419_430);
+        assert_eq!(part_of(usize::MAX, WHOLE), usize::MAX);
+        assert_eq!(part_of(usize::MAX, 5000), usize::MAX / 2);
+        assert_eq!(part_of(12345, 0), 0);
     }
 
     #[test]

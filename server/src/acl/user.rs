@@ -303,6 +303,18 @@ impl Selector {
                 .any(|k| k.perm & needs == needs && glob_match(&k.pattern, key, false))
     }
 
+    /// The key patterns it may write (`*` for all keys).
+    pub fn write_patterns(&self) -> Vec<Vec<u8>> {
+        if self.all_keys {
+            return vec![b"*".to_vec()];
+        }
+        self.keys
+            .iter()
+            .filter(|k| k.perm & perm::WRITE != 0)
+            .map(|k| k.pattern.clone())
+            .collect()
+    }
+
     /// Whether it may run anything on any key.
     pub fn unrestricted(&self) -> bool {
         self.all_commands && self.all_keys
@@ -449,6 +461,14 @@ pub struct User {
 }
 
 impl User {
+    /// The key patterns any of its selectors may write, in order.
+    pub fn write_patterns(&self) -> Vec<Vec<u8>> {
+        std::iter::once(&self.root)
+            .chain(&self.selectors)
+            .flat_map(Selector::write_patterns)
+            .collect()
+    }
+
     /// A new user: off, no passwords, nothing allowed.
     pub fn new(name: &str, catalog: &Catalog) -> User {
         User {

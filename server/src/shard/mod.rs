@@ -821,13 +821,15 @@ pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<Shard
 
 /// Puts the live settings a store follows (CONFIG SET can change them)
 /// into a shard's store: the policy, the sampling, the longest value, its
-/// share of `maxmemory` and the spill tier's admission.
+/// share of `maxmemory`, the spill tier's admission and the tenants'
+/// shares and caps.
 pub fn configure_store(store: &mut Store, config: &LiveConfig, shards: usize) {
     store.set_policy(config.policy());
     store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
     store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
     store.set_budget(shard_budget(config, shards));
     store.set_spill_admission(spill_admission(config));
+    store.set_tenant_limits(&config.tenant_limits());
 }
 
 /// A shard's share of `maxmemory`.

@@ -605,3 +605,28 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// `INFO tenants` as {tenant: {field: value}}.
+pub fn tenants_info(
+    c: &mut RawConn,
+) -> std::collections::HashMap<String, std::collections::HashMap<String, u64>> {
+    let Resp::Bulk(Some(text)) = c.run("INFO tenants") else {
+        panic!("INFO tenants is not a bulk string");
+    };
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("tenant_"))
+        .map(|l| {
+            let (name, fields) = l.split_once(':').unwrap();
+            let fields = fields
+                .split(',')
+                .map(|f| {
+                    let (k, v) = f.split_once('=').unwrap();
+                    (k.to_string(), v.parse().unwrap())
+                })
+                .collect();
+            (name.to_string(), fields)
+        })
+        .collect()
+}

@@ -120,17 +120,20 @@ pub enum SpillDrop {
     /// Its segment was reclaimed to free disk space and it was not read
     /// since it was written (blocks read since are rewritten).
     Reclaimed,
+    /// Its tenant holds its cap of the spill tier.
+    TenantCap,
 }
 
 impl SpillDrop {
     /// Every cause, in counter order.
-    pub const ALL: [SpillDrop; 6] = [
+    pub const ALL: [SpillDrop; 7] = [
         SpillDrop::Admission,
         SpillDrop::QueueFull,
         SpillDrop::KeyTooLong,
         SpillDrop::NoSpace,
         SpillDrop::WriteFailed,
         SpillDrop::Reclaimed,
+        SpillDrop::TenantCap,
     ];
 
     /// INFO suffix and metric name part.
@@ -142,6 +145,7 @@ impl SpillDrop {
             SpillDrop::NoSpace => "no_space",
             SpillDrop::WriteFailed => "write_failed",
             SpillDrop::Reclaimed => "reclaimed",
+            SpillDrop::TenantCap => "tenant_cap",
         }
     }
 }
@@ -167,7 +171,7 @@ pub struct SpillCounters {
     pub rewrites: AtomicU64,
     /// Blocks dropped instead of kept on disk, by [`SpillDrop`] (same order
     /// as `SpillDrop::ALL`); [`SpillCounters::dropped`] is their sum.
-    pub dropped_by: [AtomicU64; 6],
+    pub dropped_by: [AtomicU64; 7],
     /// Records that failed their checksum.
     pub checksum_failures: AtomicU64,
     /// Failed reads and writes.
