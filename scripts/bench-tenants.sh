@@ -12,8 +12,10 @@
 #   - alone, in a tier of its guaranteed size (TIER/2),
 #   - alone, in the whole tier,
 #   - with A flooding the whole tier: kvtier with tenants, B guaranteed
-#     half (`--tenant name=b,keys=b@*,share=50%`), kvtier with one pool (no
-#     tenants), and redis-server (allkeys-lru) for reference,
+#     half (`--tenant name=b,keys=b@*,share=50%`: the unnamed keys' half,
+#     unused, is lent to A and B alike), the same with A given the other
+#     half (nothing to lend), kvtier with one pool (no tenants), and
+#     redis-server (allkeys-lru) for reference,
 #   - with A idle, kvtier with the same tenants (B may use A's half),
 # and the ratios the issue judges: B's hit rate under the flood over its
 # rate alone in its guaranteed half (goal: >= 0.95), and with A idle
@@ -45,6 +47,7 @@ block=$(( 2 * tier / unique / 4096 * 4096 ))
 (( block >= 4096 )) || block=4096
 
 TENANTS=(--tenant 'name=a,keys=a@*' --tenant 'name=b,keys=b@*,share=50%')
+HALVES=(--tenant 'name=a,keys=a@*,share=50%' --tenant 'name=b,keys=b@*,share=50%')
 
 # replay SERVER MAXMEMORY FLOOD [SERVER FLAGS...] -> "B's hit rate, A's bytes / B's bytes"
 replay() {
@@ -73,12 +76,14 @@ read -r half _ < <(replay kvtier $(( tier / 2 )) 0)
 read -r whole _ < <(replay kvtier "$tier" 0)
 read -r idle _ < <(replay kvtier "$tier" 0 "${TENANTS[@]}")
 read -r shared ratio < <(replay kvtier "$tier" "$FLOOD" "${TENANTS[@]}")
+read -r halves _ < <(replay kvtier "$tier" "$FLOOD" "${HALVES[@]}")
 read -r pooled _ < <(replay kvtier "$tier" "$FLOOD")
 over_half() { python3 -c "print('%.2f' % ($1 / $half))"; }
 rows=("| B alone, guaranteed half ($(( TIER_MB / 2 )) MiB) | $half | 1.00 |"
       "| B alone, whole tier ($TIER_MB MiB) | $whole | $(over_half "$whole") |"
       "| B with A idle, kvtier tenants (B share 50%) | $idle | $(over_half "$idle") |"
       "| B with A flooding at ${ratio}x, kvtier tenants (B share 50%) | $shared | $(over_half "$shared") |"
+      "| B with A flooding at ${ratio}x, kvtier tenants (A and B 50% each) | $halves | $(over_half "$halves") |"
       "| B with A flooding at ${ratio}x, kvtier one pool | $pooled | $(over_half "$pooled") |")
 if [[ $REDIS == 1 ]]; then
   read -r rpooled rratio < <(replay redis "$tier" "$FLOOD")
@@ -88,6 +93,6 @@ table="| case | B's block hit rate | over B alone in its half |"$'\n'"|---|---|-
 for r in "${rows[@]}"; do table+=$'\n'"$r"; done
 echo "$table"
 echo "goal with tenants (B guaranteed half): under the flood >= 0.95 of B alone in its half; with A idle, B's rate within 0.01 of the whole tier's"
-python3 -c "print('measured: under the flood %.3f of B alone in its half; with A idle %+.4f from the whole tier' % ($shared / $half, $idle - $whole))"
+python3 -c "print('measured: under the flood %.3f of B alone in its half (%.3f with nothing to lend); with A idle %+.4f from the whole tier' % ($shared / $half, $halves / $half, $idle - $whole))"
 [[ -n $OUT ]] && echo "$table" > "$OUT"
 exit 0

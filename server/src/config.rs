@@ -871,7 +871,15 @@ impl LiveConfig {
     /// any of `share=`, `cap=`, `disk-share=`, `disk-cap=` (`keys=` only
     /// as it is: a key's tenant cannot change while the server runs).
     fn tenant_limits_after(&self, value: &str) -> Result<Vec<Limits>, String> {
-        let mut limits = self.tenant_limits();
+        self.tenant_limits_from(self.tenant_limits(), value)
+    }
+
+    /// [`LiveConfig::tenant_limits_after`] from `limits`.
+    fn tenant_limits_from(
+        &self,
+        mut limits: Vec<Limits>,
+        value: &str,
+    ) -> Result<Vec<Limits>, String> {
         for spec in value.split_whitespace() {
             let mut slot = None;
             let mut changes = Vec::new();
@@ -1195,10 +1203,13 @@ impl LiveConfig {
 
     fn set_one(&self, name: &str, value: &str) -> Result<(), String> {
         if name.eq_ignore_ascii_case("tenant") {
-            let limits = self.tenant_limits_after(value)?;
-            if let Ok(mut l) = self.tenant_limits.write() {
-                *l = limits;
-            }
+            // Read, changed and written under one lock: two clients
+            // setting different tenants at once both take effect.
+            let mut limits = self
+                .tenant_limits
+                .write()
+                .map_err(|_| "tenant limits poisoned")?;
+            *limits = self.tenant_limits_from(limits.clone(), value)?;
             return Ok(());
         }
         let p = PARAMS

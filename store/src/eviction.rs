@@ -14,7 +14,6 @@ use bytes::Bytes;
 
 use crate::entry::{decayed, minutes, Queue, LFU_INIT};
 use crate::slot::key_slot;
-use crate::tenants::Order;
 use crate::{now_ms, Entry, EvictReason, Protect, Store};
 
 /// `maxmemory-policy`.
@@ -993,12 +992,6 @@ impl Store {
         victim
     }
 
-    /// Whether `key` is of one of the tenants in `tenants` (always, with
-    /// no tenants).
-    fn owned_by(&self, key: &[u8], tenants: &Order) -> bool {
-        !self.meta.tenants.fair() || tenants.has(self.meta.tenants.of(key))
-    }
-
     pub(crate) fn next_random(&mut self) -> u64 {
         // xorshift64*: cheap and good enough for sampling.
         let mut x = self.rng;
@@ -1037,29 +1030,30 @@ impl Store {
     }
 
     /// Redis-style sampled choice for the classic policies among the keys
-    /// of the tenants in `tenants` (held values and `protect` are skipped).
+    /// of tenant slot `tenant` (None: any key); held values and `protect`
+    /// are skipped. A tenant with too few keys to meet in the samples (a
+    /// small one beside a large one) is looked for by a walk of the index
+    /// from a random slot, keeping the best of the first few of its keys
+    /// met: O(keys) at worst, only when sampling missed.
     pub(crate) fn pick_victim(
         &mut self,
         protect: Protect,
         dram_only: bool,
-        tenants: &Order,
+        tenant: Option<usize>,
     ) -> Option<(u16, Bytes)> {
-        let anyone = !self.meta.tenants.fair();
-        let allowed = |e: &Entry| anyone || tenants.has(e.tenant as usize);
         let now = now_ms();
         let policy = match self.policy {
             // Keys the prefix queues do not know yet: rank by recency.
             EvictionPolicy::Prefix => EvictionPolicy::AllKeysLru,
             p => p,
         };
+        let ours = |store: &Store, k: &[u8]| tenant.is_none_or(|t| store.meta.tenants.of(k) == t);
         if policy == EvictionPolicy::VolatileTtl {
             let (_, key) = self
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| {
-                    !protect.covers(k) && !self.holds.covers(k, now) && self.owned_by(k, tenants)
-                })?
+                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now) && ours(self, k))?
                 .clone();
             return Some((key_slot(&key), key));
         }
@@ -1067,31 +1061,47 @@ impl Store {
         if volatile_only && self.meta.expires.is_empty() {
             return None;
         }
+        let may_go = |store: &Store, key: &Bytes, entry: &Entry| {
+            !((volatile_only && entry.expire_at == 0)
+                || tenant.is_some_and(|t| entry.tenant as usize != t)
+                || protect.covers(key)
+                || entry.value.is_held()
+                || (dram_only && !entry.value.in_dram())
+                || store.holds.covers(key, now))
+        };
+        let clock = self.recency.clock;
         let mut best: Option<(u64, usize, Bytes)> = None;
         let mut found = 0;
+        let mut consider =
+            |best: &mut Option<(u64, usize, Bytes)>, index: usize, key: &Bytes, entry: &Entry| {
+                found += 1;
+                let score = score(entry, policy, now, clock);
+                if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
+                    *best = Some((score, index, key.clone()));
+                }
+                found
+            };
         for _ in 0..self.samples * 8 {
-            if found >= self.samples {
-                break;
-            }
             let Some((index, key)) = self.random_entry() else {
                 break;
             };
-            if protect.covers(&key) {
-                continue;
-            }
             let entry = &self.maps[index][&key];
-            if (volatile_only && entry.expire_at == 0)
-                || !allowed(entry)
-                || entry.value.is_held()
-                || (dram_only && !entry.value.in_dram())
-                || self.holds.covers(&key, now)
+            if may_go(self, &key, entry) && consider(&mut best, index, &key, entry) >= self.samples
             {
-                continue;
+                break;
             }
-            found += 1;
-            let score = score(entry, policy, now, self.recency.clock);
-            if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
-                best = Some((score, index, key));
+        }
+        if best.is_none() && tenant.is_some() && !volatile_only {
+            let n = self.maps.len();
+            let start = (self.next_random() % n.max(1) as u64) as usize;
+            'walk: for i in (0..n).map(|k| (start + k) % n) {
+                for (key, entry) in &self.maps[i] {
+                    if may_go(self, key, entry)
+                        && consider(&mut best, i, key, entry) >= self.samples
+                    {
+                        break 'walk;
+                    }
+                }
             }
         }
         match best {
@@ -1101,9 +1111,7 @@ impl Store {
                 .meta
                 .expires
                 .iter()
-                .find(|(_, k)| {
-                    !protect.covers(k) && !self.holds.covers(k, now) && self.owned_by(k, tenants)
-                })
+                .find(|(_, k)| !protect.covers(k) && !self.holds.covers(k, now) && ours(self, k))
                 .map(|(_, k)| (key_slot(k), k.clone())),
             None => None,
         }

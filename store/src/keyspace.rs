@@ -338,7 +338,13 @@ impl Store {
                     0 => self.arena.footprint_for(value.len()),
                     _ => 0,
                 };
-                self.within_cap(tenant, index_growth + value_growth, protect)
+                // An overwrite gives its old value's slot back.
+                let old_value = self.maps[index].get(key).map_or(0, |e| match &e.value {
+                    Value::Heap(_) => 0,
+                    v => v.footprint(),
+                });
+                let growth = index_growth + value_growth.saturating_sub(old_value);
+                self.within_cap(tenant, growth, protect)
                     .map_err(|_| self.refused(key, index_growth + value.len()))?;
             }
             if index_growth > 0 {

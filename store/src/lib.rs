@@ -526,6 +526,73 @@ mod tests {
         }
     }
 
+    /// Sampling policies: a tenant above its share with few keys beside a
+    /// tenant with many is found (by a walk when the samples miss it), and
+    /// the tenant under its share loses nothing.
+    #[test]
+    fn sampling_policies_take_from_a_small_tenant_above_its_share() {
+        for policy in [EvictionPolicy::AllKeysRandom, EvictionPolicy::AllKeysLfu] {
+            let mut s = store(4 << 20, policy);
+            s.set_tenants(&[
+                vec![tenants::KeyPattern::parse("a@*").unwrap()],
+                vec![tenants::KeyPattern::parse("b@*").unwrap()],
+            ]);
+            let share = |share| tenants::Limits {
+                share,
+                ..tenants::Limits::default()
+            };
+            s.set_tenant_limits(&[share(0), share(9500)]);
+            let small = Bytes::from(vec![1u8; 100]);
+            let put = |s: &mut Store, key: String, value: &Bytes| {
+                let slot = key_slot(key.as_bytes());
+                s.insert(slot, key.as_bytes(), value.clone(), 0, 0)
+            };
+            for i in 0..8 {
+                put(&mut s, format!("a@{i}"), &Bytes::from(vec![2u8; 200_000])).unwrap();
+            }
+            let mut i = 0;
+            while s.stats.tenants.evicted[1] < 8 {
+                put(&mut s, format!("b@{i}"), &small).unwrap();
+                i += 1;
+                assert!(i < 100_000, "{policy}: a's blocks never went");
+            }
+            assert_eq!(
+                s.stats.tenants.evicted[2], 0,
+                "{policy}: b is within its share"
+            );
+        }
+    }
+
+    /// With caps alone, nobody is guaranteed anything: a capped tenant's
+    /// writes take from the unnamed keys that fill the tier, and its
+    /// overwrite of a block at its cap fits (the old block's room counts).
+    #[test]
+    fn caps_alone_guarantee_nothing_and_an_overwrite_fits_its_cap() {
+        let budget = 4 << 20;
+        let mut s = store(budget, EvictionPolicy::Prefix);
+        s.set_tenants(&[vec![tenants::KeyPattern::parse("a@*").unwrap()]]);
+        s.set_tenant_limits(&[tenants::Limits {
+            cap: 1000,
+            ..tenants::Limits::default()
+        }]);
+        let block = Bytes::from(vec![3u8; 16384]);
+        let put = |s: &mut Store, key: String, value: &Bytes| {
+            let slot = key_slot(key.as_bytes());
+            s.insert(slot, key.as_bytes(), value.clone(), 0, 0)
+        };
+        for i in 0..400 {
+            put(&mut s, format!("other@{i}"), &block).unwrap();
+        }
+        for i in 0..10 {
+            put(&mut s, format!("a@{i}"), &block).unwrap();
+        }
+        assert_eq!(s.tenant_usage()[1].keys, 10);
+        let big = Bytes::from(vec![4u8; 300_000]);
+        put(&mut s, "a@big".into(), &big).unwrap();
+        put(&mut s, "a@big".into(), &big).expect("an overwrite gives its old room back");
+        assert!(s.tenant_usage()[1].dram <= tenants::part_of(budget, 1000));
+    }
+
     fn put(s: &mut Store, key: &str, value: &str, expire_at: u64) -> Result<(), OutOfMemory> {
         s.insert(
             key_slot(key.as_bytes()),

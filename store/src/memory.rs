@@ -337,7 +337,12 @@ impl Store {
             // The sampling policies; and keys the queues do not know yet
             // (written before the policy changed).
             None => {
-                let (slot, key) = self.pick_victim(protect, dram_only, tenants)?;
+                let (slot, key) = match self.meta.tenants.fair() {
+                    false => self.pick_victim(protect, dram_only, None)?,
+                    true => tenants
+                        .iter()
+                        .find_map(|t| self.pick_victim(protect, dram_only, Some(t)))?,
+                };
                 let reason = match self.policy {
                     EvictionPolicy::Prefix => EvictReason::Leaf,
                     _ => EvictReason::Policy,

@@ -609,8 +609,6 @@ impl SlabArena {
         })
     }
 
-    /// Whether a value of `len` bytes gets a span of its own rather than a
-    /// slot.
     /// The bytes a value of `len` would take once stored: its span, or a
     /// slot of the class it would go to (at most `len` plus a 32nd, or, with
     /// every class in use, the smallest slot it fits).
@@ -631,6 +629,8 @@ impl SlabArena {
         }
     }
 
+    /// Whether a value of `len` bytes gets a span of its own rather than a
+    /// slot.
     pub fn takes_span(&self, len: usize) -> bool {
         self.is_span(len)
     }

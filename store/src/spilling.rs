@@ -504,8 +504,9 @@ impl Store {
         } else {
             let tenant = self.meta.tenants.of(key) as u8;
             let protect = Protect::key(key).by(tenant);
+            let footprint = self.arena.footprint_for(value.len());
             let placed = self
-                .within_cap(tenant, value.len(), protect)
+                .within_cap(tenant, footprint, protect)
                 .and_then(|()| self.place_in_slab(Contents::Bytes(&value), protect, 0));
             match placed {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
@@ -667,6 +668,7 @@ impl Store {
             let (limits, held) = (t.limits[tenant], t.usage[tenant].disk + entry.value.len());
             (
                 limits.disk_cap < crate::tenants::WHOLE
+                    && budget != 0
                     && held > crate::tenants::part_of(budget, limits.disk_cap),
                 t.fair()
                     && budget != 0

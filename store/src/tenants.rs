@@ -139,17 +139,17 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The default tenant's limits beside named tenants with `named`: the
-    /// shares they leave, no cap.
+    /// The default tenant's limits beside named tenants with `named`: on
+    /// each tier where some named tenant has a share, the share they leave
+    /// (none where none has: with caps alone, no tenant is guaranteed
+    /// anything, the unnamed keys included); no cap.
     pub fn rest(named: &[Limits]) -> Limits {
         let left = |f: fn(&Limits) -> u16| {
-            WHOLE.saturating_sub(
-                named
-                    .iter()
-                    .map(|l| f(l) as u32)
-                    .sum::<u32>()
-                    .min(WHOLE as u32) as u16,
-            )
+            let taken: u32 = named.iter().map(|l| f(l) as u32).sum();
+            match taken {
+                0 => 0,
+                t => WHOLE.saturating_sub(t.min(WHOLE as u32) as u16),
+            }
         };
         Limits {
             share: left(|l| l.share),
