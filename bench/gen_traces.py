@@ -916,6 +916,79 @@ def summarize(rows: Sequence[Row], capacities: Sequence[float] = ()) -> dict[str
     return out
 
 
+def shape(rows: Sequence[Row]) -> dict[str, float]:
+    """What decides hit rates on real conversations, in requests rather than seconds.
+
+    - ``root_share``: requests whose first block is the most common first block (one shared
+      system prompt: 1.0);
+    - ``early_shared``: unique blocks at positions 1-2 that more than one request references;
+    - ``blocks_*``: blocks per request;
+    - ``once``: unique blocks referenced by one request only;
+    - ``continues``: requests that continue an earlier one, that is whose ids start with all of
+      an earlier request's full blocks (its final partial block left out), more than its first
+      block; for those, ``cover_p50`` is the share of the request that prefix covers and
+      ``turn_back_*`` how many requests back that earlier one is (the latest such);
+    - ``reref_*``: for each block a request references again, requests since the last one that
+      referenced it.
+    """
+    first_count: dict[int, int] = {}
+    refs: dict[int, int] = {}  # id -> requests that reference it
+    early: set[int] = set()
+    last_ref: dict[int, int] = {}  # id -> index of the last request referencing it
+    ends: dict[int, int] = {}  # id of a request's last full block -> that request's index
+    rerefs: list[int] = []
+    backs: list[int] = []
+    covers: list[float] = []
+    for i, r in enumerate(rows):
+        ids = r.hash_ids
+        if not ids:
+            continue
+        first_count[ids[0]] = first_count.get(ids[0], 0) + 1
+        # The longest earlier request this one continues: its full blocks' last id is one of
+        # ours, past the first (a chained id names its whole prefix).
+        for j in range(len(ids) - 1, 0, -1):
+            e = ends.get(ids[j])
+            if e is not None:
+                backs.append(i - e)
+                covers.append((j + 1) / len(ids))
+                break
+        for j, x in enumerate(dict.fromkeys(ids)):
+            refs[x] = refs.get(x, 0) + 1
+            if 1 <= j <= 2:
+                early.add(x)
+            prev = last_ref.get(x)
+            if prev is not None:
+                rerefs.append(i - prev)
+            last_ref[x] = i
+        full = len(ids) - (1 if r.input_length % BLOCK_TOKENS else 0)
+        if full >= 2:
+            ends[ids[full - 1]] = i
+    n = sum(1 for r in rows if r.hash_ids)
+    lens = sorted(len(r.hash_ids) for r in rows)
+    for v in (rerefs, backs, covers):
+        v.sort()
+    return {
+        "root_share": max(first_count.values(), default=0) / max(1, n),
+        "early_shared": sum(1 for x in early if refs[x] > 1) / max(1, len(early)),
+        "blocks_mean": sum(lens) / max(1, len(lens)),
+        "blocks_p10": percentile(lens, 0.1),
+        "blocks_p50": percentile(lens, 0.5),
+        "blocks_p90": percentile(lens, 0.9),
+        "blocks_p99": percentile(lens, 0.99),
+        "output_p50": percentile(sorted(r.output_length for r in rows), 0.5),
+        "once": sum(1 for c in refs.values() if c == 1) / max(1, len(refs)),
+        "continues": len(backs) / max(1, n),
+        "cover_p50": percentile(covers, 0.5),
+        "turn_back_p10": percentile(backs, 0.1),
+        "turn_back_p50": percentile(backs, 0.5),
+        "turn_back_p90": percentile(backs, 0.9),
+        "reref_p10": percentile(rerefs, 0.1),
+        "reref_p50": percentile(rerefs, 0.5),
+        "reref_p90": percentile(rerefs, 0.9),
+        "reref_p99": percentile(rerefs, 0.99),
+    }
+
+
 STAT_DOCS: dict[str, str] = {
     "requests": "requests",
     "duration_s": "first to last timestamp, s",
@@ -938,6 +1011,24 @@ STAT_DOCS: dict[str, str] = {
     "gap_p99_s": "reuse gap P99, s",
     "life_p50_s": "lifetime (first to last access) of reused blocks: median, s",
     "life_p99_s": "lifetime P99, s",
+    "root_share": "requests starting with the most common first block",
+    "early_shared": "unique blocks at positions 1-2 referenced by more than one request",
+    "blocks_mean": "blocks per request: mean",
+    "blocks_p10": "blocks per request P10",
+    "blocks_p50": "blocks per request median",
+    "blocks_p90": "blocks per request P90",
+    "blocks_p99": "blocks per request P99",
+    "output_p50": "output_length median",
+    "once": "unique blocks referenced by one request only",
+    "continues": "requests continuing an earlier one (all its full blocks, more than one)",
+    "cover_p50": "share of such a request its earlier turn covers: median",
+    "turn_back_p10": "requests back to the earlier turn: P10",
+    "turn_back_p50": "requests back to the earlier turn: median",
+    "turn_back_p90": "requests back to the earlier turn: P90",
+    "reref_p10": "requests between a block's references: P10",
+    "reref_p50": "requests between a block's references: median",
+    "reref_p90": "requests between a block's references: P90",
+    "reref_p99": "requests between a block's references: P99",
 }
 
 
@@ -1089,6 +1180,22 @@ def selftest() -> None:
         checks += 1
         if not cond:
             raise AssertionError(what)
+
+    # The conversation shape on a hand-made trace: one root (1), turn 1 = [1, 2, 3p], an
+    # unrelated request, turn 2 continues turn 1's full blocks: [1, 2, 4, 5].
+    sh = shape(
+        [
+            Row(0, 3 * BLOCK_TOKENS - 100, 10, [1, 2, 3]),
+            Row(1, 2 * BLOCK_TOKENS, 20, [1, 6]),
+            Row(2, 4 * BLOCK_TOKENS, 30, [1, 2, 4, 5]),
+        ]
+    )
+    ok(sh["root_share"] == 1.0, f"root_share {sh}")
+    ok(sh["continues"] == 1 / 3 and sh["cover_p50"] == 0.5, f"continues {sh}")
+    ok(sh["turn_back_p50"] == 2, f"turn_back {sh}")
+    ok(sh["once"] == 4 / 6, f"once {sh}")  # 3, 6, 4, 5 once; 1 and 2 more
+    ok(sh["early_shared"] == 1 / 4, f"early_shared {sh}")  # 2, 3, 6, 4: only 2 shared
+    ok(sh["reref_p50"] == 1 and sh["blocks_p50"] == 3, f"reref {sh}")
 
     # The block table on a hand-made case: 512 + 300 tokens, extended, and sent again.
     tr = Trace(record=True)
@@ -1286,7 +1393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(e, file=sys.stderr)
             print(f"{a.file}: {len(rows)} requests, {len(errs)} violations", file=sys.stderr)
             return 1 if errs else 0
-        print(format_stats(a.file, summarize(rows, parse_fractions(a.capacity))))
+        stats = summarize(rows, parse_fractions(a.capacity)) | shape(rows)
+        print(format_stats(a.file, stats))
         return 0
     if a.cmd == "standard":
         os.makedirs(a.out_dir, exist_ok=True)
