@@ -25,6 +25,8 @@ config=clients/python/pyproject.toml
 "$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors tests/vllm tests/k8s tests/kvtier_servers.py bench
 "$venv/bin/ruff" check --config "$config" clients/python tests/connectors tests/vllm tests/k8s tests/kvtier_servers.py bench
 "$venv/bin/mypy" --strict bench/gen_traces.py bench/trace_signals.py
+# The trace generator's invariants and statistics (about 2 s).
+"$py" bench/gen_traces.py selftest
 (cd clients/python && "$venv/bin/mypy" kvtier)
 for dir in tests/connectors tests/vllm; do
     (cd "$dir" && MYPYPATH=$ROOT/clients/python:$ROOT/tests "$venv/bin/mypy" --config-file "$ROOT/$config" .)
