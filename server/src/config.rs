@@ -560,6 +560,11 @@ fn parse_tenant(s: &str) -> Result<TenantSpec, String> {
     for part in s.split(',') {
         match part.split_once('=') {
             Some(("name", v)) => name = Some(v),
+            // No whitespace, as in ACL patterns: CONFIG GET and SET tenant
+            // separate specs with spaces.
+            Some(("keys", v)) if v.chars().any(char::is_whitespace) => {
+                return Err(format!("key pattern '{v}': no whitespace"));
+            }
             Some(("keys", v)) => keys = Some((KeyPattern::parse(v)?, v.to_string())),
             Some(("user", v)) if !v.is_empty() => user = Some(v.to_string()),
             Some((k, v)) if set_limit(&mut limits, k, v)? => {}

@@ -315,6 +315,7 @@ fn bad_tenants_are_refused_at_start() {
             vec!["--tenant", "name=a,keys=a@*,disk-cap=-1%"],
             "a percentage",
         ),
+        (vec!["--tenant", "name=a,keys=a b*"], "no whitespace"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
             .args(["--port", "0", "--metrics-addr", "none"])
