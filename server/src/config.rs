@@ -191,8 +191,9 @@ pub struct Config {
 
     /// A tenant: `name=NAME,keys=PATTERN` (a key prefix `llama70b@*` or an
     /// exact key) or `name=NAME,user=USER` (the keys the ACL user may
-    /// write, by its key patterns at start) or both, optionally with `share=P%`, `cap=P%` (of maxmemory),
-    /// `disk-share=P%` and `disk-cap=P%` (of spill-max-bytes). Repeat for
+    /// write, by its key patterns at start) or both, optionally with
+    /// `share=P%`, `cap=P%` (of maxmemory), `disk-share=P%` and
+    /// `disk-cap=P%` (of spill-max-bytes). Repeat for
     /// each (at most 15); a key belongs to the first tenant whose pattern
     /// it matches, else to `default`, which gets the shares the others
     /// leave. A share is guaranteed: another tenant's writes evict nothing
@@ -535,11 +536,11 @@ fn check_limits(name: &str, l: &Limits) -> Result<(), String> {
 
 /// The tenants' shares add up to no more than the whole, on each tier.
 fn check_shares<'a>(limits: impl Iterator<Item = &'a Limits> + Clone) -> Result<(), String> {
-    for (tier, f) in [
-        ("share", (|l: &Limits| l.share) as fn(&Limits) -> u16),
-        ("disk-share", |l| l.disk_share),
+    let total = |f: fn(&Limits) -> u16| limits.clone().map(|l| f(l) as u32).sum::<u32>();
+    for (tier, sum) in [
+        ("share", total(|l| l.share)),
+        ("disk-share", total(|l| l.disk_share)),
     ] {
-        let sum: u32 = limits.clone().map(|l| f(l) as u32).sum();
         if sum > WHOLE as u32 {
             return Err(format!(
                 "the tenants' {tier}s add up to {}%: at most 100%",
@@ -871,16 +872,12 @@ impl LiveConfig {
             .join(" ")
     }
 
-    /// The limits CONFIG SET tenant `value` would leave: one or more specs
-    /// (separated by spaces) of tenants named at start, each `name=` and
-    /// any of `share=`, `cap=`, `disk-share=`, `disk-cap=` (`keys=` only
-    /// as it is: a key's tenant cannot change while the server runs).
-    fn tenant_limits_after(&self, value: &str) -> Result<Vec<Limits>, String> {
-        self.tenant_limits_from(self.tenant_limits(), value)
-    }
-
-    /// [`LiveConfig::tenant_limits_after`] from `limits`.
-    fn tenant_limits_from(
+    /// The limits CONFIG SET tenant `value` would leave of `limits`: one
+    /// or more specs (separated by spaces) of tenants named at start, each
+    /// `name=` and any of `share=`, `cap=`, `disk-share=`, `disk-cap=`
+    /// (`keys=` and `user=` only as they are: a key's tenant cannot change
+    /// while the server runs).
+    fn tenant_limits_after(
         &self,
         mut limits: Vec<Limits>,
         value: &str,
@@ -1165,9 +1162,9 @@ impl LiveConfig {
             Some(p) => (p.parse)(value).map(|_| ()),
             // Checked by loading them, when set.
             None if self.tls_param(name) => Ok(()),
-            None if name.eq_ignore_ascii_case("tenant") => {
-                self.tenant_limits_after(value).map(|_| ())
-            }
+            None if name.eq_ignore_ascii_case("tenant") => self
+                .tenant_limits_after(self.tenant_limits(), value)
+                .map(|_| ()),
             None if self.fixed.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) => {
                 Err("can't set immutable config".into())
             }
@@ -1214,7 +1211,7 @@ impl LiveConfig {
                 .tenant_limits
                 .write()
                 .map_err(|_| "tenant limits poisoned")?;
-            *limits = self.tenant_limits_from(limits.clone(), value)?;
+            *limits = self.tenant_limits_after(limits.clone(), value)?;
             return Ok(());
         }
         let p = PARAMS

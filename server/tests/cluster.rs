@@ -1192,18 +1192,13 @@ fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
 /// client stays fenced whichever node owns the key.
 #[test]
 fn peers_log_in_as_their_user_and_clients_stay_fenced() {
-    let dir = std::env::temp_dir().join(format!("kvtier-acl-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("users.acl");
-    std::fs::write(
-        &file,
+    let (dir, path) = acl_file(
+        "cluster",
         "user default off\n\
          user peer on >peerpass -@all +cluster|peer\n\
          user admin on >adminpass ~* &* +@all\n\
          user tenant on >tpass ~t1:* -@all +@read +@write +@block +@connection -@dangerous\n",
-    )
-    .unwrap();
-    let path = file.display().to_string();
+    );
     let c = Cluster::start(
         3,
         &[

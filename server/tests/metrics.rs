@@ -343,17 +343,12 @@ fn bad_tenants_are_refused_at_start() {
 /// not prefixes cannot name a tenant.
 #[test]
 fn a_tenant_named_by_an_acl_user_owns_the_keys_it_may_write() {
-    let dir = std::env::temp_dir().join(format!("kvtier-acl-tenant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("users.acl");
-    std::fs::write(
-        &file,
+    let (dir, path) = acl_file(
+        "tenant",
         "user default on nopass ~* &* +@all\n\
          user alice on >pw ~llama@* %R~shared@* +@all\n\
          user globber on >pw ~a?c +@all\n",
-    )
-    .unwrap();
-    let path = file.display().to_string();
+    );
     let server = Server::start(&[
         "--aclfile",
         &path,

@@ -345,7 +345,8 @@ impl Store {
         let mut entry = d.to_entry(segment, expire_at, crate::now_ms());
         entry.tenant = self.meta.tenants.of(&d.key) as u8;
         let key = Bytes::from(d.key);
-        self.meta.recharge(&key, before, entry.cost(key.len()));
+        self.meta
+            .recharge(entry.tenant, before, entry.cost(key.len()));
         self.faulted.push(key.clone());
         self.maps[index].insert(key, entry);
         true
@@ -408,7 +409,8 @@ impl Store {
             disk_index: charge(key.len(), entry.expire_at != 0),
             ..d.cost()
         };
-        self.meta.recharge(&key, entry.cost(key.len()), after);
+        self.meta
+            .recharge(entry.tenant, entry.cost(key.len()), after);
         self.disk.insert(index, d, entry.expire_at);
     }
 

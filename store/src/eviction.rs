@@ -1073,11 +1073,11 @@ impl Store {
         let mut best: Option<(u64, usize, Bytes)> = None;
         let mut found = 0;
         let mut consider =
-            |best: &mut Option<(u64, usize, Bytes)>, index: usize, key: &Bytes, entry: &Entry| {
+            |best: &mut Option<(u64, usize, Bytes)>, index: usize, key: Bytes, entry: &Entry| {
                 found += 1;
                 let score = score(entry, policy, now, clock);
                 if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
-                    *best = Some((score, index, key.clone()));
+                    *best = Some((score, index, key));
                 }
                 found
             };
@@ -1086,8 +1086,7 @@ impl Store {
                 break;
             };
             let entry = &self.maps[index][&key];
-            if may_go(self, &key, entry) && consider(&mut best, index, &key, entry) >= self.samples
-            {
+            if may_go(self, &key, entry) && consider(&mut best, index, key, entry) >= self.samples {
                 break;
             }
         }
@@ -1097,7 +1096,7 @@ impl Store {
             'walk: for i in (0..n).map(|k| (start + k) % n) {
                 for (key, entry) in &self.maps[i] {
                     if may_go(self, key, entry)
-                        && consider(&mut best, i, key, entry) >= self.samples
+                        && consider(&mut best, i, key.clone(), entry) >= self.samples
                     {
                         break 'walk;
                     }

@@ -345,11 +345,11 @@ impl Store {
                 });
                 let growth = index_growth + value_growth.saturating_sub(old_value);
                 self.within_cap(tenant, growth, protect)
-                    .map_err(|_| self.refused(key, index_growth + value.len()))?;
+                    .map_err(|_| self.refused(tenant, index_growth + value.len()))?;
             }
             if index_growth > 0 {
                 self.ensure_room(index_growth, protect)
-                    .map_err(|_| self.refused(key, index_growth + value.len()))?;
+                    .map_err(|_| self.refused(tenant, index_growth + value.len()))?;
             }
         }
         let stored = match value {
@@ -361,7 +361,7 @@ impl Store {
                 let len = value.len();
                 match self.place_in_slab(value, protect, index_growth) {
                     Ok(slot) => Value::Slab(slot),
-                    Err(_) => return Err(self.refused(key, index_growth + len)),
+                    Err(_) => return Err(self.refused(tenant, index_growth + len)),
                 }
             }
         };
@@ -448,7 +448,7 @@ impl Store {
         }
         let charge = Self::charge(key.len(), value.len(), write.expire_at != 0);
         if self.budget != 0 && charge > self.budget {
-            self.refused(key, charge);
+            self.refused(self.meta.tenants.of(key) as u8, charge);
             return -1;
         }
         let write = Write {
@@ -465,10 +465,11 @@ impl Store {
         }
     }
 
-    /// Counts a write of `key` refused for lack of memory (needing `needed`
-    /// bytes) by its cause and its tenant, and gives the error back.
-    fn refused(&mut self, key: &[u8], needed: usize) -> OutOfMemory {
-        self.stats.tenants.refused[self.meta.tenants.of(key)] += 1;
+    /// Counts a write of tenant slot `tenant` refused for lack of memory
+    /// (needing `needed` bytes) by its cause and its tenant, and gives the
+    /// error back.
+    fn refused(&mut self, tenant: u8, needed: usize) -> OutOfMemory {
+        self.stats.tenants.refused[tenant as usize] += 1;
         let cause = if self.budget != 0 && needed > self.budget {
             Refusal::TooLarge
         } else if self.policy == EvictionPolicy::NoEviction {
@@ -566,12 +567,12 @@ impl Store {
             let before = entry.cost(stored.len());
             entry.expire_at = expire_at;
             let after = entry.cost(stored.len());
-            let on_disk = entry.on_disk;
+            let (on_disk, tenant) = (entry.on_disk, entry.tenant);
             let stored = stored.clone();
             self.meta.modified(&stored);
             self.meta.unindex_expiry(&stored, old);
             self.meta.index_expiry(&stored, expire_at);
-            self.meta.recharge(&stored, before, after);
+            self.meta.recharge(tenant, before, after);
             // The record on disk has the old expiry: a warm restart must
             // not bring the key back with it (a miss is fine, a key that
             // outlives its TTL is not).

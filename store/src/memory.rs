@@ -217,24 +217,18 @@ impl Store {
         extra: usize,
         protect: Protect,
     ) -> Result<(), OutOfMemory> {
-        let t = &self.meta.tenants;
-        let cap = t.limits[tenant as usize].cap;
-        if self.budget == 0 || cap >= crate::tenants::WHOLE {
+        if self.budget == 0 || !self.meta.tenants.capped(tenant) {
             return Ok(());
         }
-        let cap = crate::tenants::part_of(self.budget, cap);
-        if self.policy == EvictionPolicy::NoEviction {
-            return match self.meta.tenants.usage[tenant as usize].dram + extra <= cap {
-                true => Ok(()),
-                false => Err(OutOfMemory),
-            };
-        }
-        if extra > cap {
+        let cap =
+            crate::tenants::part_of(self.budget, self.meta.tenants.limits[tenant as usize].cap);
+        let over = |store: &Store| store.meta.tenants.usage[tenant as usize].dram + extra > cap;
+        if extra > cap || (self.policy == EvictionPolicy::NoEviction && over(self)) {
             return Err(OutOfMemory);
         }
         let own = Order::one(tenant as usize);
         let dram_only = self.spill.is_some();
-        while self.meta.tenants.usage[tenant as usize].dram + extra > cap {
+        while over(self) {
             if self.evict_among(&own, protect, dram_only).is_none() {
                 return Err(OutOfMemory);
             }
@@ -297,12 +291,9 @@ impl Store {
     /// The tenants eviction for `protect`'s write may take from, in the
     /// order it should ([`crate::tenants::Tenants::victims`]).
     pub(crate) fn victim_tenants(&self, protect: Protect) -> Order {
-        self.meta.tenants.victims(
-            self.budget,
-            protect.tenant.map(usize::from),
-            |u| u.dram,
-            |l| l.share,
-        )
+        self.meta
+            .tenants
+            .victims(self.budget, protect.tenant.map(usize::from))
     }
 
     /// Evicts one key by policy; `None` if nothing may go. With the spill

@@ -158,15 +158,12 @@ impl Meta {
         cost
     }
 
-    /// `replaced`: a new value takes the key's place at once (its children
-    /// stay its children).
-    /// `key`'s entry's cost changed from `before` to `after` ([`Entry::cost`]).
-    pub(crate) fn recharge(&mut self, key: &[u8], before: Cost, after: Cost) {
+    /// An entry of tenant slot `tenant` changed its cost from `before` to
+    /// `after` ([`Entry::cost`]).
+    pub(crate) fn recharge(&mut self, tenant: u8, before: Cost, after: Cost) {
         self.used = self.used - before.index + after.index;
         self.disk_index = self.disk_index - before.disk_index + after.disk_index;
-        if (before.dram, before.disk) != (after.dram, after.disk) {
-            self.tenants.shift(key, before, after, 0);
-        }
+        self.tenants.shift_slot(tenant as usize, before, after, 0);
     }
 
     /// `key`, stored here, names `parent` (a `ParentGone` reaches it).
@@ -214,6 +211,8 @@ impl Meta {
         self.keys -= 1;
     }
 
+    /// `key`'s `entry` left the index; `replaced`: a new value takes the
+    /// key's place at once (its children stay its children).
     pub(crate) fn removed(&mut self, key: &Bytes, entry: &Entry, replaced: bool) {
         let cost = self.index_removed(key, entry, replaced);
         self.tenants

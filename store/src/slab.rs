@@ -489,31 +489,11 @@ impl SlabArena {
 
     /// The class a value of `len` bytes goes to (creating it if needed).
     fn class_for(&mut self, len: usize) -> usize {
-        let want = align(len.max(1));
-        let best = self
-            .classes
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.slot_size >= want && c.slot_size <= want + want / 32)
-            .min_by_key(|(_, c)| c.slot_size)
-            .map(|(i, _)| i);
-        if let Some(i) = best {
+        if let Some(i) = self.class_of_len(len) {
             return i;
         }
-        if self.classes.len() >= MAX_CLASSES {
-            // Too many distinct sizes: the smallest class that fits.
-            if let Some((i, _)) = self
-                .classes
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.slot_size >= want)
-                .min_by_key(|(_, c)| c.slot_size)
-            {
-                return i;
-            }
-        }
         self.classes.push(ClassStats {
-            slot_size: want,
+            slot_size: align(len.max(1)),
             ..ClassStats::default()
         });
         self.partial.push(Vec::new());
@@ -610,23 +590,14 @@ impl SlabArena {
     }
 
     /// The bytes a value of `len` would take once stored: its span, or a
-    /// slot of the class it would go to (at most `len` plus a 32nd, or, with
-    /// every class in use, the smallest slot it fits).
+    /// slot of the class it would go to ([`SlabArena::class_of_len`], or
+    /// a new class of its aligned size).
     pub fn footprint_for(&self, len: usize) -> usize {
         if self.is_span(len) {
             return span_len(len);
         }
-        let want = align(len.max(1));
-        let fits = self
-            .classes
-            .iter()
-            .map(|c| c.slot_size)
-            .filter(|&s| s >= want);
-        match fits.clone().filter(|&s| s <= want + want / 32).min() {
-            Some(size) => size,
-            None if self.classes.len() >= MAX_CLASSES => fits.min().unwrap_or(want),
-            None => want,
-        }
+        self.class_of_len(len)
+            .map_or(align(len.max(1)), |i| self.classes[i].slot_size)
     }
 
     /// Whether a value of `len` bytes gets a span of its own rather than a
@@ -839,15 +810,26 @@ impl SlabArena {
             })
     }
 
-    /// The class a value of `len` bytes would use, if it exists (no span).
+    /// The class a value of `len` bytes would use, if it exists (no span):
+    /// the smallest within a 32nd above its aligned size, or, with every
+    /// class in use, the smallest it fits.
     pub fn class_of_len(&self, len: usize) -> Option<usize> {
         let want = align(len.max(1));
-        self.classes
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.slot_size >= want && c.slot_size <= want + want / 32)
-            .min_by_key(|(_, c)| c.slot_size)
-            .map(|(i, _)| i)
+        let fitting = || {
+            self.classes
+                .iter()
+                .enumerate()
+                .filter(move |(_, c)| c.slot_size >= want)
+        };
+        let near = fitting()
+            .filter(|(_, c)| c.slot_size <= want + want / 32)
+            .min_by_key(|(_, c)| c.slot_size);
+        // Too many distinct sizes: the smallest class that fits.
+        let any = || match self.classes.len() >= MAX_CLASSES {
+            true => fitting().min_by_key(|(_, c)| c.slot_size),
+            false => None,
+        };
+        near.or_else(any).map(|(i, _)| i)
     }
 
     /// The class of page `page` (None for spans and unassigned pages).

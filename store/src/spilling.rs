@@ -481,7 +481,7 @@ impl Store {
         let before = entry.cost(stored.len());
         entry.parent = Some(parent.clone());
         let after = entry.cost(stored.len());
-        self.meta.recharge(stored, before, after);
+        self.meta.recharge(entry.tenant, before, after);
         let child = stored.clone();
         self.meta.note_child(&parent, &child);
         // Under `prefix` the parent counts it once it is back in DRAM
@@ -609,7 +609,7 @@ impl Store {
         }
         entry.value = value;
         let after = entry.cost(stored.len());
-        self.meta.recharge(&stored, before, after);
+        self.meta.recharge(entry.tenant, before, after);
         let same = matches!((&old_disk, &new_disk), (Some(o), Some(n)) if same_loc(o, n));
         if !same {
             if let Some(old) = &old_disk {
@@ -662,19 +662,13 @@ impl Store {
         // Its tenant's part of the tier: past its cap it is not written;
         // above its share, not into the room reclaim keeps for rewrites
         // (the tier nearly full), which the tenants under their share get.
-        let (over_cap, over_share) = {
-            let t = &self.meta.tenants;
-            let (tenant, budget) = (entry.tenant as usize, self.disk_budget(&dir));
-            let (limits, held) = (t.limits[tenant], t.usage[tenant].disk + entry.value.len());
-            (
-                limits.disk_cap < crate::tenants::WHOLE
-                    && budget != 0
-                    && held > crate::tenants::part_of(budget, limits.disk_cap),
-                t.fair()
-                    && budget != 0
-                    && held > crate::tenants::part_of(budget, limits.disk_share),
-            )
-        };
+        let (over_share, over_cap) = self
+            .disk_limits(entry.tenant as usize, &dir)
+            .map(|(share, cap)| {
+                let held = self.meta.tenants.usage[entry.tenant as usize].disk + entry.value.len();
+                (held > share, held > cap)
+            })
+            .unwrap_or_default();
         let dropped = if (entry.reads < spill.config.admission || unwanted) && !admit {
             Some(SpillDrop::Admission)
         } else if over_cap {
@@ -842,28 +836,39 @@ impl Store {
         }
     }
 
-    /// This shard's part of the spill tier's budget (`spill-max-bytes`,
-    /// 0: none): by its share of the slots, as keys spread over slots
-    /// evenly. Tenants' disk shares and caps are parts of it.
-    pub(crate) fn disk_budget(&self, dir: &SpillDir) -> usize {
+    /// Tenant slot `tenant`'s disk share and disk cap in bytes of this
+    /// shard's part of the spill tier (`spill-max-bytes` by the shard's
+    /// share of the slots, as keys spread over slots evenly; no cap:
+    /// `usize::MAX`); None without per-tenant limits or a disk budget.
+    fn disk_limits(&self, tenant: usize, dir: &SpillDir) -> Option<(usize, usize)> {
+        let t = &self.meta.tenants;
         let max = dir.max_bytes() as u128;
-        (max * self.slots.len() as u128 / crate::slot::SLOTS as u128) as usize
+        if !t.fair() || max == 0 {
+            return None;
+        }
+        let budget = (max * self.slots.len() as u128 / crate::slot::SLOTS as u128) as usize;
+        let l = t.limits[tenant];
+        let cap = match l.disk_cap {
+            crate::tenants::WHOLE => usize::MAX,
+            cap => crate::tenants::part_of(budget, cap),
+        };
+        Some((crate::tenants::part_of(budget, l.disk_share), cap))
     }
 
     /// Tenants whose blocks reclaim keeps though they were not read since
     /// they were written: those under their share of the spill tier, while
     /// another tenant is above its own (the tier is full because of it).
-    /// None without per-tenant eviction or a disk budget.
+    /// None without per-tenant limits or a disk budget.
     fn kept_by_share(&self, dir: &SpillDir) -> Option<crate::tenants::Order> {
-        let t = &self.meta.tenants;
-        let budget = self.disk_budget(dir);
-        if !t.fair() || budget == 0 {
-            return None;
-        }
-        let share = |slot: usize| crate::tenants::part_of(budget, t.limits[slot].disk_share);
-        let under = |slot: &usize| t.usage[*slot].disk <= share(*slot);
-        (!(0..t.slots()).all(|s| under(&s)))
-            .then(|| crate::tenants::Order::of((0..t.slots()).filter(under)))
+        // (No per-tenant limits or no disk budget: none.)
+        self.disk_limits(0, dir)?;
+        let slots = self.meta.tenants.slots();
+        let under = |slot: &usize| {
+            self.disk_limits(*slot, dir)
+                .is_some_and(|(share, _)| self.meta.tenants.usage[*slot].disk <= share)
+        };
+        (!(0..slots).all(|s| under(&s)))
+            .then(|| crate::tenants::Order::of((0..slots).filter(under)))
     }
 
     /// This shard's part of reclaiming segment `seq`: seal it if it is the
@@ -988,7 +993,7 @@ impl Store {
         let before = entry.cost(key.len());
         entry.value = Value::Slab(slot_ref);
         let after = entry.cost(key.len());
-        self.meta.recharge(key, before, after);
+        self.meta.recharge(entry.tenant, before, after);
         self.meta.untrack_disk(&loc);
     }
 
@@ -1269,33 +1274,67 @@ mod loading_tests {
             .unwrap();
     }
 
-    /// A tenant at its disk cap: its evicted blocks are dropped, not
-    /// written, and counted; the other tenant's are written as before.
-    #[test]
-    fn a_tenant_at_its_disk_cap_is_not_written_to_disk() {
-        let path = dir("disk-cap");
-        let d = Arc::new(SpillDir::open(&path, 64 << 20).unwrap());
+    /// A store over a fresh tier of `max` bytes, 16 MiB of DRAM, and two
+    /// named tenants, `a@*` (slot 1) and `b@*` (slot 2), with `limits`.
+    fn two_tenants(
+        name: &str,
+        max: u64,
+        limits: [crate::tenants::Limits; 2],
+    ) -> (Store, Jobs, Arc<SpillDir>, std::path::PathBuf) {
+        let path = dir(name);
+        let d = Arc::new(SpillDir::open(&path, max).unwrap());
         let (mut s, jobs) = store(&d);
         s.set_budget(16 << 20);
         s.set_tenants(&[
             vec![crate::tenants::KeyPattern::parse("a@*").unwrap()],
             vec![crate::tenants::KeyPattern::parse("b@*").unwrap()],
         ]);
+        s.set_tenant_limits(&limits);
+        (s, jobs, d, path)
+    }
+
+    /// What the shard does after a batch: runs the I/O threads' reports
+    /// and delivers the store's own link events (reclaim).
+    fn settle(s: &mut Store, jobs: &Jobs) {
+        let ready: Vec<StoreJob> = jobs.lock().unwrap().drain(..).collect();
+        for job in ready {
+            job(s);
+        }
+        for e in s.take_link_events() {
+            s.apply_link(e);
+        }
+    }
+
+    /// Writes a 16 KiB block under `key`, then [`settle`]s.
+    fn write_block(s: &mut Store, jobs: &Jobs, key: &str) {
+        let block = Bytes::from(vec![3u8; 16384]);
+        s.insert(
+            key_slot(key.as_bytes()),
+            key.as_bytes(),
+            block,
+            0,
+            crate::now_ms(),
+        )
+        .unwrap();
+        settle(s, jobs);
+    }
+
+    /// A tenant at its disk cap: its evicted blocks are dropped, not
+    /// written, and counted; the other tenant's are written as before.
+    #[test]
+    fn a_tenant_at_its_disk_cap_is_not_written_to_disk() {
         let capped = crate::tenants::Limits {
             disk_cap: 1000,
             ..crate::tenants::Limits::default()
         };
-        s.set_tenant_limits(&[capped, crate::tenants::Limits::default()]);
-        let now = crate::now_ms();
-        let block = Bytes::from(vec![3u8; 16384]);
+        let (mut s, jobs, d, path) = two_tenants(
+            "disk-cap",
+            64 << 20,
+            [capped, crate::tenants::Limits::default()],
+        );
         for i in 0..1500 {
             for t in ["a", "b"] {
-                let k = format!("{t}@{i}");
-                s.insert(key_slot(k.as_bytes()), k.as_bytes(), block.clone(), 0, now)
-                    .unwrap();
-            }
-            for job in jobs.lock().unwrap().drain(..) {
-                job(&mut s);
+                write_block(&mut s, &jobs, &format!("{t}@{i}"));
             }
         }
         let cap = crate::tenants::part_of(64 << 20, 1000);
@@ -1322,53 +1361,29 @@ mod loading_tests {
     #[test]
     fn reclaim_keeps_a_tenant_within_its_disk_share() {
         for share in [0, 5000] {
-            let path = dir(&format!("disk-share-{share}"));
-            let d = Arc::new(SpillDir::open(&path, 32 << 20).unwrap());
-            let (mut s, jobs) = store(&d);
-            s.set_budget(16 << 20);
-            s.set_tenants(&[
-                vec![crate::tenants::KeyPattern::parse("a@*").unwrap()],
-                vec![crate::tenants::KeyPattern::parse("b@*").unwrap()],
-            ]);
             let a = crate::tenants::Limits {
                 disk_share: share,
                 ..crate::tenants::Limits::default()
             };
-            // Per tenant even without a share (a cap of all of it).
+            // Per tenant even without a share (a cap of all but 0.01%).
             let b = crate::tenants::Limits {
                 cap: 9999,
                 ..crate::tenants::Limits::default()
             };
-            s.set_tenant_limits(&[a, b]);
-            let now = crate::now_ms();
-            let block = Bytes::from(vec![5u8; 16384]);
-            let write = |s: &mut Store, k: String| {
-                s.insert(key_slot(k.as_bytes()), k.as_bytes(), block.clone(), 0, now)
-                    .unwrap();
-                let ready: Vec<StoreJob> = jobs.lock().unwrap().drain(..).collect();
-                for job in ready {
-                    job(s);
-                }
-                // The shard's delivery of its own link events (reclaim).
-                for e in s.take_link_events() {
-                    s.apply_link(e);
-                }
-            };
+            let (mut s, jobs, _d, path) =
+                two_tenants(&format!("disk-share-{share}"), 32 << 20, [a, b]);
             for i in 0..1500 {
-                write(&mut s, format!("a@{i}"));
+                write_block(&mut s, &jobs, &format!("a@{i}"));
             }
             s.flush_spill();
             let before = s.tenant_usage()[1].disk;
             assert!(before > 4 << 20, "a spilled {before}");
             for i in 0..8000 {
-                write(&mut s, format!("b@{i}"));
+                write_block(&mut s, &jobs, &format!("b@{i}"));
             }
             s.flush_spill();
             for _ in 0..100 {
-                let ready: Vec<StoreJob> = jobs.lock().unwrap().drain(..).collect();
-                for job in ready {
-                    job(&mut s);
-                }
+                settle(&mut s, &jobs);
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
             let after = s.tenant_usage()[1].disk;

@@ -288,17 +288,12 @@ impl Tenants {
             .enumerate()
             .flat_map(|(i, g)| g.iter().map(move |p| (p.clone(), i as u8 + 1)))
             .collect();
-        let mut limits = [Limits::default(); TENANT_SLOTS];
-        limits[0] = Limits {
-            share: WHOLE,
-            disk_share: WHOLE,
-            ..Limits::default()
-        };
         Tenants {
             patterns,
             named: groups.len(),
             usage: Default::default(),
-            limits,
+            // No limits: the default tenant's are `Limits::rest(&[])`.
+            limits: [Limits::default(); TENANT_SLOTS],
             fair: false,
         }
     }
@@ -357,22 +352,15 @@ impl Tenants {
         }
     }
 
-    /// The tenants eviction may take from in a tier of `budget` bytes
-    /// (without per-tenant eviction: lane 0, which holds every key), in
-    /// the order it should (the bytes each holds there given by
-    /// `held`): those above their guaranteed share, furthest above first;
-    /// then the writer's own (`writer`; with none, every other tenant by
-    /// what it holds, most first). A tenant at or under its share is never
-    /// taken from for another's write. A pass over the tenants (≤ 16) and
-    /// an insertion sort of those above their share (mostly one), only
-    /// when something is evicted.
-    pub(crate) fn victims(
-        &self,
-        budget: usize,
-        writer: Option<usize>,
-        held: impl Fn(&TenantUse) -> usize,
-        share: impl Fn(&Limits) -> u16,
-    ) -> Order {
+    /// The tenants eviction may take from in a DRAM tier of `budget`
+    /// bytes (without per-tenant eviction: lane 0, which holds every key),
+    /// in the order it should: those above their guaranteed share,
+    /// furthest above first; then the writer's own (`writer`; with none,
+    /// every other tenant by what it holds, most first). A tenant at or
+    /// under its share is never taken from for another's write. A pass
+    /// over the tenants (≤ 16) and an insertion sort of those above their
+    /// share (mostly one), only when something is evicted.
+    pub(crate) fn victims(&self, budget: usize, writer: Option<usize>) -> Order {
         let mut order = Order::default();
         if !self.fair {
             // One pool: one lane, every key may go.
@@ -382,10 +370,8 @@ impl Tenants {
         let n = self.slots();
         let mut weight = [0usize; TENANT_SLOTS];
         for t in 0..n {
-            let excess =
-                held(&self.usage[t]).saturating_sub(part_of(budget, share(&self.limits[t])));
-            if excess > 0 {
-                weight[t] = excess;
+            weight[t] = self.excess(t, budget);
+            if weight[t] > 0 {
                 order.insert_by(t, &weight, 0);
             }
         }
@@ -395,8 +381,8 @@ impl Tenants {
             None => {
                 let start = order.len as usize;
                 for t in 0..n {
-                    if !order.has(t) && held(&self.usage[t]) > 0 {
-                        weight[t] = held(&self.usage[t]);
+                    if !order.has(t) && self.usage[t].dram > 0 {
+                        weight[t] = self.usage[t].dram;
                         order.insert_by(t, &weight, start);
                     }
                 }
@@ -492,11 +478,7 @@ mod tests {
             KeyPattern::parse("b@*").unwrap(),
             KeyPattern::parse("c@*").unwrap(),
         ]);
-        let order = |t: &Tenants, writer| {
-            t.victims(1000, writer, |u| u.dram, |l| l.share)
-                .iter()
-                .collect::<Vec<_>>()
-        };
+        let order = |t: &Tenants, writer| t.victims(1000, writer).iter().collect::<Vec<_>>();
         // Counted only: one lane for all.
         assert_eq!(order(&t, Some(2)), [0]);
         let share = |share| Limits {

@@ -630,3 +630,14 @@ pub fn tenants_info(
         })
         .collect()
 }
+
+/// Writes `text` as `users.acl` in a fresh directory named for `name`:
+/// the directory (for the test to remove) and the file's path, as
+/// `--aclfile` takes it.
+pub fn acl_file(name: &str, text: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("kvtier-acl-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("users.acl");
+    std::fs::write(&file, text).unwrap();
+    (dir, file.display().to_string())
+}
