@@ -25,7 +25,9 @@ Workloads (``params WORKLOAD`` lists every parameter and its default; docs/trace
   checkpoints.
 - ``rag``: a system prompt, k retrieved chunks and a question; popular queries repeat their chunk
   list.
-- ``mix``: all four on one clock.
+- ``mix``: the first four on one clock.
+- ``chat``: conversations shaped like a real multi-turn trace (one shared root block, long first
+  turns, most sessions of one turn, turns hundreds of requests apart); calibrated to its figures.
 
 Usage::
 
@@ -375,6 +377,89 @@ class Conversation(Workload):
 
 
 @dataclass
+class ChatParams:
+    """Parameters of ``chat`` (defaults calibrated to a real multi-turn trace, issue 42)."""
+
+    rate: float = param(2.3, "session arrivals per second (Poisson)")
+    root_tokens: int = param(512, "the one system prompt every request starts with, tokens")
+    short_prob: float = param(0.1, "a first turn is a short question instead of a long context")
+    short_median: int = param(150, "short question, tokens: lognormal median (sigma 1)")
+    first_median: int = param(5600, "first turn's own part (after the root), tokens: median")
+    first_sigma: float = param(1.15, "first turn's part: lognormal sigma")
+    first_continue_prob: float = param(0.28, "a session's first turn is followed by a second")
+    continue_prob: float = param(0.5, "the second turn is followed by a third")
+    continue_max: float = param(0.7, "later turns: the chance rises towards this")
+    continue_rise: float = param(0.7, "later turns: the gap to continue_max shrinks by this a turn")
+    gap_min: float = param(40.0, "requests (of the whole trace) between turns: at least")
+    gap_median: float = param(480.0, "requests between turns beyond gap_min: lognormal median")
+    gap_sigma: float = param(1.15, "gap between turns: lognormal sigma")
+    message_median: int = param(450, "a later turn's new message, tokens: lognormal median")
+    message_sigma: float = param(1.2, "later message: lognormal sigma")
+    answer_median: int = param(350, "answer (output_length), tokens: lognormal median")
+    answer_sigma: float = param(0.9, "answer: lognormal sigma")
+    max_context: int = param(128_000, "context window: the session ends before exceeding it")
+
+
+class Chat(Workload):
+    """Chat sessions shaped like a real multi-turn trace rather than like a chat product.
+
+    Every request starts with one shared root block; a session's first turn is long (a pasted
+    context) and most sessions end after it; a session continues with ``continue_prob`` per turn,
+    the next turn arriving a lognormal number of *requests* later (converted to time at the mean
+    request rate), its prompt the previous prompt + its answer + a new message. So the blocks of a
+    continued prompt come back hundreds of requests later, and three quarters of all blocks are
+    read once.
+    """
+
+    name = "chat"
+    default_requests = 12_000
+
+    def __init__(self, params: ChatParams, trace: Trace, seed: int) -> None:
+        super().__init__(params, trace, seed)
+        root = trace.context()
+        root.append(trace.uid(), params.root_tokens)
+        self.root = root
+        # Seconds per request of the whole trace: 1 / (sessions/s times turns per session).
+        turns, alive = 1.0, 1.0
+        for k in range(1, 2000):
+            alive *= self.continue_after(k)
+            turns += alive
+        self.per_request_s = 1.0 / (params.rate * turns)
+
+    def continue_after(self, turn: int) -> float:
+        """The chance that turn ``turn`` (1-based) is followed by another."""
+        p: ChatParams = self.p
+        if turn == 1:
+            return float(p.first_continue_prob)
+        gap = p.continue_max - p.continue_prob
+        return float(p.continue_max - gap * p.continue_rise ** (turn - 2))
+
+    def session(self, t0: float) -> None:
+        p: ChatParams = self.p
+        rng, tr = self.rng, self.trace
+        ctx = self.root.fork()
+        if rng.random() < p.short_prob:
+            first = lognormal_int(rng, p.short_median, 1.0, 4, p.max_context)
+        else:
+            first = lognormal_int(rng, p.first_median, p.first_sigma, 16, p.max_context)
+        ctx.append(tr.uid(), first)
+        t = t0
+        turn = 0
+        while True:
+            turn += 1
+            answer = lognormal_int(rng, p.answer_median, p.answer_sigma, 1, 8192)
+            tr.emit(t, ctx, answer)
+            if rng.random() >= self.continue_after(turn):
+                return
+            msg = lognormal_int(rng, p.message_median, p.message_sigma, 4, 32_000)
+            if ctx.tokens + answer + msg > p.max_context:
+                return
+            ctx.append(tr.uid(), answer)
+            ctx.append(tr.uid(), msg)
+            t += (p.gap_min + lognormal(rng, p.gap_median, p.gap_sigma)) * self.per_request_s
+
+
+@dataclass
 class SystemPromptsParams:
     """Parameters of ``system-prompts``."""
 
@@ -601,7 +686,10 @@ WORKLOADS: dict[str, tuple[type[Workload], type[Any]]] = {
     "system-prompts": (SystemPrompts, SystemPromptsParams),
     "agent": (Agent, AgentParams),
     "rag": (Rag, RagParams),
+    "chat": (Chat, ChatParams),
 }
+MIX: tuple[str, ...] = ("conversation", "system-prompts", "agent", "rag")
+"""The components of ``mix``."""
 DEFAULT_MIX_REQUESTS = 40_000
 
 
@@ -642,7 +730,8 @@ def make_workloads(
         if rate is not None:
             raise SystemExit("gen_traces: mix takes --set <component>_rate=R, not --rate")
         out = []
-        for comp, (wcls, pcls) in WORKLOADS.items():
+        for comp in MIX:
+            wcls, pcls = WORKLOADS[comp]
             sub = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(comp + ".")}
             p = build_params(pcls, sub)
             p.rate = getattr(mix, comp.replace("-", "_") + "_rate")
@@ -1155,6 +1244,12 @@ STANDARD: tuple[Standard, ...] = (
     Standard("agent-1", "agent", 30_000, 1),
     Standard("rag-1", "rag", 30_000, 1),
     Standard("mix-1", "mix", 40_000, 1),
+    # Calibrated to a real multi-turn trace (docs/traces.md): its scale, twice as busy an hour
+    # (twice the sessions at once, so turns come twice as many requests apart), and a longer
+    # window of the same service.
+    Standard("chat-1", "chat", 12_000, 1),
+    Standard("chat-2", "chat", 24_000, 2, 4.6, ("gap_min=80", "gap_median=960")),
+    Standard("chat-3", "chat", 30_000, 3),
 )
 
 
@@ -1253,6 +1348,12 @@ def selftest() -> None:
         ok(0.0 < s["reuse"] < 1.0, f"{name}: some reuse")
         ids = {x for r in rows for x in r.hash_ids}
         ok(ids == set(range(len(ids))), f"{name}: ids dense from 0")
+
+    # Chat: one shared root, most blocks read once, a third of requests continue a turn.
+    sh = shape(rows_of(generate("chat", requests=3000, seed=3)))
+    ok(sh["root_share"] == 1.0, f"chat: one root {sh}")
+    ok(0.6 < sh["once"] < 0.9 and 0.2 < sh["continues"] < 0.45, f"chat: shape {sh}")
+    ok(sh["cover_p50"] > 0.6, f"chat: a continued turn covers most of the request {sh}")
 
     # The request window is exact: the first N of a longer run are the run of N.
     long = rows_of(generate("conversation", requests=3000, seed=3))

@@ -9,11 +9,11 @@
 #   PARTS="sim" TRACES="synthetic conv-1" scripts/bench-eviction.sh
 #
 # Environment: PARTS ("sim confirm spill cost"; cost needs BASELINE_BIN), TRACE_DIR (/tmp/kvtier-traces,
-# generated there when missing), TRACES (all seven), CAPACITIES
+# generated there when missing), TRACES (the ten of docs/traces.md), CAPACITIES
 # ("0.05,0.1,0.25"), POLICIES (prefix,allkeys-lru,allkeys-lfu plus the
 # references), SIM_BLOCK (1MiB), CONFIRM_CAP (0.1), REPLAY_BLOCK (64KiB:
 # the server replays move every byte), THREADS (nproc), SPILL_TRACES
-# ("conv-1 synthetic"), BASELINE_BIN (an older kvtier-server: its `prefix`
+# ("conv-1 synthetic chat-1"), SPILL_DISK (1: the spill tier's size in DRAMs), BASELINE_BIN (an older kvtier-server: its `prefix`
 # replayed beside this build's in the confirm part, and the cost part's
 # baseline), REPS (5), COST_SECS (5), COST_MEM (256mb), COST_THREADS
 # ("1 THREADS": the servers' --threads), COST_CMDS ("SET MSETBLOCK
@@ -25,22 +25,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 PARTS=${PARTS:-"sim confirm spill cost"}
 TRACE_DIR=${TRACE_DIR:-/tmp/kvtier-traces}
-TRACES=${TRACES:-"synthetic conv-1 conv-2 sys-1 agent-1 rag-1 mix-1"}
+TRACES=${TRACES:-"synthetic conv-1 conv-2 sys-1 agent-1 rag-1 mix-1 chat-1 chat-2 chat-3"}
 CAPACITIES=${CAPACITIES:-0.05,0.1,0.25}
 POLICIES=${POLICIES:-prefix,allkeys-lru,allkeys-lfu,lru,prefix-lru,belady}
 SIM_BLOCK=${SIM_BLOCK:-1MiB}
 CONFIRM_CAP=${CONFIRM_CAP:-0.1}
 REPLAY_BLOCK=${REPLAY_BLOCK:-64KiB}
 THREADS=${THREADS:-$(nproc)}
-SPILL_TRACES=${SPILL_TRACES:-"conv-1 synthetic"}
+SPILL_TRACES=${SPILL_TRACES:-"conv-1 synthetic chat-1"}
+SPILL_DISK=${SPILL_DISK:-1}
 BASELINE_BIN=${BASELINE_BIN:-}
 OUT=${OUT:-}
 command -v redis-cli >/dev/null || { echo "missing redis-cli (apt-get install redis-tools)"; exit 1; }
 cargo build --release -q -p kvtier-server -p kvtier-bench
 BENCH=target/release/kvtier-bench
-if [[ ! -f $TRACE_DIR/conv-1.jsonl ]]; then
-  python3 bench/gen_traces.py standard --out-dir "$TRACE_DIR" >/dev/null
-fi
+for t in $TRACES $SPILL_TRACES; do
+  if [[ $t != synthetic && ! -f $TRACE_DIR/$t.jsonl ]]; then
+    python3 bench/gen_traces.py standard --out-dir "$TRACE_DIR" --only "$t" >/dev/null
+  fi
+done
 [[ -f $TRACE_DIR/synthetic.jsonl ]] || cp ../shared/traces/mooncake_synthetic_trace.jsonl "$TRACE_DIR/synthetic.jsonl"
 PID=""; TMP=$(mktemp -d)
 COST_PIDS=()
@@ -126,7 +129,7 @@ if [[ " $PARTS " == *" confirm "* ]]; then
 fi
 
 if [[ " $PARTS " == *" spill "* ]]; then
-  say "## DRAM + disk against DRAM only: DRAM ${CONFIRM_CAP} of unique bytes, a spill tier as large again"
+  say "## DRAM + disk against DRAM only: DRAM ${CONFIRM_CAP} of unique bytes, a spill tier ${SPILL_DISK} times as large"
   say ""
   say "| trace | policy | DRAM only | DRAM + disk | disk writes | disk hits |"
   say "|---|---|---|---|---|---|"
@@ -137,7 +140,7 @@ if [[ " $PARTS " == *" spill "* ]]; then
       read -r dram _ _ < <(replay "$TRACE_DIR/$t.jsonl" "$mem" "$p")
       rm -rf "$TMP/spill"; mkdir -p "$TMP/spill"
       read -r both writes hits < <(replay "$TRACE_DIR/$t.jsonl" "$mem" "$p" "" \
-        --spill-dir "$TMP/spill" --spill-max-bytes "$mem")
+        --spill-dir "$TMP/spill" --spill-max-bytes "$(python3 -c "print(int($mem * $SPILL_DISK))")")
       say "| $t | $p | $(printf '%.4f' "$dram") | $(printf '%.4f' "$both") | $writes | $hits |"
     done
   done

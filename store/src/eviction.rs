@@ -188,7 +188,9 @@ pub struct PrefixTuning {
     /// Blocks of a class of chain writes ([`WriteClass`]) are stored cold
     /// (queued to go first) while the share of them read before eviction
     /// is below this × the share of evicted blocks that are written again
-    /// while the ghost list remembers them. 0: off.
+    /// while the ghost list remembers them (0.5: half; at 1 the rule fed
+    /// on itself on conversations whose turns come back after about a
+    /// DRAM's lifetime, docs/decisions.md). 0: off.
     pub class_threshold: f32,
     /// One chain write in this many of a cold class is stored as usual, so
     /// the class's rate stays measured.
@@ -207,7 +209,7 @@ impl Default for PrefixTuning {
             lifetime_per_block: 0.5,
             cold_partial: true,
             ghosts_per_block: 4.0,
-            class_threshold: 1.0,
+            class_threshold: 0.5,
             class_probe: 8,
             class_guard: 1.0,
         }
@@ -746,8 +748,8 @@ impl Store {
     /// How a block written now starts. Its uses: this write (0 for a cold
     /// one, which is not a use), plus the uses it had if the `prefix`
     /// policy evicted it lately. Under `prefix`, a chain write
-    /// whose class of blocks is read less often than evicted blocks come
-    /// back and than all classes ([`Classes`]) is stored cold, but for one
+    /// whose class of blocks is read less than half as often as evicted
+    /// blocks come back, and less often than all classes ([`Classes`]) is stored cold, but for one
     /// in [`PrefixTuning::class_probe`], which is stored as usual and
     /// measured; the blocks after the first new block of a chain write
     /// are stored as it was ([`Store::begin_chain`]).
