@@ -405,10 +405,10 @@ class Chat(Workload):
 
     Every request starts with one shared root block; a session's first turn is long (a pasted
     context) and most sessions end after it; a turn is followed by another with a chance that
-    rises with the turn (``continue_after``), the next turn arriving a lognormal number of *requests* later (converted to time at the mean
-    request rate), its prompt the previous prompt + its answer + a new message. So the blocks of a
-    continued prompt come back hundreds of requests later, and three quarters of all blocks are
-    read once.
+    rises with the turn (``continue_after``), the next turn arriving a lognormal number of
+    *requests* later (converted to time at the mean request rate), its prompt the previous prompt
+    + its answer + a new message. So the blocks of a continued prompt come back hundreds of
+    requests later, and three quarters of all blocks are read once.
     """
 
     name = "chat"
