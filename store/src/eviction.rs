@@ -188,9 +188,8 @@ pub struct PrefixTuning {
     /// Blocks of a class of chain writes ([`WriteClass`]) are stored cold
     /// (queued to go first) while the share of them read before eviction
     /// is below this × the share of evicted blocks that are written again
-    /// while the ghost list remembers them (0.5: half; at 1 the rule fed
-    /// on itself on conversations whose turns come back after about a
-    /// DRAM's lifetime, docs/decisions.md). 0: off.
+    /// while the ghost list remembers them (why one half: [`Classes`]).
+    /// 0: off.
     pub class_threshold: f32,
     /// One chain write in this many of a cold class is stored as usual, so
     /// the class's rate stays measured.
@@ -389,9 +388,12 @@ const CLASSES: usize = 32;
 /// how many of them had been read first (halved every DRAM's worth of
 /// them, so the rates follow the workload); and how many evicted blocks
 /// were written again while remembered (halved every four DRAMs' worth of
-/// evictions, the ghost list's memory). A class read less often than
-/// evicted blocks come back is worth less than the room it takes: what
-/// would be kept in its place returns more often. On system prompts that
+/// evictions, the ghost list's memory). A class read less than half as
+/// often as evicted blocks come back is worth less than the room it
+/// takes: what would be kept in its place returns more often (at once as
+/// often, the rule fed on itself where turns come back about a DRAM's
+/// lifetime later: a first turn stored cold is written again when its
+/// session continues, and that return keeps its class cold). On system prompts that
 /// is the user's suffix after a shared prompt (3% read); on conversations
 /// no class once warm (each turn's suffix is read by the next turn, 45–75%,
 /// and 4% of evicted blocks return at 25% DRAM); on the synthetic trace at
@@ -747,12 +749,11 @@ impl Store {
 
     /// How a block written now starts. Its uses: this write (0 for a cold
     /// one, which is not a use), plus the uses it had if the `prefix`
-    /// policy evicted it lately. Under `prefix`, a chain write
-    /// whose class of blocks is read less than half as often as evicted
-    /// blocks come back, and less often than all classes ([`Classes`]) is stored cold, but for one
-    /// in [`PrefixTuning::class_probe`], which is stored as usual and
-    /// measured; the blocks after the first new block of a chain write
-    /// are stored as it was ([`Store::begin_chain`]).
+    /// policy evicted it lately. Under `prefix`, a chain write whose
+    /// class of blocks is read rarely ([`Classes::cold`]) is stored cold,
+    /// but for one in [`PrefixTuning::class_probe`], which is stored as
+    /// usual and measured; the blocks after the first new block of a chain
+    /// write are stored as it was ([`Store::begin_chain`]).
     pub(crate) fn new_block(&mut self, key: &[u8], cold: bool, class: WriteClass) -> NewBlock {
         let remembered = match self.policy {
             EvictionPolicy::Prefix => self.recency.ghosts.recall(key),

@@ -152,10 +152,7 @@ impl Store {
             return false;
         }
         for key in keys {
-            let slot = key_slot(&key);
-            if !self.evict_key(slot, &key) {
-                self.count_eviction(&key, EvictReason::Rebalance);
-            }
+            self.evict_key(key_slot(&key), &key, EvictReason::Rebalance);
         }
         self.arena.reclaim();
         if keep.is_none() {
@@ -179,13 +176,9 @@ impl Store {
         })
     }
 
-    /// Counts an eviction of `key` for `reason`, in all and for its tenant.
-    pub(crate) fn count_eviction(&mut self, key: &[u8], reason: EvictReason) {
-        self.count_eviction_of(self.meta.tenants.of(key), reason);
-    }
-
-    /// Counts an eviction of a key of tenant slot `tenant` for `reason`.
-    pub(crate) fn count_eviction_of(&mut self, tenant: usize, reason: EvictReason) {
+    /// Counts an eviction of a key of tenant slot `tenant` for `reason`,
+    /// in all and for its tenant.
+    pub(crate) fn count_eviction(&mut self, tenant: usize, reason: EvictReason) {
         self.stats.evicted_keys += 1;
         self.stats.evicted_by[reason as usize] += 1;
         self.stats.tenants.evicted[tenant] += 1;
@@ -196,16 +189,19 @@ impl Store {
         !self.holds.is_empty() && self.holds.covers(key, crate::now_ms())
     }
 
-    /// Evicts `key`: to the spill tier when it is on and takes it, out of
-    /// the index otherwise. Whether the key is still indexed.
-    pub(crate) fn evict_key(&mut self, slot: u16, key: &[u8]) -> bool {
+    /// Evicts `key` for `reason`: to the spill tier when it is on and
+    /// takes it (`Some(true)`: still indexed), else out of the index,
+    /// remembered and counted for its tenant (`Some(false)`); None if it
+    /// is not there.
+    pub(crate) fn evict_key(&mut self, slot: u16, key: &[u8], reason: EvictReason) -> Option<bool> {
         if self.spill_out(slot, key, false) {
-            return true;
+            return Some(true);
         }
-        if let Some(gone) = self.drop_entry(slot, key) {
-            self.remember_evicted(key, gone);
-        }
-        false
+        let gone = self.drop_entry(slot, key)?;
+        let tenant = gone.tenant as usize;
+        self.remember_evicted(key, gone);
+        self.count_eviction(tenant, reason);
+        Some(false)
     }
 
     /// Keeps tenant slot `tenant` within its cap with `extra` more bytes
@@ -341,16 +337,7 @@ impl Store {
                 (slot, key, reason)
             }
         };
-        let in_dram = self.maps[self.index(slot)]
-            .get(&key[..])
-            .is_some_and(|e| e.value.in_dram());
-        let kept = in_dram && self.spill_out(slot, &key, false);
-        if !kept {
-            let gone = self.drop_entry(slot, &key)?;
-            let tenant = gone.tenant as usize;
-            self.remember_evicted(&key, gone);
-            self.count_eviction_of(tenant, reason);
-        }
+        self.evict_key(slot, &key, reason)?;
         // Its parent may be a leaf now, its children orphans.
         self.settle_links();
         self.arena.reclaim();

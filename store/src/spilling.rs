@@ -504,10 +504,13 @@ impl Store {
         } else {
             let tenant = self.meta.tenants.of(key) as u8;
             let protect = Protect::key(key).by(tenant);
-            let footprint = self.arena.footprint_for(value.len());
-            let placed = self
-                .within_cap(tenant, footprint, protect)
-                .and_then(|()| self.place_in_slab(Contents::Bytes(&value), protect, 0));
+            let capped = self.meta.tenants.capped(tenant);
+            let within = match capped {
+                true => self.within_cap(tenant, self.arena.footprint_for(value.len()), protect),
+                false => Ok(()),
+            };
+            let placed =
+                within.and_then(|()| self.place_in_slab(Contents::Bytes(&value), protect, 0));
             match placed {
                 Ok(slot_ref) => Value::Cached(Box::new(Cached {
                     slot: slot_ref,
@@ -860,15 +863,15 @@ impl Store {
     /// another tenant is above its own (the tier is full because of it).
     /// None without per-tenant limits or a disk budget.
     fn kept_by_share(&self, dir: &SpillDir) -> Option<crate::tenants::Order> {
-        // (No per-tenant limits or no disk budget: none.)
-        self.disk_limits(0, dir)?;
+        let mut under = [false; crate::tenants::TENANT_SLOTS];
         let slots = self.meta.tenants.slots();
-        let under = |slot: &usize| {
-            self.disk_limits(*slot, dir)
-                .is_some_and(|(share, _)| self.meta.tenants.usage[*slot].disk <= share)
-        };
-        (!(0..slots).all(|s| under(&s)))
-            .then(|| crate::tenants::Order::of((0..slots).filter(under)))
+        for (slot, under) in under.iter_mut().enumerate().take(slots) {
+            let (share, _) = self.disk_limits(slot, dir)?;
+            *under = self.meta.tenants.usage[slot].disk <= share;
+        }
+        let under = &under[..slots];
+        (!under.iter().all(|&u| u))
+            .then(|| crate::tenants::Order::of((0..slots).filter(|&s| under[s])))
     }
 
     /// This shard's part of reclaiming segment `seq`: seal it if it is the
@@ -967,8 +970,9 @@ impl Store {
                 }
             }
             dir.counters.drop_for(SpillDrop::Reclaimed);
-            self.drop_entry(slot, &key);
-            self.count_eviction(&key, EvictReason::Policy);
+            if let Some(gone) = self.drop_entry(slot, &key) {
+                self.count_eviction(gone.tenant as usize, EvictReason::Policy);
+            }
         }
     }
 
@@ -1028,8 +1032,9 @@ impl Store {
             }
         }
         dir.counters.drop_for(SpillDrop::Reclaimed);
-        self.drop_entry(slot, &key);
-        self.count_eviction(&key, EvictReason::Policy);
+        if let Some(gone) = self.drop_entry(slot, &key) {
+            self.count_eviction(gone.tenant as usize, EvictReason::Policy);
+        }
     }
 
     /// Graceful shutdown: writes every block still in DRAM (and waits for
