@@ -479,6 +479,32 @@ mod tests {
         Store::new(0..SLOTS, budget, policy)
     }
 
+    /// A store of `budget` bytes under `policy` whose keys `a@*` are
+    /// tenant slot 1's and `b@*` slot 2's.
+    fn tenants_ab(budget: usize, policy: EvictionPolicy) -> Store {
+        let mut s = store(budget, policy);
+        s.set_tenants(&[
+            vec![tenants::KeyPattern::parse("a@*").unwrap()],
+            vec![tenants::KeyPattern::parse("b@*").unwrap()],
+        ]);
+        s
+    }
+
+    /// A guaranteed DRAM share of `share` basis points, nothing else.
+    fn share(share: u16) -> tenants::Limits {
+        tenants::Limits {
+            share,
+            ..tenants::Limits::default()
+        }
+    }
+
+    /// Writes `value` under `key`.
+    fn put_bytes(s: &mut Store, key: &str, value: &Bytes) -> Result<(), OutOfMemory> {
+        let slot = key_slot(key.as_bytes());
+        s.insert(slot, key.as_bytes(), value.clone(), 0, 0)
+            .map(|_| ())
+    }
+
     /// A tenant within its share keeps all it holds through another's
     /// flood; shares changed later take effect at the next writes, and the
     /// tenant above its share is brought to it, not below it by more than
@@ -491,32 +517,19 @@ mod tests {
             EvictionPolicy::AllKeysLfu,
         ] {
             let budget = 4 << 20;
-            let mut s = store(budget, policy);
-            s.set_tenants(&[
-                vec![tenants::KeyPattern::parse("a@*").unwrap()],
-                vec![tenants::KeyPattern::parse("b@*").unwrap()],
-            ]);
-            let limits = |share: u16| tenants::Limits {
-                share,
-                ..tenants::Limits::default()
-            };
-            s.set_tenant_limits(&[limits(0), limits(5000)]);
+            let mut s = tenants_ab(budget, policy);
+            s.set_tenant_limits(&[share(0), share(5000)]);
             let block = Bytes::from(vec![7u8; 16384]);
-            let put = |s: &mut Store, key: String| {
-                let slot = key_slot(key.as_bytes());
-                s.insert(slot, key.as_bytes(), block.clone(), 0, 0).unwrap();
-            };
             for i in 0..75 {
-                put(&mut s, format!("b@{i}"));
+                put_bytes(&mut s, &format!("b@{i}"), &block).unwrap();
             }
             for i in 0..2500 {
-                put(&mut s, format!("a@{i}"));
+                put_bytes(&mut s, &format!("a@{i}"), &block).unwrap();
             }
-            let b = || s.stats.tenants.evicted[2];
-            assert_eq!(b(), 0, "{policy}");
-            s.set_tenant_limits(&[limits(9000), limits(1000)]);
+            assert_eq!(s.stats.tenants.evicted[2], 0, "{policy}");
+            s.set_tenant_limits(&[share(9000), share(1000)]);
             for i in 0..2500 {
-                put(&mut s, format!("a@again{i}"));
+                put_bytes(&mut s, &format!("a@again{i}"), &block).unwrap();
             }
             let share = tenants::part_of(budget, 1000);
             let held = s.tenant_usage()[2].dram;
@@ -532,27 +545,15 @@ mod tests {
     #[test]
     fn sampling_policies_take_from_a_small_tenant_above_its_share() {
         for policy in [EvictionPolicy::AllKeysRandom, EvictionPolicy::AllKeysLfu] {
-            let mut s = store(4 << 20, policy);
-            s.set_tenants(&[
-                vec![tenants::KeyPattern::parse("a@*").unwrap()],
-                vec![tenants::KeyPattern::parse("b@*").unwrap()],
-            ]);
-            let share = |share| tenants::Limits {
-                share,
-                ..tenants::Limits::default()
-            };
+            let mut s = tenants_ab(4 << 20, policy);
             s.set_tenant_limits(&[share(0), share(9500)]);
-            let small = Bytes::from(vec![1u8; 100]);
-            let put = |s: &mut Store, key: String, value: &Bytes| {
-                let slot = key_slot(key.as_bytes());
-                s.insert(slot, key.as_bytes(), value.clone(), 0, 0)
-            };
+            let (big, small) = (Bytes::from(vec![2u8; 200_000]), Bytes::from(vec![1u8; 100]));
             for i in 0..8 {
-                put(&mut s, format!("a@{i}"), &Bytes::from(vec![2u8; 200_000])).unwrap();
+                put_bytes(&mut s, &format!("a@{i}"), &big).unwrap();
             }
             let mut i = 0;
             while s.stats.tenants.evicted[1] < 8 {
-                put(&mut s, format!("b@{i}"), &small).unwrap();
+                put_bytes(&mut s, &format!("b@{i}"), &small).unwrap();
                 i += 1;
                 assert!(i < 100_000, "{policy}: a's blocks never went");
             }
@@ -569,27 +570,25 @@ mod tests {
     #[test]
     fn caps_alone_guarantee_nothing_and_an_overwrite_fits_its_cap() {
         let budget = 4 << 20;
-        let mut s = store(budget, EvictionPolicy::Prefix);
-        s.set_tenants(&[vec![tenants::KeyPattern::parse("a@*").unwrap()]]);
-        s.set_tenant_limits(&[tenants::Limits {
-            cap: 1000,
-            ..tenants::Limits::default()
-        }]);
+        let mut s = tenants_ab(budget, EvictionPolicy::Prefix);
+        s.set_tenant_limits(&[
+            tenants::Limits {
+                cap: 1000,
+                ..tenants::Limits::default()
+            },
+            tenants::Limits::default(),
+        ]);
         let block = Bytes::from(vec![3u8; 16384]);
-        let put = |s: &mut Store, key: String, value: &Bytes| {
-            let slot = key_slot(key.as_bytes());
-            s.insert(slot, key.as_bytes(), value.clone(), 0, 0)
-        };
         for i in 0..400 {
-            put(&mut s, format!("other@{i}"), &block).unwrap();
+            put_bytes(&mut s, &format!("other@{i}"), &block).unwrap();
         }
         for i in 0..10 {
-            put(&mut s, format!("a@{i}"), &block).unwrap();
+            put_bytes(&mut s, &format!("a@{i}"), &block).unwrap();
         }
         assert_eq!(s.tenant_usage()[1].keys, 10);
         let big = Bytes::from(vec![4u8; 300_000]);
-        put(&mut s, "a@big".into(), &big).unwrap();
-        put(&mut s, "a@big".into(), &big).expect("an overwrite gives its old room back");
+        put_bytes(&mut s, "a@big", &big).unwrap();
+        put_bytes(&mut s, "a@big", &big).expect("an overwrite gives its old room back");
         assert!(s.tenant_usage()[1].dram <= tenants::part_of(budget, 1000));
     }
 
