@@ -29,7 +29,7 @@ use bytes::Bytes;
 use tracing::info;
 
 use peer::Identity;
-use topology::{format_nodes, parse_nodes, Endpoint, Node, View};
+use topology::{format_list, parse_list, parse_nodes, Endpoint, Left, NodeList, View};
 
 /// How a node is set up as a member (flags `--cluster-*`, `--node-id`,
 /// `--hot-key-*`).
@@ -95,7 +95,9 @@ pub struct ClusterStats {
 /// The node list of an epoch and when each member was last heard from.
 struct Members {
     epoch: u64,
-    nodes: Vec<Node>,
+    nodes: Vec<topology::Node>,
+    /// Members that left (the map replays their stay).
+    left: Vec<Left>,
     last_seen: HashMap<String, Instant>,
     /// Endpoints announced by peers (and this node's own), by id.
     announced: HashMap<String, Endpoint>,
@@ -161,7 +163,7 @@ impl Cluster {
         if list.is_empty() {
             return Ok(None);
         }
-        let nodes = parse_nodes(list)?;
+        let NodeList { nodes, left } = parse_list(list)?;
         let me = match &settings.node_id {
             Some(id) => id.clone(),
             None => nodes
@@ -207,6 +209,7 @@ impl Cluster {
             epoch: settings.epoch,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
+            left,
             announced: announce.iter().map(|e| (me.clone(), e.clone())).collect(),
             last_refresh: started,
         };
@@ -252,9 +255,14 @@ impl Cluster {
         self.version.load(Relaxed)
     }
 
-    /// CLUSTER SETNODES: a new node list, taken if its epoch is higher.
+    /// CLUSTER SETNODES: a new member list, taken if its epoch is higher.
+    /// Members new to the list join at `epoch`, members missing from it
+    /// leave at `epoch` ([`NodeList::succeeded_by`]).
     pub fn set_nodes(&self, list: &str, epoch: u64) -> Result<(), String> {
-        let nodes = parse_nodes(list)?;
+        let given = NodeList {
+            nodes: parse_nodes(list)?,
+            left: Vec::new(),
+        };
         let mut m = self.lock();
         if epoch <= m.epoch {
             return Err(format!(
@@ -262,13 +270,19 @@ impl Cluster {
                 m.epoch
             ));
         }
-        self.adopt(&mut m, epoch, nodes);
+        let list = m.list().succeeded_by(given, epoch);
+        self.adopt(&mut m, epoch, list);
         Ok(())
     }
 
     /// A peer's ping (or the answer to ours): it is alive, it announces
     /// `endpoint` (`None`: its list address), and its list wins if its
-    /// epoch is higher. Returns this node's epoch and list after the
+    /// epoch is higher, or at the same epoch if it takes precedence
+    /// ([`NodeList::precedence`]: a node started with a plain list takes
+    /// the history the others recorded). A plain list (no joins after the
+    /// start, no departures) of a higher epoch, from a newcomer started
+    /// with it, succeeds this node's list as CLUSTER SETNODES would.
+    /// Returns this node's epoch and list after the
     /// exchange. A sender that is not a member is not recorded.
     pub fn gossip(
         &self,
@@ -285,12 +299,18 @@ impl Cluster {
                 None => m.announced.remove(from),
             };
         }
-        if epoch > m.epoch {
-            if let Ok(nodes) = parse_nodes(list) {
-                self.adopt(&mut m, epoch, nodes);
+        if epoch >= m.epoch {
+            if let Ok(theirs) = parse_list(list) {
+                let plain = theirs.left.is_empty() && theirs.nodes.iter().all(|n| n.since == 0);
+                if epoch > m.epoch && plain {
+                    let list = m.list().succeeded_by(theirs, epoch);
+                    self.adopt(&mut m, epoch, list);
+                } else if epoch > m.epoch || theirs.precedence() > m.list().precedence() {
+                    self.adopt(&mut m, epoch, theirs);
+                }
             }
         }
-        let out = (m.epoch, format_nodes(&m.nodes));
+        let out = (m.epoch, format_list(&m.list()));
         drop(m);
         self.refresh();
         out
@@ -361,9 +381,9 @@ impl Cluster {
     }
 
     /// The epoch and node list.
-    pub fn members(&self) -> (u64, Vec<Node>) {
+    pub fn members(&self) -> (u64, NodeList) {
         let m = self.lock();
-        (m.epoch, m.nodes.clone())
+        (m.epoch, m.list())
     }
 
     /// Milliseconds since each node was last heard from.
@@ -387,6 +407,7 @@ impl Cluster {
         if !paused
             && current.epoch == m.epoch
             && current.nodes == m.nodes
+            && current.left == m.left
             && current.alive == alive_flags(&m, &self.me, now, self.grace())
             && current.endpoints == endpoints(&m)
         {
@@ -434,8 +455,9 @@ impl Cluster {
         self.node_timeout
     }
 
-    fn adopt(&self, m: &mut Members, epoch: u64, nodes: Vec<Node>) {
-        info!("cluster epoch {epoch}: {}", format_nodes(&nodes));
+    fn adopt(&self, m: &mut Members, epoch: u64, list: NodeList) {
+        info!("cluster epoch {epoch}: {}", format_list(&list));
+        let NodeList { nodes, left } = list;
         let now = Instant::now();
         for n in &nodes {
             // A newcomer gets a full timeout to answer.
@@ -447,6 +469,7 @@ impl Cluster {
             .retain(|id, _| nodes.iter().any(|n| &n.id == id));
         m.epoch = epoch;
         m.nodes = nodes;
+        m.left = left;
         let before = self.view();
         let view = build_view(
             m,
@@ -469,6 +492,15 @@ impl Cluster {
     /// Seconds since this node started (CLUSTER INFO).
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
+    }
+}
+
+impl Members {
+    fn list(&self) -> NodeList {
+        NodeList {
+            nodes: self.nodes.clone(),
+            left: self.left.clone(),
+        }
     }
 }
 
@@ -511,7 +543,7 @@ fn build_view(
 ) -> View {
     let alive = alive_flags(m, me, now, timeout);
     let me = m.nodes.iter().position(|n| n.id == me);
-    let mut view = View::with_endpoints(m.epoch, m.nodes.clone(), alive, me, endpoints(m));
+    let mut view = View::with_list(m.epoch, m.list(), alive, me, endpoints(m));
     if let Some(before) = before {
         let now_ms = kvtier_store::now_ms();
         let rejoining =

@@ -1,14 +1,18 @@
-//! Slot placement: consistent hashing of the 16384 hash slots over the
-//! cluster's nodes in contiguous ranges, with bounded loads.
+//! Slot placement: the 16384 hash slots over the cluster's nodes in
+//! contiguous ranges, balanced, moving only what a change must move.
 //!
 //! Every node computes the same map from the same node list, with no
-//! coordination. Each live node puts [`TOKENS`] tokens on the ring of slots
-//! (fixed hashes of its id); the arc of slots ending at a token goes to the
-//! token's node; a node over [`LOAD_CAP`] times its fair share hands some
-//! of its arcs on to the next nodes clockwise with room. So the map is at
-//! most `TOKENS × N` ranges (CLUSTER SLOTS stays small), no node holds more
-//! than 1.4× the mean, and a join or a loss moves little more than 1/N of
-//! the slots (docs/cluster.md has the measured table).
+//! coordination. The list records when each member joined (the epoch of
+//! the CLUSTER SETNODES that added it) and which members left and when, and
+//! the map replays that history ([`place`]): a newcomer takes its fair
+//! share in pieces cut from the fullest nodes, none cut below
+//! [`FLOOR`] of the fair share, and a leaver's ranges are dealt to the
+//! emptiest. So a join moves exactly the newcomer's share, a departure
+//! exactly the leaver's, every node holds at least [`FLOOR`] of the mean,
+//! and the map is a few ranges a node (docs/cluster.md has the measured
+//! table). A failed member's slots go back to the nodes it took them
+//! from (for the newest member: the map before it joined), until it
+//! answers again: nothing else moves.
 //!
 //! Hot-key replicas follow rendezvous (highest random weight) order over
 //! groups of [`REPLICA_GROUP`] slots, skipping the owner, so a range's
@@ -18,11 +22,15 @@ use std::fmt;
 
 use kvtier_store::slot::SLOTS;
 
-/// One member of the cluster as configured: `ID@HOST:PORT`.
+/// One member of the cluster as configured: `ID@HOST:PORT`, or
+/// `ID@HOST:PORT#EPOCH` for one that joined at that epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     /// Node id (`--node-id`), unique in the cluster.
     pub id: String,
+    /// The epoch at which it joined (0: a member from the start), which
+    /// orders the joins [`place`] replays.
+    pub since: u64,
     /// Host clients and peers connect to.
     pub host: String,
     /// RESP port.
@@ -38,6 +46,7 @@ impl Node {
     pub fn new(id: &str, host: &str, port: u16) -> Node {
         Node {
             id: id.to_string(),
+            since: 0,
             host: host.to_string(),
             port,
             addr: format!("{host}:{port}"),
@@ -59,6 +68,66 @@ impl Node {
 impl fmt::Display for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}:{}", self.id, self.host, self.port)
+    }
+}
+
+/// A member that left (a CLUSTER SETNODES without it): `~ID#SINCE-UNTIL`.
+/// The list keeps it so the map can replay its stay; it is not a member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Left {
+    /// Its id.
+    pub id: String,
+    /// The epoch at which it joined.
+    pub since: u64,
+    /// The epoch of the list without it.
+    pub until: u64,
+}
+
+/// A node list as configured and as pings carry it: the members and the
+/// members that left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeList {
+    /// Members, sorted by id.
+    pub nodes: Vec<Node>,
+    /// Members that left, in the order they left (then by id).
+    pub left: Vec<Left>,
+}
+
+impl NodeList {
+    /// The list of epoch `epoch` that CLUSTER SETNODES makes of `given`
+    /// when this list is the current one: a member already here keeps its
+    /// join epoch, a new one joins at `epoch`, and a member missing from
+    /// `given` leaves at `epoch`. What `given` says of joins and departures
+    /// is not taken: the cluster's own history is.
+    pub fn succeeded_by(&self, given: NodeList, epoch: u64) -> NodeList {
+        let mut nodes = given.nodes;
+        for n in &mut nodes {
+            n.since = self
+                .nodes
+                .iter()
+                .find(|old| old.id == n.id)
+                .map_or(epoch, |old| old.since);
+        }
+        let mut left = self.left.clone();
+        left.extend(
+            self.nodes
+                .iter()
+                .filter(|old| !nodes.iter().any(|n| n.id == old.id))
+                .map(|old| Left {
+                    id: old.id.clone(),
+                    since: old.since,
+                    until: epoch,
+                }),
+        );
+        NodeList { nodes, left }
+    }
+
+    /// How much history the list records, to settle two lists of one
+    /// epoch: the one with more wins (then the greater text), so a node
+    /// started with a plain list takes the cluster's.
+    pub fn precedence(&self) -> (u64, usize, String) {
+        let joins = self.nodes.iter().map(|n| n.since).sum::<u64>();
+        (joins, self.left.len(), format_list(self))
     }
 }
 
@@ -98,27 +167,53 @@ impl Endpoint {
     }
 }
 
-/// Parses `ID@HOST:PORT[,ID@HOST:PORT...]` into nodes sorted by id.
+/// Parses `ID@HOST:PORT[#EPOCH],...` into nodes sorted by id (a list
+/// with departures is refused: use [`parse_list`]).
 pub fn parse_nodes(list: &str) -> Result<Vec<Node>, String> {
-    let mut nodes = Vec::new();
+    let parsed = parse_list(list)?;
+    if let Some(l) = parsed.left.first() {
+        return Err(format!("cluster node '~{}': not a member", l.id));
+    }
+    Ok(parsed.nodes)
+}
+
+/// Parses a node list: members `ID@HOST:PORT`, each with `#EPOCH` when it
+/// joined after the start, and members that left, `~ID#SINCE-UNTIL`.
+pub fn parse_list(list: &str) -> Result<NodeList, String> {
+    let mut out = NodeList::default();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (id, addr) = item
-            .split_once('@')
-            .ok_or_else(|| format!("cluster node '{item}': expected ID@HOST:PORT"))?;
-        let (host, port) = addr
-            .rsplit_once(':')
-            .ok_or_else(|| format!("cluster node '{item}': expected ID@HOST:PORT"))?;
+        let expected = || format!("cluster node '{item}': expected ID@HOST:PORT");
+        let epoch = |e: &str| {
+            e.parse::<u64>()
+                .map_err(|_| format!("cluster node '{item}': invalid epoch '{e}'"))
+        };
+        if let Some(gone) = item.strip_prefix('~') {
+            let bad = || format!("cluster node '{item}': expected ~ID#SINCE-UNTIL");
+            let (id, span) = gone.split_once('#').ok_or_else(bad)?;
+            let (since, until) = span.split_once('-').ok_or_else(bad)?;
+            let (since, until) = (epoch(since)?, epoch(until)?);
+            if !valid_id(id) || since >= until {
+                return Err(bad());
+            }
+            out.left.push(Left {
+                id: id.to_string(),
+                since,
+                until,
+            });
+            continue;
+        }
+        let (item_node, since) = match item.split_once('#') {
+            Some((node, e)) => (node, epoch(e)?),
+            None => (item, 0),
+        };
+        let (id, addr) = item_node.split_once('@').ok_or_else(expected)?;
+        let (host, port) = addr.rsplit_once(':').ok_or_else(expected)?;
         let port: u16 = port
             .parse()
             .ok()
             .filter(|&p| p != 0)
             .ok_or_else(|| format!("cluster node '{item}': invalid port '{port}'"))?;
-        let valid_id = !id.is_empty()
-            && id.len() <= 64
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if !valid_id {
+        if !valid_id(id) {
             return Err(format!(
                 "cluster node '{item}': the id must be 1 to 64 of [A-Za-z0-9._-]"
             ));
@@ -126,38 +221,78 @@ pub fn parse_nodes(list: &str) -> Result<Vec<Node>, String> {
         if host.is_empty() {
             return Err(format!("cluster node '{item}': empty host"));
         }
-        if nodes.iter().any(|n: &Node| n.id == id) {
+        if out.nodes.iter().any(|n: &Node| n.id == id) {
             return Err(format!("cluster node id '{id}' appears twice"));
         }
-        nodes.push(Node::new(
-            id,
-            host.trim_matches(|c| c == '[' || c == ']'),
-            port,
-        ));
+        let mut node = Node::new(id, host.trim_matches(|c| c == '[' || c == ']'), port);
+        node.since = since;
+        out.nodes.push(node);
     }
-    if nodes.is_empty() {
+    if out.nodes.is_empty() {
         return Err("the cluster node list is empty".into());
     }
-    nodes.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(nodes)
+    out.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    out.left
+        .sort_by(|a, b| (a.until, a.since, &a.id).cmp(&(b.until, b.since, &b.id)));
+    Ok(out)
 }
 
-/// The list as `parse_nodes` reads it.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The members as `parse_nodes` reads them.
 pub fn format_nodes(nodes: &[Node]) -> String {
     nodes
         .iter()
-        .map(Node::to_string)
+        .map(|n| match n.since {
+            0 => n.to_string(),
+            since => format!("{n}#{since}"),
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// Tokens each live node puts on the ring of slots.
-pub const TOKENS: u32 = 20;
+/// The list as `parse_list` reads it (what pings carry).
+pub fn format_list(list: &NodeList) -> String {
+    let mut out = format_nodes(&list.nodes);
+    for l in &list.left {
+        out.push_str(&format!(",~{}#{}-{}", l.id, l.since, l.until));
+    }
+    out
+}
 
-/// The most a node holds, as a multiple of the mean (numerator,
-/// denominator): 7/5. A tighter cap balances better but moves more on a
-/// join (docs/decisions.md).
-pub const LOAD_CAP: (usize, usize) = (7, 5);
+/// The least a join or a departure leaves any node with, as a share of
+/// the fair share then (numerator, denominator): 9/10. A higher floor
+/// balances better but cuts the newcomer's share from more nodes (more
+/// ranges); docs/decisions.md has the trade.
+pub const FLOOR: (usize, usize) = (9, 10);
+
+/// Stripes of the ring that repeat one layout: a node holds the same share
+/// of every quarter of the slots, so its slots spread evenly over its own
+/// shards (a node splits its slots over its shards in contiguous ranges).
+pub const STRIPES: usize = 4;
+
+/// Positions in one stripe.
+const SPAN: usize = SLOTS / STRIPES;
+
+/// How far each stripe's layout is turned from the one before. CRC16 moves
+/// keys that differ in a last digit by multiples of 4096 slots plus a
+/// little, so stripes with one layout unturned would put `key:0`..`key:9`
+/// on the same node or two.
+const STRIPE_TURN: usize = 1031;
+
+/// The position of `slot` in its stripe's layout.
+fn position(slot: usize) -> usize {
+    (slot % SPAN + (slot / SPAN) * STRIPE_TURN) % SPAN
+}
+
+/// Slots per cell in which a failed member's slots pass to live ones.
+pub const FAILOVER_CELL: u16 = 64;
 
 /// Slots per group of the replica order (64 groups).
 pub const REPLICA_GROUP: u16 = 256;
@@ -176,98 +311,230 @@ fn mix(id: &str, x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The slot at which the node named `id` puts its token `j`.
-pub fn token(id: &str, j: u32) -> u16 {
-    // Inputs from 2^32 up: apart from the replica order's.
-    (mix(id, (1 << 32) + j as u64) % SLOTS as u64) as u16
-}
-
 /// The rendezvous weight of replica group `group` on the node named `id`.
 pub fn weight(group: u16, id: &str) -> u64 {
     mix(id, group as u64)
 }
 
-/// The owner of every slot when the nodes `live` (indices, ascending) are
-/// the live ones among `nodes`.
+/// The rendezvous weight of failover cell `cell` on the node named `id`.
+fn failover_weight(cell: u16, id: &str) -> u64 {
+    // Inputs from 2^32 up: apart from the replica order's.
+    mix(id, (1 << 32) + cell as u64)
+}
+
+/// The owner of every slot: the history of the list replayed, then the
+/// slots of members not `alive` passed to live ones.
 ///
-/// 1. Every live node's [`TOKENS`] tokens, sorted, cut the ring into arcs:
-///    the arc `(previous token, token]` goes to the token's node.
-/// 2. A node holding more than the cap ([`LOAD_CAP`] × the mean) sheds arcs,
-///    in an order fixed by a hash of each token, until it is under the cap.
-/// 3. Each shed arc, in ring order, goes to the first node clockwise (by the
-///    following tokens) with room for it.
+/// 1. Joins and departures in epoch order, on the [`SPAN`] positions of one
+///    of the [`STRIPES`] (every stripe has the same layout) (at one epoch, departures first,
+///    then joins by id; the first member holds every slot):
+///    * a newcomer takes the fair share of the nodes present with it,
+///      cut from the node holding most (its largest range, from the end)
+///      down to at most [`FLOOR`] of that share, then the next fullest;
+///    * a leaver's ranges, largest first, are dealt in pieces to the node
+///      holding least, each filled up to the fair share.
+/// 2. Each slot a failed member holds goes back to its latest earlier
+///    holder in the replay that is live; a slot with none (the first
+///    member's own), by cells of [`FAILOVER_CELL`] slots, to the live
+///    member of highest [`failover_weight`] for the cell.
 ///
-/// Only overloaded nodes shed, and their order of shedding is fixed, so a
-/// join or a loss changes little beyond the slots it must move.
-fn place(nodes: &[Node], live: &[usize]) -> Vec<u16> {
+/// A join moves only the newcomer's share to it and a departure only the
+/// leaver's slots; a failure or a recovery only the failed node's slots.
+/// The newest member failing (or not yet heard from) leaves the map its
+/// list had before it joined, which is where its hand-off reads from.
+fn place(list: &NodeList, alive: &[bool]) -> Vec<u16> {
+    let nodes = &list.nodes;
+    // Who holds each slot in the replay: members by index, then leavers.
     let mut owner = vec![0u16; SLOTS];
-    let Some(&first) = live.first() else {
+    let live: Vec<usize> = (0..nodes.len()).filter(|&i| alive[i]).collect();
+    if live.is_empty() {
         return owner;
-    };
-    let mut tokens: Vec<(u16, usize)> = live
+    }
+    // Events as (epoch, 0: leave / 1: join, id, who).
+    let members = nodes.len();
+    let mut events: Vec<(u64, u8, &str, usize)> = nodes
         .iter()
-        .flat_map(|&i| (0..TOKENS).map(move |j| (token(&nodes[i].id, j), i)))
+        .enumerate()
+        .map(|(i, n)| (n.since, 1, n.id.as_str(), i))
         .collect();
-    tokens.sort_unstable();
-    let n = tokens.len();
-    // Arcs as (token index, length, node); a token on the previous one's
-    // slot has none, and a ring of one position is one whole arc.
-    let mut arcs: Vec<(usize, usize, usize)> = Vec::with_capacity(n);
-    for (k, &(pos, node)) in tokens.iter().enumerate() {
-        let prev = tokens[(k + n - 1) % n].0;
-        match (pos as usize + SLOTS - prev as usize) % SLOTS {
-            0 if k == 0 && tokens.iter().all(|t| t.0 == pos) => arcs.push((k, SLOTS, node)),
-            0 => {}
-            len => arcs.push((k, len, node)),
+    for (j, l) in list.left.iter().enumerate() {
+        events.push((l.since, 1, &l.id, members + j));
+        events.push((l.until, 0, &l.id, members + j));
+    }
+    events.sort_unstable();
+    let mut replay = Replay {
+        ranges: Vec::new(),
+        load: vec![0; members + list.left.len()],
+        present: Vec::new(),
+        head: vec![NO_EARLIER; SPAN],
+        earlier: Vec::new(),
+    };
+    for (_, kind, _, who) in events {
+        if kind == 1 {
+            replay.join(who);
+        } else {
+            replay.leave(who);
         }
     }
-    let cap = (SLOTS * LOAD_CAP.0).div_ceil(LOAD_CAP.1 * live.len());
-    let mut load = vec![0usize; nodes.len()];
-    for &(_, len, node) in &arcs {
-        load[node] += len;
+    let holds = |who: usize| who < members && alive[who];
+    let mut stripe = vec![0u16; SPAN];
+    for &(start, len, who) in &replay.ranges {
+        for (at, held) in stripe.iter_mut().enumerate().skip(start).take(len) {
+            *held = if holds(who) {
+                who as u16
+            } else {
+                replay
+                    .earlier_live(at, holds)
+                    .map_or(u16::MAX, |h| h as u16)
+            };
+        }
     }
-    let mut shed = vec![false; arcs.len()];
-    for &i in live {
-        if load[i] <= cap {
+    for (slot, o) in owner.iter_mut().enumerate() {
+        *o = stripe[position(slot)];
+    }
+    // Slots no live member held before.
+    for cell in 0..(SLOTS / FAILOVER_CELL as usize) {
+        let slots = cell * FAILOVER_CELL as usize..(cell + 1) * FAILOVER_CELL as usize;
+        if !owner[slots.clone()].contains(&u16::MAX) {
             continue;
         }
-        let mut mine: Vec<(u64, usize)> = arcs
+        let heir = live
             .iter()
-            .enumerate()
-            .filter(|(_, a)| a.2 == i)
-            .map(|(x, a)| (mix(&nodes[i].id, (1 << 33) + tokens[a.0].0 as u64), x))
-            .collect();
-        mine.sort_unstable();
-        for (_, x) in mine {
-            if load[i] <= cap {
-                break;
-            }
-            shed[x] = true;
-            load[i] -= arcs[x].1;
-        }
-    }
-    for x in (0..arcs.len()).filter(|&x| shed[x]) {
-        let (k, len, _) = arcs[x];
-        let node = (1..n)
-            .map(|d| tokens[(k + d) % n].1)
-            .find(|&i| load[i] + len <= cap)
-            .unwrap_or_else(|| {
-                // No node has room for the whole arc: the least loaded.
-                live.iter()
-                    .copied()
-                    .min_by_key(|&i| load[i])
-                    .unwrap_or(first)
-            });
-        load[node] += len;
-        arcs[x].2 = node;
-    }
-    for (k, len, node) in arcs {
-        let pos = tokens[k].0 as usize;
-        for step in 0..len {
-            owner[(pos + SLOTS - step) % SLOTS] = node as u16;
+            .copied()
+            .max_by_key(|&i| (failover_weight(cell as u16, &nodes[i].id), usize::MAX - i))
+            .expect("some member is live");
+        for o in owner[slots].iter_mut().filter(|o| **o == u16::MAX) {
+            *o = heir as u16;
         }
     }
     owner
+}
+
+/// The state of [`place`]'s replay.
+struct Replay {
+    /// `(first position, length, holder)`, in order.
+    ranges: Vec<(usize, usize, usize)>,
+    /// Positions each holder (member, then leaver) holds.
+    load: Vec<usize>,
+    /// Holders present, in the order they joined.
+    present: Vec<usize>,
+    /// Each position's earlier holders, newest first: `head[at]` indexes
+    /// `earlier`, whose entries are `(holder, index of the one before)`.
+    head: Vec<u32>,
+    earlier: Vec<(u16, u32)>,
+}
+
+/// The end of a slot's earlier holders.
+const NO_EARLIER: u32 = u32::MAX;
+
+impl Replay {
+    fn join(&mut self, who: usize) {
+        self.present.push(who);
+        if self.present.len() == 1 {
+            self.ranges = vec![(0, SPAN, who)];
+            self.load[who] = SPAN;
+            return;
+        }
+        let k = self.present.len();
+        let floor = SPAN * FLOOR.0 / (FLOOR.1 * k);
+        let mut need = SPAN / k;
+        while need > 0 {
+            // The fullest present node (the earliest to join on a tie).
+            let Some(&donor) = self
+                .present
+                .iter()
+                .filter(|&&p| p != who)
+                .max_by_key(|&&p| (self.load[p], usize::MAX - self.position(p)))
+            else {
+                return;
+            };
+            let give = need.min(self.load[donor].saturating_sub(floor));
+            if give == 0 {
+                return;
+            }
+            self.pass(donor, who, give);
+            need -= give;
+        }
+    }
+
+    fn leave(&mut self, who: usize) {
+        self.present.retain(|&p| p != who);
+        let k = self.present.len();
+        if k == 0 {
+            return; // every slot stays with it; [`place`] passes them on
+        }
+        let fair = SPAN.div_ceil(k);
+        while self.load[who] > 0 {
+            // The emptiest present node (the earliest to join on a tie).
+            let heir = *self
+                .present
+                .iter()
+                .min_by_key(|&&p| (self.load[p], self.position(p)))
+                .expect("k > 0");
+            let give = self.load[who].min(fair.saturating_sub(self.load[heir]).max(1));
+            self.pass(who, heir, give);
+        }
+    }
+
+    /// The latest holder of position `at` before its current one for
+    /// which `holds` is true.
+    fn earlier_live(&self, at: usize, holds: impl Fn(usize) -> bool) -> Option<usize> {
+        let mut entry = self.head[at];
+        while entry != NO_EARLIER {
+            let (who, next) = self.earlier[entry as usize];
+            if holds(who as usize) {
+                return Some(who as usize);
+            }
+            entry = next;
+        }
+        None
+    }
+
+    /// Where `who` stands in the order of joining.
+    fn position(&self, who: usize) -> usize {
+        self.present.iter().position(|&p| p == who).unwrap_or(0)
+    }
+
+    /// Moves `count` positions from `from` to `to`, cut from the end of
+    /// `from`'s largest ranges (the first of equal ones).
+    fn pass(&mut self, from: usize, to: usize, mut count: usize) {
+        while count > 0 {
+            let Some(x) = (0..self.ranges.len())
+                .filter(|&x| self.ranges[x].2 == from)
+                .max_by_key(|&x| (self.ranges[x].1, usize::MAX - x))
+            else {
+                return;
+            };
+            let (start, len, _) = self.ranges[x];
+            let cut = count.min(len);
+            for at in start + len - cut..start + len {
+                self.earlier.push((from as u16, self.head[at]));
+                self.head[at] = (self.earlier.len() - 1) as u32;
+            }
+            if cut == len {
+                self.ranges[x].2 = to;
+            } else {
+                self.ranges[x].1 = len - cut;
+                self.ranges.insert(x + 1, (start + len - cut, cut, to));
+            }
+            self.load[from] -= cut;
+            self.load[to] += cut;
+            count -= cut;
+            self.merge_around(x);
+        }
+    }
+
+    /// Joins the ranges around `x` that have one holder.
+    fn merge_around(&mut self, x: usize) {
+        let lo = x.saturating_sub(1);
+        let hi = (x + 2).min(self.ranges.len() - 1);
+        for y in (lo..hi).rev() {
+            if self.ranges[y].2 == self.ranges[y + 1].2 {
+                self.ranges[y].1 += self.ranges[y + 1].1;
+                self.ranges.remove(y + 1);
+            }
+        }
+    }
 }
 
 /// One consistent picture of the cluster: the node list of an epoch, which
@@ -278,6 +545,8 @@ pub struct View {
     pub epoch: u64,
     /// Members, sorted by id.
     pub nodes: Vec<Node>,
+    /// Members that left (the map replays their stay).
+    pub left: Vec<Left>,
     /// Whether each member answers (this node always does).
     pub alive: Vec<bool>,
     /// This node's index, if it is a member.
@@ -305,35 +574,39 @@ const NO_HANDOFF: u16 = u16::MAX;
 pub type Ranges = Vec<(u16, u16, Vec<usize>)>;
 
 impl View {
-    /// Computes the slot map of `nodes` with the given liveness; clients
-    /// reach every node at its list address.
+    /// Computes the slot map of `nodes` (none of them left) with the given
+    /// liveness; clients reach every node at its list address.
     pub fn new(epoch: u64, nodes: Vec<Node>, alive: Vec<bool>, me: Option<usize>) -> View {
         let endpoints = nodes.iter().map(Endpoint::of).collect();
-        View::with_endpoints(epoch, nodes, alive, me, endpoints)
+        let list = NodeList {
+            nodes,
+            left: Vec::new(),
+        };
+        View::with_list(epoch, list, alive, me, endpoints)
     }
 
-    /// [`View::new`] with the endpoints clients are told (one per node).
-    pub fn with_endpoints(
+    /// The view of a whole list, with the endpoints clients are told (one
+    /// per member).
+    pub fn with_list(
         epoch: u64,
-        nodes: Vec<Node>,
+        list: NodeList,
         alive: Vec<bool>,
         me: Option<usize>,
         endpoints: Vec<Endpoint>,
     ) -> View {
-        let mut view = View {
+        let owner = place(&list, &alive);
+        View {
             epoch,
             endpoints,
-            nodes,
+            nodes: list.nodes,
+            left: list.left,
             alive,
             me,
-            owner: Vec::new(),
+            owner,
             handoff: Vec::new(),
             rejoined_at: 0,
             ranges_cache: std::sync::OnceLock::new(),
-        };
-        let live: Vec<usize> = (0..view.nodes.len()).filter(|&i| view.alive[i]).collect();
-        view.owner = place(&view.nodes, &live);
-        view
+        }
     }
 
     /// This view with this node counted out: where its slots went while it
@@ -343,13 +616,21 @@ impl View {
         if let Some(me) = self.me {
             alive[me] = false;
         }
-        View::with_endpoints(
+        View::with_list(
             self.epoch,
-            self.nodes.clone(),
+            self.list(),
             alive,
             self.me,
             self.endpoints.clone(),
         )
+    }
+
+    /// The node list of this view.
+    pub fn list(&self) -> NodeList {
+        NodeList {
+            nodes: self.nodes.clone(),
+            left: self.left.clone(),
+        }
     }
 
     /// Whether this node was cut off in this view: it heard at most half
@@ -574,20 +855,87 @@ mod tests {
             .count()
     }
 
+    /// `ids` as members, with the list's history: `join` (id, epoch)
+    /// joined later, and `left` (id, since, until) left.
+    fn history(ids: &[String], join: &[(&str, u64)], left: &[(&str, u64, u64)]) -> NodeList {
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut nodes = nodes(&refs);
+        for n in &mut nodes {
+            n.since = join.iter().find(|j| j.0 == n.id).map_or(0, |j| j.1);
+        }
+        let left = left
+            .iter()
+            .map(|&(id, since, until)| Left {
+                id: id.into(),
+                since,
+                until,
+            })
+            .collect();
+        NodeList { nodes, left }
+    }
+
+    fn view_with(list: NodeList, alive: Vec<bool>) -> View {
+        let endpoints = list.nodes.iter().map(Endpoint::of).collect();
+        View::with_list(2, list, alive, Some(0), endpoints)
+    }
+
+    /// Least and most slots of a live node, as shares of the mean.
+    fn spread(v: &View) -> (f64, f64) {
+        let counts: Vec<usize> = v
+            .slot_counts()
+            .into_iter()
+            .zip(&v.alive)
+            .filter(|(_, a)| **a)
+            .map(|(c, _)| c)
+            .collect();
+        let mean = SLOTS as f64 / counts.len() as f64;
+        let min = *counts.iter().min().unwrap() as f64 / mean;
+        let max = *counts.iter().max().unwrap() as f64 / mean;
+        (min, max)
+    }
+
     #[test]
-    fn every_node_computes_the_same_bounded_map() {
+    fn every_node_computes_the_same_balanced_map() {
         let a = view(&["n1", "n2", "n3"]);
         // Another order of the same list, seen from another node, gives the
         // same map.
         let b = View::new(1, nodes(&["n3", "n1", "n2"]), vec![true; 3], Some(2));
         assert_eq!(moved(&a, &b), 0);
-        for n in [1, 2, 3, 10, 100] {
+        for n in [1, 2, 3, 10, 100, 300] {
             let v = view_of(&ids(n));
-            let counts = v.slot_counts();
-            assert_eq!(counts.iter().sum::<usize>(), SLOTS);
-            let cap = (SLOTS * LOAD_CAP.0).div_ceil(LOAD_CAP.1 * n);
-            assert!(counts.iter().all(|&c| c <= cap), "{n} nodes: {counts:?}");
-            assert!(counts.iter().all(|&c| c > 0), "{n} nodes: {counts:?}");
+            assert_eq!(v.slot_counts().iter().sum::<usize>(), SLOTS);
+            let (min, max) = spread(&v);
+            assert!(min >= 0.85 && max <= 1.15, "{n} nodes: {min} .. {max}");
+            // Keys that differ in a last digit (CRC16 sets them about 4096
+            // slots apart) spread over the nodes as any keys would.
+            let held = |tag: &str| {
+                let mut held = vec![0; n];
+                for i in 0..24 {
+                    let slot = kvtier_store::slot::key_slot(format!("{tag}:{i}").as_bytes());
+                    held[v.owner(slot)] += 1;
+                }
+                held
+            };
+            if n == 3 {
+                for tag in ["prompt:block", "prefix", "t1", "key"] {
+                    assert!(held(tag).iter().all(|&h| h >= 3), "{tag}: {:?}", held(tag));
+                }
+            }
+            // Each node's slots split evenly over two or four shards.
+            for shards in [2, 4] {
+                for node in 0..n {
+                    let per_shard: Vec<usize> = (0..shards)
+                        .map(|k| {
+                            let part = k * SLOTS / shards..(k + 1) * SLOTS / shards;
+                            part.filter(|&s| v.owner(s as u16) == node).count()
+                        })
+                        .collect();
+                    assert!(
+                        per_shard.iter().all(|&c| c == per_shard[0]),
+                        "{per_shard:?}"
+                    );
+                }
+            }
         }
     }
 
@@ -596,47 +944,111 @@ mod tests {
         for (n, most) in [(3, 64), (10, 200), (100, 2000)] {
             let ranges = view_of(&ids(n)).ranges(0).len();
             assert!(ranges <= most, "{n} nodes: {ranges} ranges");
-            assert!(ranges <= TOKENS as usize * n + 1);
         }
     }
 
     #[test]
-    fn a_join_moves_about_one_nth_of_the_slots_mostly_to_the_newcomer() {
+    fn a_join_moves_the_newcomers_share_to_it_and_nothing_else() {
         for n in [3, 10, 100] {
             let before = view_of(&ids(n));
-            let after = view_of(&ids(n + 1));
             let newcomer = format!("n{}", n + 1);
-            let to_newcomer = (0..SLOTS as u16)
-                .filter(|&s| after.nodes[after.owner(s)].id == newcomer)
-                .count();
-            let moved = moved(&before, &after);
-            // About its fair share moves to the newcomer (its tokens' arcs
-            // vary); bounded loads shift a little more between the others.
-            let fair = SLOTS / (n + 1);
-            assert!(moved <= fair * 2, "{n}+1 nodes: {moved} moved, fair {fair}");
-            assert!(to_newcomer * 2 >= fair, "{n}+1: newcomer {to_newcomer}");
-            assert!(
-                moved - to_newcomer <= fair / 2,
-                "{n}+1: {moved} moved, {to_newcomer} to it"
-            );
+            // Whatever its name: it joins last.
+            for name in [newcomer.as_str(), "a0"] {
+                let mut all = ids(n);
+                all.push(name.to_string());
+                let after = view_with(history(&all, &[(name, 2)], &[]), vec![true; n + 1]);
+                let to_newcomer = (0..SLOTS as u16)
+                    .filter(|&s| after.nodes[after.owner(s)].id == name)
+                    .count();
+                assert_eq!(moved(&before, &after), to_newcomer, "{n}+1");
+                assert_eq!(to_newcomer, STRIPES * (SPAN / (n + 1)), "{n}+1");
+                let (min, max) = spread(&after);
+                assert!(min >= 0.85 && max <= 1.25, "{n}+1: {min} .. {max}");
+            }
         }
     }
 
     #[test]
-    fn a_failed_node_loses_its_slots_and_little_else_moves() {
+    fn a_departure_deals_the_leavers_slots_and_nothing_else() {
         for n in [3, 10, 100] {
+            let before = view_of(&ids(n));
+            for gone in [1, n / 2, n - 1] {
+                let name = &before.nodes[gone].id;
+                let rest: Vec<String> = ids(n).into_iter().filter(|id| id != name).collect();
+                let list = before.list().succeeded_by(history(&rest, &[], &[]), 2);
+                assert_eq!(list.left.len(), 1);
+                let after = view_with(list, vec![true; n - 1]);
+                let theirs = before.slot_counts()[gone];
+                assert_eq!(moved(&before, &after), theirs, "{n}-1");
+                let (min, max) = spread(&after);
+                assert!(min >= 0.85 && max <= 1.2, "{n}-1: {min} .. {max}");
+                // Then a join takes only its share.
+                let mut again = after.list();
+                let mut newcomer = Node::new("z9", "127.0.0.1", 9999);
+                newcomer.since = 3;
+                again.nodes.push(newcomer);
+                let joined = view_with(again, vec![true; n]);
+                let to_it = (0..SLOTS as u16)
+                    .filter(|&s| joined.nodes[joined.owner(s)].id == "z9")
+                    .count();
+                assert_eq!(moved(&after, &joined), to_it, "{n}-1+1");
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_node_loses_its_slots_and_nothing_else_moves() {
+        for n in [2, 3, 10, 100] {
             let all = view_of(&ids(n));
             let mut alive = vec![true; n];
             alive[1] = false;
             let without = View::new(1, all.nodes.clone(), alive, Some(0));
             assert!((0..SLOTS as u16).all(|s| without.owner(s) != 1));
-            let moved = moved(&all, &without);
-            let own = all.slot_counts()[1];
-            assert!(moved >= own);
-            assert!(
-                moved <= own * 3 / 2,
-                "{n} nodes: {moved} moved, owned {own}"
-            );
+            assert_eq!(moved(&all, &without), all.slot_counts()[1], "{n} nodes");
+        }
+        // Nobody live: the first member holds every slot.
+        let none = View::new(1, view(&["n1", "n2"]).nodes, vec![false; 2], None);
+        assert_eq!(none.slot_counts(), vec![SLOTS, 0]);
+    }
+
+    #[test]
+    fn setnodes_keeps_the_history_and_lists_round_trip() {
+        let start = history(&ids(3), &[], &[]);
+        let mut four = ids(4);
+        four.retain(|id| id != "n2");
+        let next = start.succeeded_by(history(&four, &[("n1", 7)], &[]), 5);
+        // n1 keeps its start, n4 joins at 5, n2 leaves at 5.
+        let since: Vec<(&str, u64)> = next
+            .nodes
+            .iter()
+            .map(|n| (n.id.as_str(), n.since))
+            .collect();
+        assert_eq!(since, vec![("n1", 0), ("n3", 0), ("n4", 5)]);
+        assert_eq!(
+            next.left,
+            vec![Left {
+                id: "n2".into(),
+                since: 0,
+                until: 5
+            }]
+        );
+        let text = format_list(&next);
+        assert_eq!(
+            text,
+            "n1@127.0.0.1:7000,n3@127.0.0.1:7001,n4@127.0.0.1:7002#5,~n2#0-5"
+        );
+        assert_eq!(parse_list(&text).unwrap(), next);
+        assert!(parse_nodes(&text).is_err(), "a departure is not a member");
+        // More history takes precedence at one epoch.
+        assert!(next.precedence() > history(&ids(4), &[], &[]).precedence());
+        for bad in [
+            "~n2#5-5,n1@h:1",
+            "~n2#6-5,n1@h:1",
+            "~n2,n1@h:1",
+            "n1@h:1#x",
+            "~n 2#0-1,n1@h:1",
+        ] {
+            assert!(parse_list(bad).is_err(), "{bad:?}");
         }
     }
 
@@ -688,20 +1100,12 @@ mod tests {
                 assert_eq!(from, None);
             }
         }
-        // An old node only loses slots, except what bounded loads shift
-        // between the old nodes: each of those comes from a live node.
+        // An old node only loses slots: nothing to hand off.
         let mut old = View::new(1, four_nodes, vec![true; 4], Some(0));
         let before = View::new(0, nodes(&["n1", "n2", "n3"]), vec![true; 3], Some(0));
         old.carry_handoff(&before, 2_000, 60_000);
-        for s in 0..SLOTS as u16 {
-            match old.handoff_from(s) {
-                Some((prev, _)) => {
-                    assert!(old.owns(s) && !before.owns(s));
-                    assert_eq!(old.nodes[prev].id, before.nodes[before.owner(s)].id);
-                }
-                None => assert!(!old.owns(s) || before.owns(s)),
-            }
-        }
+        assert!(!old.has_handoff());
+        assert!((0..SLOTS as u16).all(|s| !old.owns(s) || before.owns(s)));
         // A failed previous owner hands off nothing; a zero window none.
         let mut alive = vec![true; 4];
         alive[1] = false;
