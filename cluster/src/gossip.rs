@@ -2,8 +2,8 @@
 //! with `CLUSTER PING id epoch list`; the answer carries the peer's epoch
 //! and list, so the highest epoch (CLUSTER SETNODES) spreads. A peer that
 //! stays silent for the node timeout is marked failed by
-//! [`Cluster::refresh`], and its slots pass to the next node in rendezvous
-//! order until it answers again.
+//! [`Cluster::refresh`], and its slots pass to live nodes
+//! ([`crate::topology`]) until it answers again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
