@@ -19,9 +19,10 @@ print(len(ids))" "$1"
 
 # bench_setup NAME: what a benchmark of real kvtier processes starts with.
 # Checks for redis-cli and python3, builds the binaries (release, or debug
-# with PROFILE=debug), sets BIN, BENCH, WORK (a temporary directory named
-# after NAME) and PIDS (append the servers you start), and on exit stops
-# them and removes WORK.
+# with PROFILE=debug), sets BIN (SERVER_BIN, when set, instead: another
+# build's kvtier-server against this build's client), BENCH, WORK (a
+# temporary directory named after NAME) and PIDS (append the servers you
+# start), and on exit stops them and removes WORK.
 bench_setup() {
   local tool
   for tool in redis-cli python3; do
@@ -33,7 +34,7 @@ bench_setup() {
   else
     cargo build -q -p kvtier-server -p kvtier-bench
   fi
-  BIN=target/$profile/kvtier-server
+  BIN=${SERVER_BIN:-target/$profile/kvtier-server}
   BENCH=target/$profile/kvtier-bench
   WORK=$(mktemp -d -t "kvtier-$1.XXXXXX")
   PIDS=()

@@ -592,3 +592,72 @@ fn is_local(host: &str) -> bool {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(me: &str, list: &str, epoch: u64) -> Cluster {
+        let settings = Settings {
+            nodes: list.into(),
+            node_id: Some(me.into()),
+            epoch,
+            node_timeout_ms: 60_000,
+            ..Settings::default()
+        };
+        Cluster::new(&settings, || None, || None)
+            .unwrap()
+            .expect("a cluster")
+    }
+
+    const THREE: &str = "n1@127.0.0.1:7001,n2@127.0.0.1:7002,n3@127.0.0.1:7003";
+    const FOUR: &str = "n1@127.0.0.1:7001,n2@127.0.0.1:7002,n3@127.0.0.1:7003,n4@127.0.0.1:7004";
+
+    #[test]
+    fn setnodes_records_joins_and_departures_and_pings_spread_them() {
+        let old = node("n1", THREE, 0);
+        old.set_nodes(FOUR, 1).unwrap();
+        old.set_nodes("n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004", 2)
+            .unwrap();
+        let history = format_list(&old.members().1);
+        assert_eq!(
+            history,
+            "n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004#1,~n2#0-2"
+        );
+        assert!(old.set_nodes(FOUR, 2).is_err(), "the epoch must rise");
+        // A newcomer started with a plain list of the same epoch takes the
+        // history from a ping, and answers with it.
+        let newcomer = node(
+            "n4",
+            "n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004",
+            2,
+        );
+        assert_eq!(
+            newcomer.gossip("n1", 2, &history, None),
+            (2, history.clone())
+        );
+        // The node with history keeps it when the plain list comes back.
+        let plain = "n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004";
+        assert_eq!(old.gossip("n4", 2, plain, None), (2, history.clone()));
+        // Both compute the same map.
+        let (a, b) = (old.view(), newcomer.view());
+        assert!((0..SLOTS_U16).all(|s| a.nodes[a.owner(s)].id == b.nodes[b.owner(s)].id));
+    }
+
+    #[test]
+    fn a_plain_list_of_a_higher_epoch_succeeds_the_current_one() {
+        // A newcomer started with the grown list at a higher epoch, before
+        // any SETNODES: the others take it as SETNODES would, so it joins
+        // last wherever its id sorts.
+        let old = node("n2", "n2@127.0.0.1:7002,n3@127.0.0.1:7003", 0);
+        let grown = "a0@127.0.0.1:7000,n2@127.0.0.1:7002,n3@127.0.0.1:7003";
+        let (epoch, list) = old.gossip("a0", 1, grown, None);
+        assert_eq!(epoch, 1);
+        assert_eq!(
+            list,
+            "a0@127.0.0.1:7000#1,n2@127.0.0.1:7002,n3@127.0.0.1:7003"
+        );
+    }
+
+    const SLOTS_U16: u16 = kvtier_store::slot::SLOTS as u16;
+}

@@ -126,7 +126,10 @@ impl NodeList {
     /// epoch: the one with more wins (then the greater text), so a node
     /// started with a plain list takes the cluster's.
     pub fn precedence(&self) -> (u64, usize, String) {
-        let joins = self.nodes.iter().map(|n| n.since).sum::<u64>();
+        let joins = self
+            .nodes
+            .iter()
+            .fold(0u64, |sum, n| sum.saturating_add(n.since));
         (joins, self.left.len(), format_list(self))
     }
 }

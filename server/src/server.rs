@@ -300,11 +300,15 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let max = shared.config.maxclients.load(Relaxed) as usize;
-                    if shared.connected.fetch_add(1, Relaxed) >= max {
+                    let before = shared.connected.fetch_add(1, Relaxed);
+                    if before >= max {
                         shared.connected.fetch_sub(1, Relaxed);
                         shard.stats.borrow_mut().rejected_connections += 1;
                         let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
                         continue;
+                    }
+                    if before == 0 {
+                        shared.wake_ticker(); // back to `hz` ticks a second
                     }
                     let seat = shared.seat_for(shard.id);
                     if seat.shard == shard.id {
@@ -362,19 +366,38 @@ fn hand_over(shard: &Shard, stream: TcpStream, peer: SocketAddr, tls: bool, seat
     );
 }
 
-/// Rings every shard's cron tick `hz` times a second until shutdown.
+/// Rings every shard's cron tick `hz` times a second until shutdown, and
+/// once a second while no connection (client or peer) is open: then the
+/// cron has only expiry and the once-a-second export to do, so an idle
+/// server's threads wake once a second instead of `hz` times. The first
+/// connection and shutdown wake it ([`Shared::wake_ticker`]).
 fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
+    let handle = std::thread::Builder::new()
         .name("kvtier-ticker".into())
-        .spawn(move || {
-            while !shared.shutting_down() {
-                let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
-                std::thread::sleep(Duration::from_millis(1000 / hz));
-                for tick in &set.ticks {
-                    tick.notify_one();
+        .spawn({
+            let shared = Arc::clone(&shared);
+            move || {
+                while !shared.shutting_down() {
+                    let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
+                    let period = if shared.connected.load(Relaxed) == 0 {
+                        Duration::from_secs(1)
+                    } else {
+                        Duration::from_millis(1000 / hz)
+                    };
+                    // A wake-up ends the sleep early (parks may also end
+                    // spuriously: a tick early is harmless).
+                    std::thread::park_timeout(period);
+                    for tick in &set.ticks {
+                        tick.notify_one();
+                    }
                 }
             }
-        })
+        })?;
+    let _ = shared.ticker.set(handle.thread().clone());
+    if shared.shutting_down() {
+        shared.wake_ticker();
+    }
+    Ok(handle)
 }
 
 /// Records the loader hands a shard per mailbox job, and jobs in flight

@@ -46,6 +46,8 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Open client connections.
     pub connected: AtomicUsize,
+    /// The cron's ticker thread, once started ([`Shared::wake_ticker`]).
+    pub ticker: std::sync::OnceLock<std::thread::Thread>,
     /// Open connections by the shard serving them: an accepted connection
     /// goes to the shard with the fewest ([`Shared::seat_for`]).
     pub seated: Vec<AtomicUsize>,
@@ -158,6 +160,7 @@ impl Shared {
                 .unwrap_or_default(),
             next_client_id: AtomicU64::new(1),
             connected: AtomicUsize::new(0),
+            ticker: std::sync::OnceLock::new(),
             seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             client_query_bytes: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
@@ -172,6 +175,15 @@ impl Shared {
     /// Starts a graceful shutdown of every shard.
     pub fn request_shutdown(&self) {
         self.shutdown.send_replace(true);
+        self.wake_ticker();
+    }
+
+    /// Wakes the cron's ticker (it sleeps a whole second while no
+    /// connection is open): shutdown, or the first connection.
+    pub fn wake_ticker(&self) {
+        if let Some(t) = self.ticker.get() {
+            t.unpark();
+        }
     }
 
     /// A receiver that sees `true` once shutdown is requested.
