@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::peer::{dial, PeerStream};
-use crate::topology::{format_list, Endpoint, Node};
+use crate::topology::{Endpoint, Node};
 use crate::{parse_announce, Cluster};
 
 /// Starts the gossip thread: every peer is pinged a few times per node
@@ -49,7 +49,7 @@ async fn gossip_loop(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
         (cluster.node_timeout / 5).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut pingers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     loop {
-        let (_, list) = cluster.members();
+        let (_, list, _) = cluster.members();
         let nodes = list.nodes;
         pingers.retain(|key, task| {
             // A member's pinger that ended (it should not) is started again.
@@ -80,13 +80,13 @@ async fn gossip_loop(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
 async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
     let mut conn: Option<(PeerStream, BytesMut)> = None;
     loop {
-        let (epoch, list) = cluster.members();
+        let (epoch, _, list) = cluster.members();
         let mut ping = vec![
             Bytes::from_static(b"CLUSTER"),
             Bytes::from_static(b"PING"),
             Bytes::from(cluster.me.clone()),
             Bytes::from(epoch.to_string()),
-            Bytes::from(format_list(&list)),
+            Bytes::from(list),
         ];
         ping.extend(cluster.announce_args());
         let ping = encode_command(&ping);

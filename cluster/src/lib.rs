@@ -98,6 +98,8 @@ struct Members {
     nodes: Vec<topology::Node>,
     /// Members that left (the map replays their stay).
     left: Vec<Left>,
+    /// The list as pings carry it ([`format_list`]), formed once per list.
+    text: String,
     last_seen: HashMap<String, Instant>,
     /// Endpoints announced by peers (and this node's own), by id.
     announced: HashMap<String, Endpoint>,
@@ -205,8 +207,13 @@ impl Cluster {
                 );
             }
         }
+        let text = format_list(&NodeList {
+            nodes: nodes.clone(),
+            left: left.clone(),
+        });
         let members = Members {
             epoch: settings.epoch,
+            text,
             last_seen: nodes.iter().map(|n| (n.id.clone(), started)).collect(),
             nodes,
             left,
@@ -299,7 +306,8 @@ impl Cluster {
                 None => m.announced.remove(from),
             };
         }
-        if epoch >= m.epoch {
+        // The same list (every ping of a settled cluster) is one compare.
+        if epoch > m.epoch || (epoch == m.epoch && list != m.text) {
             if let Ok(theirs) = parse_list(list) {
                 let plain = theirs.left.is_empty() && theirs.nodes.iter().all(|n| n.since == 0);
                 if epoch > m.epoch && plain {
@@ -310,7 +318,7 @@ impl Cluster {
                 }
             }
         }
-        let out = (m.epoch, format_list(&m.list()));
+        let out = (m.epoch, m.text.clone());
         drop(m);
         self.refresh();
         out
@@ -380,10 +388,10 @@ impl Cluster {
         self.lock().last_seen.insert(id.to_string(), Instant::now());
     }
 
-    /// The epoch and node list.
-    pub fn members(&self) -> (u64, NodeList) {
+    /// The epoch, the node list, and the list as pings carry it.
+    pub fn members(&self) -> (u64, NodeList, String) {
         let m = self.lock();
-        (m.epoch, m.list())
+        (m.epoch, m.list(), m.text.clone())
     }
 
     /// Milliseconds since each node was last heard from.
@@ -456,7 +464,8 @@ impl Cluster {
     }
 
     fn adopt(&self, m: &mut Members, epoch: u64, list: NodeList) {
-        info!("cluster epoch {epoch}: {}", format_list(&list));
+        let text = format_list(&list);
+        info!("cluster epoch {epoch}: {text}");
         let NodeList { nodes, left } = list;
         let now = Instant::now();
         for n in &nodes {
@@ -468,6 +477,7 @@ impl Cluster {
         m.announced
             .retain(|id, _| nodes.iter().any(|n| &n.id == id));
         m.epoch = epoch;
+        m.text = text;
         m.nodes = nodes;
         m.left = left;
         let before = self.view();
@@ -619,7 +629,8 @@ mod tests {
         old.set_nodes(FOUR, 1).unwrap();
         old.set_nodes("n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004", 2)
             .unwrap();
-        let history = format_list(&old.members().1);
+        let history = old.members().2;
+        assert_eq!(history, format_list(&old.members().1));
         assert_eq!(
             history,
             "n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004#1,~n2#0-2"
