@@ -370,6 +370,8 @@ fn place(list: &NodeList, alive: &[bool]) -> Vec<u16> {
         ranges: Vec::new(),
         load: vec![0; members + list.left.len()],
         present: Vec::new(),
+        joined: vec![0; members + list.left.len()],
+        joins: 0,
         head: vec![NO_EARLIER; SPAN],
         earlier: Vec::new(),
     };
@@ -422,6 +424,9 @@ struct Replay {
     load: Vec<usize>,
     /// Holders present, in the order they joined.
     present: Vec<usize>,
+    /// When each holder joined, counted in joins (ties go to the earliest).
+    joined: Vec<usize>,
+    joins: usize,
     /// Each position's earlier holders, newest first: `head[at]` indexes
     /// `earlier`, whose entries are `(holder, index of the one before)`.
     head: Vec<u32>,
@@ -433,6 +438,8 @@ const NO_EARLIER: u32 = u32::MAX;
 
 impl Replay {
     fn join(&mut self, who: usize) {
+        self.joined[who] = self.joins;
+        self.joins += 1;
         self.present.push(who);
         if self.present.len() == 1 {
             self.ranges = vec![(0, SPAN, who)];
@@ -448,7 +455,7 @@ impl Replay {
                 .present
                 .iter()
                 .filter(|&&p| p != who)
-                .max_by_key(|&&p| (self.load[p], usize::MAX - self.position(p)))
+                .max_by_key(|&&p| (self.load[p], usize::MAX - self.joined[p]))
             else {
                 return;
             };
@@ -473,7 +480,7 @@ impl Replay {
             let heir = *self
                 .present
                 .iter()
-                .min_by_key(|&&p| (self.load[p], self.position(p)))
+                .min_by_key(|&&p| (self.load[p], self.joined[p]))
                 .expect("k > 0");
             let give = self.load[who].min(fair.saturating_sub(self.load[heir]).max(1));
             self.pass(who, heir, give);
@@ -492,11 +499,6 @@ impl Replay {
             entry = next;
         }
         None
-    }
-
-    /// Where `who` stands in the order of joining.
-    fn position(&self, who: usize) -> usize {
-        self.present.iter().position(|&p| p == who).unwrap_or(0)
     }
 
     /// Moves `count` positions from `from` to `to`, cut from the end of
