@@ -969,10 +969,16 @@ impl Store {
                     continue;
                 }
             }
-            dir.counters.drop_for(SpillDrop::Reclaimed);
-            if let Some(gone) = self.drop_entry(slot, &key) {
-                self.count_eviction(gone.tenant as usize, EvictReason::Policy);
-            }
+            self.drop_reclaimed(slot, &key, &dir);
+        }
+    }
+
+    /// A block of a reclaimed segment that is not written again goes: out
+    /// of the index, counted as a reclaim drop and as its tenant's eviction.
+    fn drop_reclaimed(&mut self, slot: u16, key: &[u8], dir: &SpillDir) {
+        dir.counters.drop_for(SpillDrop::Reclaimed);
+        if let Some(gone) = self.drop_entry(slot, key) {
+            self.count_eviction(gone.tenant as usize, EvictReason::Policy);
         }
     }
 
@@ -1031,10 +1037,7 @@ impl Store {
                 return;
             }
         }
-        dir.counters.drop_for(SpillDrop::Reclaimed);
-        if let Some(gone) = self.drop_entry(slot, &key) {
-            self.count_eviction(gone.tenant as usize, EvictReason::Policy);
-        }
+        self.drop_reclaimed(slot, &key, &dir);
     }
 
     /// Graceful shutdown: writes every block still in DRAM (and waits for
