@@ -49,8 +49,7 @@ async fn gossip_loop(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
         (cluster.node_timeout / 5).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut pingers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     loop {
-        let (_, list, _) = cluster.members();
-        let nodes = list.nodes;
+        let (_, nodes) = cluster.members();
         pingers.retain(|key, task| {
             // A member's pinger that ended (it should not) is started again.
             let keep = nodes.iter().any(|n| &n.to_string() == key) && !task.is_finished();
@@ -80,7 +79,7 @@ async fn gossip_loop(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
 async fn ping_peer(cluster: Arc<Cluster>, node: Node, interval: Duration) {
     let mut conn: Option<(PeerStream, BytesMut)> = None;
     loop {
-        let (epoch, _, list) = cluster.members();
+        let (epoch, list) = cluster.list_text();
         let mut ping = vec![
             Bytes::from_static(b"CLUSTER"),
             Bytes::from_static(b"PING"),

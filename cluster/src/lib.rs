@@ -165,7 +165,9 @@ impl Cluster {
         if list.is_empty() {
             return Ok(None);
         }
-        let NodeList { nodes, left } = parse_list(list)?;
+        let list = parse_list(list)?;
+        let text = format_list(&list);
+        let NodeList { nodes, left } = list;
         let me = match &settings.node_id {
             Some(id) => id.clone(),
             None => nodes
@@ -207,10 +209,6 @@ impl Cluster {
                 );
             }
         }
-        let text = format_list(&NodeList {
-            nodes: nodes.clone(),
-            left: left.clone(),
-        });
         let members = Members {
             epoch: settings.epoch,
             text,
@@ -388,10 +386,17 @@ impl Cluster {
         self.lock().last_seen.insert(id.to_string(), Instant::now());
     }
 
-    /// The epoch, the node list, and the list as pings carry it.
-    pub fn members(&self) -> (u64, NodeList, String) {
+    /// The epoch and the members.
+    pub fn members(&self) -> (u64, Vec<topology::Node>) {
         let m = self.lock();
-        (m.epoch, m.list(), m.text.clone())
+        (m.epoch, m.nodes.clone())
+    }
+
+    /// The epoch and the list with its history, as pings carry it (formed
+    /// once per list).
+    pub fn list_text(&self) -> (u64, String) {
+        let m = self.lock();
+        (m.epoch, m.text.clone())
     }
 
     /// Milliseconds since each node was last heard from.
@@ -629,8 +634,8 @@ mod tests {
         old.set_nodes(FOUR, 1).unwrap();
         old.set_nodes("n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004", 2)
             .unwrap();
-        let history = old.members().2;
-        assert_eq!(history, format_list(&old.members().1));
+        let history = old.list_text().1;
+        assert_eq!(history, format_list(&old.lock().list()));
         assert_eq!(
             history,
             "n1@127.0.0.1:7001,n3@127.0.0.1:7003,n4@127.0.0.1:7004#1,~n2#0-2"

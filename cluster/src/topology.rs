@@ -19,7 +19,7 @@
 //! groups of [`REPLICA_GROUP`] slots, skipping the owner, so a range's
 //! replicas change only at group boundaries.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use kvtier_store::slot::SLOTS;
 
@@ -265,7 +265,7 @@ pub fn format_nodes(nodes: &[Node]) -> String {
 pub fn format_list(list: &NodeList) -> String {
     let mut out = format_nodes(&list.nodes);
     for l in &list.left {
-        out.push_str(&format!(",~{}#{}-{}", l.id, l.since, l.until));
+        let _ = write!(out, ",~{}#{}-{}", l.id, l.since, l.until);
     }
     out
 }
@@ -329,9 +329,10 @@ fn failover_weight(cell: u16, id: &str) -> u64 {
 /// The owner of every slot: the history of the list replayed, then the
 /// slots of members not `alive` passed to live ones.
 ///
-/// 1. Joins and departures in epoch order, on the [`SPAN`] positions of one
-///    of the [`STRIPES`] (every stripe has the same layout) (at one epoch, departures first,
-///    then joins by id; the first member holds every slot):
+/// 1. Joins and departures in epoch order (at one epoch, departures first,
+///    then joins by id; the first member holds every position), on the
+///    [`SPAN`] positions of one stripe (every one of the [`STRIPES`] has
+///    this layout, turned):
 ///    * a newcomer takes the fair share of the nodes present with it,
 ///      cut from the node holding most (its largest range, from the end)
 ///      down to at most [`FLOOR`] of that share, then the next fullest;
@@ -472,7 +473,7 @@ impl Replay {
         self.present.retain(|&p| p != who);
         let k = self.present.len();
         if k == 0 {
-            return; // every slot stays with it; [`place`] passes them on
+            return; // every slot stays with it; `place` passes them on
         }
         let fair = SPAN.div_ceil(k);
         while self.load[who] > 0 {

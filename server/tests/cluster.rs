@@ -641,6 +641,19 @@ fn setnodes_adds_a_fourth_node() {
         }),
         "the epoch did not spread"
     );
+    // Every node carries the history SETNODES recorded (the newcomer,
+    // started with the plain list, took it from a ping).
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            (0..4).all(|i| {
+                c.raw(i)
+                    .run("INFO cluster")
+                    .text()
+                    .contains(&format!("n4@127.0.0.1:{}#1", ports[3]))
+            })
+        }),
+        "the history did not spread"
+    );
     let after = slot_owners(&mut c.raw(0), &ports);
     for i in 1..4 {
         assert_eq!(

@@ -136,10 +136,7 @@ pub fn info(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {
     o.field("cluster_known_nodes", view.nodes.len());
     // The list with its history (`#EPOCH` joins, `~` departures): what a
     // restart with `--cluster-nodes` should be given to keep the map.
-    o.field(
-        "cluster_node_list",
-        kvtier_cluster::topology::format_list(&view.list()),
-    );
+    o.field("cluster_node_list", cluster.list_text().1);
     o.field(
         "cluster_live_nodes",
         view.alive.iter().filter(|a| **a).count(),
