@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -47,7 +48,7 @@ pub struct ClientInfo {
     /// Bytes waiting to be written.
     pub omem: usize,
     /// Set to make the connection close (CLIENT KILL, shutdown).
-    pub kill: Rc<Notify>,
+    pub kill: Arc<Notify>,
     /// Whether it was killed.
     pub killed: bool,
     /// The socket's descriptor (-1 when unknown).
@@ -75,7 +76,7 @@ impl ClientInfo {
             no_touch: false,
             qbuf: 0,
             omem: 0,
-            kill: Rc::new(Notify::new()),
+            kill: Arc::new(Notify::new()),
             killed: false,
             fd,
         }

@@ -56,6 +56,15 @@ pub struct Config {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=MAX_IDLE_POLL_US))]
     pub idle_poll_us: u64,
 
+    /// While the shard threads together use less than this percentage of
+    /// one core (for a few seconds), every client connection is served by
+    /// one shard thread: at a light load, one thread's wake-ups serve all
+    /// the clients' requests and the other cores stay free. Above it by 30
+    /// points, the connections are spread over the shards again (0: never
+    /// pack).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub pack_below: u64,
+
     /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit).
     /// Divided equally among the shards.
     #[arg(long, default_value = "0", value_parser = parse_memory)]
@@ -793,6 +802,8 @@ pub struct LiveConfig {
     pub hold_client_max_memory: AtomicU64,
     /// Microseconds a connection polls its socket before its shard sleeps.
     pub idle_poll_us: AtomicU64,
+    /// Percent of one core below which connections are packed on one shard.
+    pub pack_below: AtomicU64,
     /// `requirepass` as last set (the default user's password).
     pub requirepass: Arc<RwLock<String>>,
     /// The users and their rules.
@@ -971,6 +982,7 @@ impl LiveConfig {
             hold_max_memory: AtomicU64::new(config.hold_max_memory),
             hold_client_max_memory: AtomicU64::new(config.hold_client_max_memory),
             idle_poll_us: AtomicU64::new(config.idle_poll_us),
+            pack_below: AtomicU64::new(config.pack_below),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             acl,
             tls,
@@ -1446,6 +1458,15 @@ const PARAMS: &[Param] = &[
             )),
         },
         apply: |c, v| set_num(&c.idle_poll_us, v),
+    },
+    Param {
+        name: "pack-below",
+        get: |c| c.pack_below.load(Relaxed).to_string(),
+        parse: |s| match number(s)? {
+            Value::Number(n) if n <= 100 => Ok(Value::Number(n)),
+            _ => Err("argument must be between 0 and 100 inclusive".into()),
+        },
+        apply: |c, v| set_num(&c.pack_below, v),
     },
     Param {
         name: "spill-admission",

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::acl::Acl;
 use crate::config::Config;
+use crate::net::packing::Packer;
 use crate::report::{Exporter, ShardReport};
 use crate::shard::{self, slot::shard_slots, Shard, ShardSet};
 use crate::shared::{ShardSeat, Shared, SpillTier};
@@ -377,6 +378,7 @@ fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandl
         .spawn({
             let shared = Arc::clone(&shared);
             move || {
+                let (mut packer, mut seated) = (Packer::default(), Vec::new());
                 while !shared.shutting_down() {
                     let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
                     let period = if shared.connected.load(Relaxed) == 0 {
@@ -390,6 +392,7 @@ fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandl
                     for tick in &set.ticks {
                         tick.notify_one();
                     }
+                    place_connections(&shared, &mut packer, &mut seated);
                 }
             }
         })?;
@@ -398,6 +401,22 @@ fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandl
         shared.wake_ticker();
     }
     Ok(handle)
+}
+
+/// The ticker's look at the load: packs the connections on one shard while
+/// it is light, spreads them while it is not (`net::packing`).
+fn place_connections(shared: &Shared, packer: &mut Packer, seated: &mut Vec<usize>) {
+    let cpu = shared.shard_cpu_ns.iter().map(|c| c.load(Relaxed)).sum();
+    seated.clear();
+    seated.extend(shared.seated.iter().map(|n| n.load(Relaxed)));
+    let now = packer.tick(
+        kvtier_store::mono_ns(),
+        cpu,
+        seated,
+        shared.config.pack_below.load(Relaxed),
+        shared.packing.load(Relaxed),
+    );
+    shared.packing.store(now, Relaxed);
 }
 
 /// Records the loader hands a shard per mailbox job, and jobs in flight
@@ -527,6 +546,7 @@ async fn cron(shard: Rc<Shard>) {
             kvtier_store::resync_clock();
         }
         shard.deliver_links();
+        shared.shard_cpu_ns[shard.id].store(thread_cpu_ns(), Relaxed);
         let timeout = shared.config.timeout.load(Relaxed);
         if timeout > 0 {
             shard
@@ -562,6 +582,19 @@ async fn cron(shard: Rc<Shard>) {
             }
         }
     }
+}
+
+/// The CPU time this thread has used (ns).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a pointer to a
+    // local that outlives the call; CLOCK_THREAD_CPUTIME_ID exists on every
+    // Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Most keys of lost slots dropped per shard and second.

@@ -51,6 +51,11 @@ pub struct Shared {
     /// Open connections by the shard serving them: an accepted connection
     /// goes to the shard with the fewest ([`Shared::seat_for`]).
     pub seated: Vec<AtomicUsize>,
+    /// Where connections should be served, as the ticker last decided
+    /// (`net::packing`: stay, spread, or all on one shard).
+    pub packing: AtomicUsize,
+    /// Each shard thread's CPU time (ns), as its cron last read it.
+    pub shard_cpu_ns: Vec<AtomicU64>,
     /// Bytes held by the requests still arriving on every connection
     /// (`maxmemory-clients` bounds it).
     pub client_query_bytes: AtomicU64,
@@ -162,6 +167,8 @@ impl Shared {
             connected: AtomicUsize::new(0),
             ticker: std::sync::OnceLock::new(),
             seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+            packing: AtomicUsize::new(crate::net::packing::STAY),
+            shard_cpu_ns: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             client_query_bytes: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
             memory_peak: AtomicU64::new(0),
@@ -204,6 +211,15 @@ pub struct ShardSeat {
     shared: Arc<Shared>,
     /// The shard serving the connection.
     pub shard: usize,
+}
+
+impl ShardSeat {
+    /// The connection is now served by shard `to`.
+    pub fn move_to(&mut self, to: usize) {
+        self.shared.seated[to].fetch_add(1, Relaxed);
+        self.shared.seated[self.shard].fetch_sub(1, Relaxed);
+        self.shard = to;
+    }
 }
 
 impl Drop for ShardSeat {

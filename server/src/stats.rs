@@ -35,6 +35,8 @@ pub struct ShardStats {
     pub total_commands: u64,
     /// Connections accepted.
     pub connections_received: u64,
+    /// Connections handed to another shard (`net::packing`).
+    pub connections_moved: u64,
     /// Connections refused (maxclients).
     pub rejected_connections: u64,
     /// Clients closed because their request outgrew
@@ -86,6 +88,7 @@ impl ShardStats {
             commands: vec![CommandStat::default(); commands],
             total_commands: 0,
             connections_received: 0,
+            connections_moved: 0,
             rejected_connections: 0,
             query_buffer_closed: 0,
             evicted_clients: 0,
@@ -146,6 +149,7 @@ impl ShardStats {
         }
         self.total_commands = 0;
         self.connections_received = 0;
+        self.connections_moved = 0;
         self.rejected_connections = 0;
         self.query_buffer_closed = 0;
         self.evicted_clients = 0;

@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 
 fn stat(c: &mut RawConn, field: &str) -> u64 {
@@ -217,4 +219,166 @@ fn an_idle_poll_window_out_of_range_is_refused_at_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("idle-poll-us"), "{stderr}");
+}
+
+/// INFO clients' `connections_packed_on_shard` (-1: spread).
+fn packed_on(c: &mut RawConn) -> i64 {
+    info_field(&c.run("INFO clients").text(), "connections_packed_on_shard")
+        .expect("connections_packed_on_shard")
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn light_load_packs_connections_on_one_shard_and_they_keep_their_sessions() {
+    let server = Server::start(&["--requirepass", "pw"]);
+    let mut admin = server.raw();
+    assert_eq!(admin.run("AUTH pw"), ok());
+    assert_eq!(
+        admin.run("ACL SETUSER reader on >rpw ~* +get +ping +client"),
+        ok()
+    );
+    // Eight clients with something set each: a name, RESP3, another user,
+    // NO-TOUCH, an open MULTI and a WATCH (the last two may not move).
+    let mut cs: Vec<RawConn> = (0..8).map(|_| server.raw()).collect();
+    for (i, c) in cs.iter_mut().enumerate() {
+        assert_eq!(c.run("AUTH pw"), ok());
+        assert_eq!(c.run(&format!("CLIENT SETNAME c{i}")), ok());
+        assert_eq!(c.run(&format!("SET pack:{i} v{i}")), ok());
+    }
+    let ids: Vec<i64> = cs.iter_mut().map(|c| c.run("CLIENT ID").int()).collect();
+    assert!(matches!(cs[1].run("HELLO 3"), Resp::Map(_)));
+    assert_eq!(cs[2].run("AUTH reader rpw"), ok());
+    assert_eq!(cs[3].run("CLIENT NO-TOUCH on"), ok());
+    assert_eq!(cs[4].run("MULTI"), ok());
+    assert_eq!(cs[4].run("SET pack:multi 1"), status("QUEUED"));
+    assert_eq!(cs[5].run("WATCH pack:watched"), ok());
+
+    // Nothing else runs here: the load is light, so the ticker packs.
+    assert!(
+        eventually(Duration::from_secs(15), || packed_on(&mut admin) >= 0),
+        "never packed"
+    );
+    // Each connection moves after its next reply; a pipeline on the way
+    // comes back whole and in order.
+    for round in 0..3 {
+        for (i, c) in cs.iter_mut().enumerate() {
+            if i == 4 {
+                continue;
+            }
+            let mut pipeline = Vec::new();
+            for j in 0..50 {
+                pipeline.extend(encode(&[
+                    b"GET",
+                    format!("pack:{}", (i + j) % 8).as_bytes(),
+                ]));
+            }
+            c.send(&pipeline);
+            for j in 0..50 {
+                let k = (i + j) % 8;
+                assert_eq!(c.read(), bulk(format!("v{k}")), "round {round} client {i}");
+            }
+        }
+    }
+    let moved = info_num(&admin.run("INFO clients").text(), "connections_moved");
+    // Nine connections over four shards: six are not on the home, and
+    // four of them (not the MULTI and WATCH ones) have had replies since.
+    assert!(moved >= 4, "{moved} connections moved");
+    // RESP3 stays RESP3, the user stays the user.
+    assert!(matches!(cs[1].run("CONFIG GET maxclients"), Resp::Map(_)));
+    assert!(matches!(cs[0].run("CONFIG GET maxclients"), Resp::Array(_)));
+    let refused = cs[2].run("SET pack:x 1");
+    assert!(
+        matches!(&refused, Resp::Error(e) if e.starts_with("NOPERM")),
+        "{refused:?}"
+    );
+    assert_eq!(cs[2].run("GET pack:2"), bulk("v2"));
+    // The transaction and the watch still hold.
+    assert_eq!(cs[4].run("SET pack:multi 2"), status("QUEUED"));
+    assert_eq!(cs[4].run("EXEC").items(), vec![ok(), ok()]);
+    assert_eq!(admin.run("SET pack:watched changed"), ok());
+    assert_eq!(cs[5].run("MULTI"), ok());
+    assert_eq!(cs[5].run("SET pack:y 1"), status("QUEUED"));
+    assert_eq!(
+        cs[5].run("EXEC"),
+        Resp::Array(None),
+        "a watched key changed"
+    );
+    for (i, c) in cs.iter_mut().enumerate() {
+        assert_eq!(c.run("CLIENT GETNAME"), bulk(format!("c{i}")));
+        assert_eq!(c.run("CLIENT ID").int(), ids[i]);
+    }
+    // CLIENT LIST sees every connection once; CLIENT KILL finds a moved
+    // one.
+    let list = admin.run("CLIENT LIST").text();
+    for id in &ids {
+        assert_eq!(list.matches(&format!("id={id} ")).count(), 1, "{list}");
+    }
+    assert_eq!(admin.run(&format!("CLIENT KILL ID {}", ids[6])), int(1));
+    cs[6].assert_closed();
+
+    // Packing off: spread out again, every connection still served.
+    assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+    assert!(eventually(Duration::from_secs(5), || packed_on(&mut admin) == -1));
+    for _ in 0..3 {
+        for (i, c) in cs.iter_mut().enumerate() {
+            if i != 6 {
+                assert_eq!(c.run("PING"), status("PONG"));
+            }
+        }
+    }
+    assert!(info_num(&admin.run("INFO clients").text(), "connections_moved") > moved);
+    assert!(admin.run("CONFIG SET pack-below 101").is_error());
+}
+
+#[test]
+fn connections_moving_under_traffic_lose_and_reorder_nothing() {
+    let server = Server::start(&["--pack-below", "0"]);
+    let mut admin = server.raw();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Eight paced clients (a pipeline of SETs and GETs every millisecond,
+    // every reply checked), while packing is turned on and off.
+    let clients: Vec<_> = (0..8)
+        .map(|t| {
+            let mut c = server.raw();
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut round = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut pipeline = Vec::new();
+                    for i in 0..10 {
+                        let (k, v) = (format!("mv:{t}:{i}"), format!("{round}:{i}"));
+                        pipeline.extend(encode(&[b"SET", k.as_bytes(), v.as_bytes()]));
+                        pipeline.extend(encode(&[b"GET", k.as_bytes()]));
+                    }
+                    c.send(&pipeline);
+                    for i in 0..10 {
+                        assert_eq!(c.read(), ok(), "client {t} round {round}");
+                        assert_eq!(c.read(), bulk(format!("{round}:{i}")), "client {t}");
+                    }
+                    round += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                round
+            })
+        })
+        .collect();
+    let moved = |c: &mut RawConn| info_num(&c.run("INFO clients").text(), "connections_moved");
+    for _ in 0..2 {
+        assert_eq!(admin.run("CONFIG SET pack-below 100"), ok());
+        assert!(eventually(Duration::from_secs(15), || packed_on(
+            &mut admin
+        ) >= 0));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+        assert!(eventually(Duration::from_secs(5), || packed_on(&mut admin) == -1));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        assert!(c.join().expect("a client saw a wrong reply") > 100);
+    }
+    // Packed twice (most of nine connections to one shard of four), spread
+    // twice.
+    assert!(moved(&mut admin) >= 8, "{} moves", moved(&mut admin));
 }

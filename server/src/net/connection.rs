@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::idle_poll::PollPlan;
+use super::packing;
 use crate::clients::ClientInfo;
 use crate::commands::registry::table;
 use crate::commands::{
@@ -39,6 +40,7 @@ use crate::commands::{
 use crate::coordination::{self, Routed, Through};
 use crate::shard::watching::Watching;
 use crate::shard::{Access, Shard, ShardGone};
+use crate::shared::ShardSeat;
 
 /// Bytes read per `read` call into the shared read buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -64,6 +66,10 @@ pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {
 
     /// Reads what has arrived without waiting (`WouldBlock`: nothing).
     fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize>;
+
+    /// The plain socket, out of this thread's runtime, to be served by
+    /// another shard's (`None`: this stream cannot move).
+    fn into_std(self) -> Option<std::net::TcpStream>;
 }
 
 impl ClientIo for TcpStream {
@@ -72,6 +78,10 @@ impl ClientIo for TcpStream {
     fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
         TcpStream::try_read_buf(self, buf)
     }
+
+    fn into_std(self) -> Option<std::net::TcpStream> {
+        TcpStream::into_std(self).ok()
+    }
 }
 
 impl ClientIo for Box<tokio_rustls::server::TlsStream<TcpStream>> {
@@ -79,6 +89,11 @@ impl ClientIo for Box<tokio_rustls::server::TlsStream<TcpStream>> {
 
     fn try_read_buf(&self, _buf: &mut BytesMut) -> std::io::Result<usize> {
         Err(std::io::ErrorKind::WouldBlock.into())
+    }
+
+    /// A TLS session's state stays with its thread.
+    fn into_std(self) -> Option<std::net::TcpStream> {
+        None
     }
 }
 
@@ -93,18 +108,17 @@ pub async fn accept(
     tcp: TcpStream,
     peer: SocketAddr,
     tls: bool,
-    seat: crate::shared::ShardSeat,
+    seat: ShardSeat,
 ) {
-    let _seat = seat;
     let _ = tcp.set_nodelay(true);
     let local = tcp.local_addr().unwrap_or(peer);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
     match shard.shared.config.tls.as_ref().filter(|_| tls) {
-        None => serve(shard, tcp, peer, local, fd).await,
+        None => serve(shard, tcp, peer, local, fd, seat).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
             match kvtier_timer::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd).await,
+                Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd, seat).await,
                 Ok(Err(e)) => debug!("TLS handshake with {peer}: {e}"),
                 Err(_) => debug!("TLS handshake with {peer}: timed out"),
             }
@@ -139,13 +153,14 @@ async fn linger<S: ClientIo>(stream: &mut S, max: usize) {
     .await;
 }
 
-/// Serves one connection until it closes.
+/// Serves one connection until it closes (or moves to another shard).
 async fn serve<S: ClientIo>(
     shard: Rc<Shard>,
     mut stream: S,
     peer: SocketAddr,
     local: SocketAddr,
     fd: std::os::fd::RawFd,
+    seat: ShardSeat,
 ) {
     if shard.shared.config.refuses(peer.ip()) {
         // Protected mode: explain, then close (as Redis does at accept).
@@ -158,46 +173,69 @@ async fn serve<S: ClientIo>(
     }
     let shared = Arc::clone(&shard.shared);
     let id = shared.next_client_id.fetch_add(1, Relaxed);
-    let info = Rc::new(RefCell::new(ClientInfo::new(id, peer, local, fd)));
-    shard.clients.borrow_mut().add(Rc::clone(&info));
     shard.stats.borrow_mut().connections_received += 1;
-    let authenticated = !shared.config.auth_required();
-    let (user, acl_epoch) = crate::commands::session::initial_user(&shared.config.acl);
-    let mut conn = Connection {
-        stream,
-        rbuf: BytesMut::with_capacity(READ_CHUNK),
-        parser: RequestParser::new(shared.config.proto_max_bulk_len.load(Relaxed) as usize),
-        out: ReplyBuf::new(),
-        client: Client {
-            shard: Rc::clone(&shard),
-            info,
+    let info = ClientInfo::new(id, peer, local, fd);
+    let session = Session::new(&shared);
+    let settled = mono_ns() + packing::SETTLE_NS;
+    Connection::new(shard, stream, info, session, settled)
+        .serve(seat)
+        .await;
+}
+
+/// What a connection is besides its socket and buffers: who the client is
+/// and what it has set. It goes along when the connection moves.
+struct Session {
+    resp3: bool,
+    authenticated: bool,
+    user: Arc<crate::acl::User>,
+    acl_epoch: u64,
+    no_touch: bool,
+    readonly: bool,
+    poll_plan: PollPlan,
+}
+
+impl Session {
+    /// A new connection's.
+    fn new(shared: &crate::shared::Shared) -> Session {
+        let (user, acl_epoch) = crate::commands::session::initial_user(&shared.config.acl);
+        Session {
             resp3: false,
-            authenticated,
+            authenticated: !shared.config.auth_required(),
             user,
             acl_epoch,
             no_touch: false,
             readonly: false,
-            peer: false,
-            close_after_reply: false,
-            multi: None,
-            watching: Watching::new(Rc::clone(&shard), id),
-            commands: table(),
-        },
-        clock: mono_ns(),
-        untimed: Vec::with_capacity(TIMING_GROUP),
-        last_lookup: None,
-        now_ms: now_ms(),
-        query_bytes: 0,
-        protocol_error: None,
-        poll_plan: PollPlan::default(),
-    };
-    if let Err(e) = conn.run().await {
-        debug!("client {id} ({peer}): {e}");
+            poll_plan: PollPlan::default(),
+        }
     }
-    shared
-        .client_query_bytes
-        .fetch_sub(conn.query_bytes as u64, Relaxed);
-    shard.clients.borrow_mut().remove(id);
+}
+
+/// A connection on its way to another shard (`net::packing`), between two
+/// requests: nothing of it is half done.
+struct Moving {
+    stream: std::net::TcpStream,
+    seat: ShardSeat,
+    info: ClientInfo,
+    session: Session,
+}
+
+/// Serves a connection that another shard handed over.
+async fn resume(shard: Rc<Shard>, moving: Moving) {
+    let Moving {
+        stream,
+        seat,
+        info,
+        session,
+    } = moving;
+    match TcpStream::from_std(stream) {
+        Ok(stream) => {
+            Connection::new(shard, stream, info, session, 0)
+                .serve(seat)
+                .await;
+        }
+        // Dropping the socket closes it; the seat gives its counts back.
+        Err(e) => warn!("taking over client {}: {e}", info.id),
+    }
 }
 
 struct Connection<S: ClientIo> {
@@ -222,6 +260,8 @@ struct Connection<S: ClientIo> {
     protocol_error: Option<String>,
     /// Whether polling for the next request pays for this client.
     poll_plan: PollPlan,
+    /// When (mono ns) the connection may first be packed on another shard.
+    settled: u64,
 }
 
 /// A command body that awaits other shards or nodes.
@@ -301,13 +341,154 @@ enum BatchEnd {
 }
 
 impl<S: ClientIo> Connection<S> {
+    /// A connection served by `shard` from now on (its info registered
+    /// there).
+    fn new(
+        shard: Rc<Shard>,
+        stream: S,
+        info: ClientInfo,
+        session: Session,
+        settled: u64,
+    ) -> Connection<S> {
+        let shared = &shard.shared;
+        let id = info.id;
+        let info = Rc::new(RefCell::new(info));
+        shard.clients.borrow_mut().add(Rc::clone(&info));
+        let parser = RequestParser::new(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        Connection {
+            stream,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            parser,
+            out: ReplyBuf::new(),
+            client: Client {
+                shard: Rc::clone(&shard),
+                info,
+                resp3: session.resp3,
+                authenticated: session.authenticated,
+                user: session.user,
+                acl_epoch: session.acl_epoch,
+                no_touch: session.no_touch,
+                readonly: session.readonly,
+                peer: false,
+                close_after_reply: false,
+                multi: None,
+                watching: Watching::new(shard, id),
+                commands: table(),
+            },
+            clock: mono_ns(),
+            untimed: Vec::with_capacity(TIMING_GROUP),
+            last_lookup: None,
+            now_ms: now_ms(),
+            query_bytes: 0,
+            protocol_error: None,
+            poll_plan: session.poll_plan,
+            settled,
+        }
+    }
+
+    /// Serves the connection until it closes, or hands it to the shard
+    /// that is to serve it from now on.
+    async fn serve(mut self, seat: ShardSeat) {
+        let moving = match self.run().await {
+            Ok(to) => to,
+            Err(e) => {
+                let info = self.client.info.borrow();
+                debug!("client {} ({}): {e}", info.id, info.addr);
+                None
+            }
+        };
+        let shard = Rc::clone(&self.client.shard);
+        shard
+            .shared
+            .client_query_bytes
+            .fetch_sub(self.query_bytes as u64, Relaxed);
+        shard.clients.borrow_mut().remove(self.client.id());
+        if let Some(to) = moving {
+            self.move_to(to, seat);
+        }
+    }
+
+    /// Where this connection should be served now, checked between
+    /// requests (`net::packing`): `None` to stay. Only a connection with
+    /// nothing half done and nothing tied to this thread moves: no
+    /// request partly read, no MULTI or WATCH, no TLS session, not a peer
+    /// node, no link events of its writes still to apply here.
+    #[inline]
+    fn move_target(&self) -> Option<usize> {
+        let shard = &self.client.shard;
+        let to = packing::move_target(&shard.shared, shard.id)?;
+        let client = &self.client;
+        let still = S::TLS
+            || self.clock < self.settled
+            || !self.rbuf.is_empty()
+            || self.parser.in_progress()
+            || client.multi.is_some()
+            || !client.watching.is_empty()
+            || client.peer
+            || client.info.borrow().killed
+            || shard.links_queued_here();
+        (!still).then_some(to)
+    }
+
+    /// Hands the connection to shard `to` (already out of this shard's
+    /// registry). If it cannot move, it is closed: the client sees its
+    /// connection end between two replies, as after a restart.
+    fn move_to(self, to: usize, mut seat: ShardSeat) {
+        let Connection {
+            stream,
+            client,
+            poll_plan,
+            ..
+        } = self;
+        let Client {
+            shard,
+            info,
+            resp3,
+            authenticated,
+            user,
+            acl_epoch,
+            no_touch,
+            readonly,
+            ..
+        } = client;
+        let (Ok(info), Some(stream)) = (Rc::try_unwrap(info), stream.into_std()) else {
+            warn!("a client connection could not move to shard {to}: closed");
+            return;
+        };
+        seat.move_to(to);
+        shard.stats.borrow_mut().connections_moved += 1;
+        let moving = Moving {
+            stream,
+            seat,
+            info: info.into_inner(),
+            session: Session {
+                resp3,
+                authenticated,
+                user,
+                acl_epoch,
+                no_touch,
+                readonly,
+                poll_plan,
+            },
+        };
+        let _ = shard.post(
+            to,
+            Box::new(move |s: &Shard| {
+                if let Some(me) = s.rc() {
+                    tokio::task::spawn_local(resume(me, moving));
+                }
+            }),
+        );
+    }
+
     /// Serves the connection: batches of the requests read so far, their
     /// replies, then more reading, until the client or the server ends it.
     /// (The steps' awaits stay here: an `async fn` per step would cost
     /// every request a future of its own.)
-    async fn run(&mut self) -> std::io::Result<()> {
+    /// `Some(shard)`: the connection is to be served by that shard now.
+    async fn run(&mut self) -> std::io::Result<Option<usize>> {
         if self.client.shard.shared.shutting_down() {
-            return Ok(());
+            return Ok(None);
         }
         loop {
             // Link events queued here go first: the client's previous
@@ -333,19 +514,22 @@ impl<S: ClientIo> Connection<S> {
                 self.queue_protocol_error();
             }
             if !self.out.is_empty() && !self.send_replies().await? {
-                return Ok(());
+                return Ok(None);
             }
             if self.client.close_after_reply {
                 if end == BatchEnd::Fatal {
                     linger(&mut self.stream, LINGER_BYTES).await;
                 }
-                return Ok(());
+                return Ok(None);
             }
             if end == BatchEnd::CutShort {
                 continue;
             }
             if !self.within_query_limits() {
-                return Ok(());
+                return Ok(None);
+            }
+            if let Some(to) = self.move_target() {
+                return Ok(Some(to));
             }
             // Polling first (`--idle-poll-us`), then a read that may wait.
             let n = match self.idle_poll().await? {
@@ -354,7 +538,7 @@ impl<S: ClientIo> Connection<S> {
                     self.before_waiting();
                     let n = self.read_into_buffers().await?;
                     if n == 0 || self.client.info.borrow().killed {
-                        return Ok(());
+                        return Ok(None);
                     }
                     n
                 }
@@ -881,7 +1065,7 @@ impl<S: ClientIo> Connection<S> {
         spec: &'static CommandSpec,
         args: Args,
     ) -> Option<Reply> {
-        let kill = Rc::clone(&self.client.info.borrow().kill);
+        let kill = Arc::clone(&self.client.info.borrow().kill);
         let mut shutdown = self.client.shard.shared.shutdown_signal();
         let Connection {
             client,

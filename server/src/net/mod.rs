@@ -3,3 +3,4 @@
 
 pub mod connection;
 mod idle_poll;
+pub mod packing;

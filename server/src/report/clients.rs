@@ -36,7 +36,21 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     );
     o.field("total_blocking_keys", sum(reports, |r| r.blocking_keys));
     o.field("tracking_clients", 0);
+    o.field(
+        "connections_packed_on_shard",
+        packed_on(shared.packing.load(Relaxed)),
+    );
+    o.field("connections_moved", sum(reports, |r| r.connections_moved));
     o.field("clients_in_timeout_table", 0);
+}
+
+/// The shard serving every connection that can move, -1 while they are
+/// spread (`net::packing`).
+fn packed_on(packing: usize) -> i64 {
+    match packing.checked_sub(crate::net::packing::PACKED) {
+        Some(home) => home as i64,
+        None => -1,
+    }
 }
 
 /// This shard's connection figures.

@@ -48,6 +48,8 @@ pub struct ShardReport {
     pub commands: u64,
     /// Connections accepted.
     pub connections_received: u64,
+    /// Connections handed to another shard.
+    pub connections_moved: u64,
     /// Connections refused.
     pub rejected_connections: u64,
     /// Clients closed by client-query-buffer-limit.
@@ -109,6 +111,7 @@ impl ShardReport {
             blocking_keys: store.watched_keys() as u64,
             commands: stats.total_commands,
             connections_received: stats.connections_received,
+            connections_moved: stats.connections_moved,
             rejected_connections: stats.rejected_connections,
             query_buffer_closed: stats.query_buffer_closed,
             evicted_clients: stats.evicted_clients,

@@ -37,6 +37,11 @@ impl Watching {
         self.keys.push(key);
     }
 
+    /// Whether no key is watched.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// Forgets every watched key (posting the removals to their shards).
     pub fn clear(&mut self) {
         let client = self.client;
