@@ -61,8 +61,9 @@ pub struct Config {
     /// one shard thread: at a light load, one thread's wake-ups serve all
     /// the clients' requests and the other cores stay free. Above it by 30
     /// points, the connections are spread over the shards again (0: never
-    /// pack).
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=100))]
+    /// pack; the shard threads together can use up to 100 per core, so 1000
+    /// packs whatever the load of up to ten).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=MAX_PACK_BELOW))]
     pub pack_below: u64,
 
     /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit).
@@ -377,6 +378,8 @@ pub fn parse_yes_no(s: &str) -> Result<bool, String> {
 
 /// Longest idle poll (`--idle-poll-us`): 10 ms.
 pub const MAX_IDLE_POLL_US: u64 = 10_000;
+/// The highest `--pack-below` (percent of one core).
+pub const MAX_PACK_BELOW: u64 = 1000;
 
 impl Config {
     /// Parses the process arguments, reading the config file if one is named.
@@ -1463,8 +1466,10 @@ const PARAMS: &[Param] = &[
         name: "pack-below",
         get: |c| c.pack_below.load(Relaxed).to_string(),
         parse: |s| match number(s)? {
-            Value::Number(n) if n <= 100 => Ok(Value::Number(n)),
-            _ => Err("argument must be between 0 and 100 inclusive".into()),
+            Value::Number(n) if n <= MAX_PACK_BELOW => Ok(Value::Number(n)),
+            _ => Err(format!(
+                "argument must be between 0 and {MAX_PACK_BELOW} inclusive"
+            )),
         },
         apply: |c, v| set_num(&c.pack_below, v),
     },

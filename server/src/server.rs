@@ -414,9 +414,9 @@ fn place_connections(shared: &Shared, packer: &mut Packer, seated: &mut Vec<usiz
         cpu,
         seated,
         shared.config.pack_below.load(Relaxed),
-        shared.packing.load(Relaxed),
+        shared.placement(),
     );
-    shared.packing.store(now, Relaxed);
+    shared.set_placement(now);
 }
 
 /// Records the loader hands a shard per mailbox job, and jobs in flight

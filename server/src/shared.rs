@@ -52,8 +52,8 @@ pub struct Shared {
     /// goes to the shard with the fewest ([`Shared::seat_for`]).
     pub seated: Vec<AtomicUsize>,
     /// Where connections should be served, as the ticker last decided
-    /// (`net::packing`: stay, spread, or all on one shard).
-    pub packing: AtomicUsize,
+    /// ([`Placement`], encoded; `net::packing` decides).
+    placement: AtomicUsize,
     /// Each shard thread's CPU time (ns), as its cron last read it.
     pub shard_cpu_ns: Vec<AtomicU64>,
     /// Bytes held by the requests still arriving on every connection
@@ -167,7 +167,7 @@ impl Shared {
             connected: AtomicUsize::new(0),
             ticker: std::sync::OnceLock::new(),
             seated: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
-            packing: AtomicUsize::new(crate::net::packing::STAY),
+            placement: AtomicUsize::new(Placement::Stay.encode()),
             shard_cpu_ns: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             client_query_bytes: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
@@ -193,6 +193,17 @@ impl Shared {
         }
     }
 
+    /// Where client connections are to be served now.
+    #[inline]
+    pub fn placement(&self) -> Placement {
+        Placement::decode(self.placement.load(Relaxed))
+    }
+
+    /// Sets where client connections are to be served.
+    pub fn set_placement(&self, placement: Placement) {
+        self.placement.store(placement.encode(), Relaxed);
+    }
+
     /// A receiver that sees `true` once shutdown is requested.
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
@@ -201,6 +212,37 @@ impl Shared {
     /// Whether shutdown was requested.
     pub fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
+    }
+}
+
+/// Where client connections are to be served, as the ticker decides from
+/// the load (`net::packing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Where they are.
+    Stay,
+    /// Moved until the shards' counts differ by at most one.
+    Spread,
+    /// Every connection that can move on this shard.
+    On(usize),
+}
+
+impl Placement {
+    fn encode(self) -> usize {
+        match self {
+            Placement::Stay => 0,
+            Placement::Spread => 1,
+            Placement::On(shard) => 2 + shard,
+        }
+    }
+
+    #[inline]
+    fn decode(v: usize) -> Placement {
+        match v {
+            0 => Placement::Stay,
+            1 => Placement::Spread,
+            shard => Placement::On(shard - 2),
+        }
     }
 }
 

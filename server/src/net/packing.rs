@@ -21,16 +21,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::shared::Shared;
-
-/// [`Shared::packing`]: connections stay where they are.
-pub const STAY: usize = 0;
-/// [`Shared::packing`]: connections move until the shards' counts differ
-/// by at most one.
-pub const SPREAD: usize = 1;
-/// [`Shared::packing`] `PACKED + h`: every connection that can move goes
-/// to shard `h`.
-pub const PACKED: usize = 2;
+use crate::shared::{Placement, Shared};
 
 /// How long the load stays light before connections are packed (ns).
 pub const PACK_AFTER_NS: u64 = 2_000_000_000;
@@ -58,15 +49,15 @@ impl Packer {
     /// One tick at `now` (mono ns): the shard threads have used `cpu_ns`
     /// in all (their published sum), the shards serve `seated` connections
     /// each, and the threshold is `pack_below` percent of a core (0:
-    /// never pack). Returns the new [`Shared::packing`] value.
+    /// never pack). Returns where connections are to be served now.
     pub fn tick(
         &mut self,
         now: u64,
         cpu_ns: u64,
         seated: &[usize],
         pack_below: u64,
-        current: usize,
-    ) -> usize {
+        current: Placement,
+    ) -> Placement {
         let (wall, used) = (
             now.saturating_sub(self.last_ns),
             cpu_ns.saturating_sub(self.last_cpu_ns),
@@ -81,10 +72,14 @@ impl Packer {
         let load = used.saturating_mul(100) / wall;
         let balanced = seated.iter().max().copied().unwrap_or(0)
             <= seated.iter().min().copied().unwrap_or(0) + 1;
-        if current >= PACKED {
+        if let Placement::On(_) = current {
             if pack_below == 0 || load > pack_below + SPREAD_MARGIN {
                 self.light_since = 0;
-                return if balanced { STAY } else { SPREAD };
+                return if balanced {
+                    Placement::Stay
+                } else {
+                    Placement::Spread
+                };
             }
             return current;
         }
@@ -98,28 +93,25 @@ impl Packer {
             let home = (0..seated.len())
                 .max_by_key(|&s| (seated[s], std::cmp::Reverse(s)))
                 .unwrap_or(0);
-            return PACKED + home;
+            return Placement::On(home);
         }
         match current {
-            SPREAD if balanced => STAY,
+            Placement::Spread if balanced => Placement::Stay,
             other => other,
         }
     }
 }
 
 /// Where a connection served by shard `here` should go now (checked
-/// between requests): `None` to stay. Under [`SPREAD`] the move is counted
+/// between requests): `None` to stay. Under [`Placement::Spread`] the move is counted
 /// here at once (the seats are taken over by [`crate::shared::ShardSeat::move_to`]
 /// on the way), so connections deciding together do not all leave.
 #[inline]
 pub fn move_target(shared: &Shared, here: usize) -> Option<usize> {
-    match shared.packing.load(Relaxed) {
-        STAY => None,
-        SPREAD => spread_target(&shared.seated, here),
-        packed => {
-            let home = packed - PACKED;
-            (home != here && home < shared.shards).then_some(home)
-        }
+    match shared.placement() {
+        Placement::Stay => None,
+        Placement::Spread => spread_target(&shared.seated, here),
+        Placement::On(home) => (home != here && home < shared.shards).then_some(home),
     }
 }
 
@@ -149,8 +141,8 @@ mod tests {
         ticks: u32,
         load: u64,
         seated: &[usize],
-        mut mode: usize,
-    ) -> usize {
+        mut mode: Placement,
+    ) -> Placement {
         for _ in 0..ticks {
             t.0 += TICK;
             t.1 += TICK * load / 100;
@@ -162,41 +154,56 @@ mod tests {
     #[test]
     fn light_load_packs_after_a_while_on_the_busiest_shard() {
         let (mut p, mut t) = (Packer::default(), (1, 0));
-        let mode = run(&mut p, &mut t, TICKS, 20, &[3, 5], STAY);
-        assert_eq!(mode, STAY, "one tick short");
-        assert_eq!(run(&mut p, &mut t, 1, 20, &[3, 5], mode), PACKED + 1);
+        let mode = run(&mut p, &mut t, TICKS, 20, &[3, 5], Placement::Stay);
+        assert_eq!(mode, Placement::Stay, "one tick short");
+        assert_eq!(run(&mut p, &mut t, 1, 20, &[3, 5], mode), Placement::On(1));
         // A tick of load between the two thresholds keeps it packed.
-        assert_eq!(run(&mut p, &mut t, 5, 60, &[0, 8], PACKED + 1), PACKED + 1);
+        assert_eq!(
+            run(&mut p, &mut t, 5, 60, &[0, 8], Placement::On(1)),
+            Placement::On(1)
+        );
     }
 
     #[test]
     fn a_busy_tick_breaks_the_light_run_and_spreads_a_packed_server() {
         let (mut p, mut t) = (Packer::default(), (1, 0));
-        let mode = run(&mut p, &mut t, TICKS - 1, 10, &[4, 4], STAY);
+        let mode = run(&mut p, &mut t, TICKS - 1, 10, &[4, 4], Placement::Stay);
         let mode = run(&mut p, &mut t, 1, 50, &[4, 4], mode);
-        assert_eq!(run(&mut p, &mut t, TICKS - 1, 10, &[4, 4], mode), STAY);
+        assert_eq!(
+            run(&mut p, &mut t, TICKS - 1, 10, &[4, 4], mode),
+            Placement::Stay
+        );
         let mode = run(&mut p, &mut t, 2, 10, &[4, 4], mode);
-        assert_eq!(mode, PACKED);
+        assert_eq!(mode, Placement::On(0));
         let mode = run(&mut p, &mut t, 1, 75, &[8, 0], mode);
-        assert_eq!(mode, SPREAD);
+        assert_eq!(mode, Placement::Spread);
         // Spread until the counts are even, then stay.
-        assert_eq!(run(&mut p, &mut t, 1, 75, &[6, 2], mode), SPREAD);
-        assert_eq!(run(&mut p, &mut t, 1, 75, &[4, 4], SPREAD), STAY);
+        assert_eq!(run(&mut p, &mut t, 1, 75, &[6, 2], mode), Placement::Spread);
+        assert_eq!(
+            run(&mut p, &mut t, 1, 75, &[4, 4], Placement::Spread),
+            Placement::Stay
+        );
     }
 
     #[test]
     fn one_shard_or_zero_threshold_never_packs() {
         let (mut p, mut t) = (Packer::default(), (1, 0));
-        assert_eq!(run(&mut p, &mut t, 100, 0, &[5], STAY), STAY);
-        let mut mode = STAY;
+        assert_eq!(
+            run(&mut p, &mut t, 100, 0, &[5], Placement::Stay),
+            Placement::Stay
+        );
+        let mut mode = Placement::Stay;
         for _ in 0..100 {
             t.0 += TICK;
             mode = p.tick(t.0, t.1, &[2, 2], 0, mode);
         }
-        assert_eq!(mode, STAY);
+        assert_eq!(mode, Placement::Stay);
         // Turned off while packed: spread again.
         t.0 += TICK;
-        assert_eq!(p.tick(t.0, t.1, &[4, 0], 0, PACKED), SPREAD);
+        assert_eq!(
+            p.tick(t.0, t.1, &[4, 0], 0, Placement::On(0)),
+            Placement::Spread
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
 use super::snapshot::{sum, Info, ShardReport};
-use crate::shared::Shared;
+use crate::shared::{Placement, Shared};
 
 /// Connections accepted.
 pub const CONNECTIONS: Metric =
@@ -38,19 +38,13 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("tracking_clients", 0);
     o.field(
         "connections_packed_on_shard",
-        packed_on(shared.packing.load(Relaxed)),
+        match shared.placement() {
+            Placement::On(shard) => shard as i64,
+            Placement::Stay | Placement::Spread => -1,
+        },
     );
     o.field("connections_moved", sum(reports, |r| r.connections_moved));
     o.field("clients_in_timeout_table", 0);
-}
-
-/// The shard serving every connection that can move, -1 while they are
-/// spread (`net::packing`).
-fn packed_on(packing: usize) -> i64 {
-    match packing.checked_sub(crate::net::packing::PACKED) {
-        Some(home) => home as i64,
-        None => -1,
-    }
 }
 
 /// This shard's connection figures.
