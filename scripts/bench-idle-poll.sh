@@ -15,7 +15,10 @@
 #   REPS=3 SECS=4 scripts/bench-idle-poll.sh
 #
 # Environment: RATES ("1000 5000 20000"), CLIENTS ("1 8"), SECS (4), REPS (1:
-# rounds, medians reported), THREADS (2), IDLE_SECS (3).
+# rounds, medians reported), THREADS (2), IDLE_SECS (3), CONTROL (0; 1: a
+# second --idle-poll-us 0 server takes its turns too, and the goals line
+# shows the two identical servers' ratios: the run's noise for a comparison
+# of the same code).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -26,6 +29,7 @@ SECS=${SECS:-4}
 REPS=${REPS:-1}
 THREADS=${THREADS:-2}
 IDLE_SECS=${IDLE_SECS:-3}
+CONTROL=${CONTROL:-0}
 command -v redis-server >/dev/null || { echo "missing redis-server"; exit 1; }
 
 bench_setup bench-idle-poll
@@ -39,12 +43,13 @@ run_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {pri
 
 declare -A PORT PID
 SERVERS=(redis kvtier kvtier-poll0 base)
+[[ $CONTROL == 1 ]] && SERVERS+=(kvtier-poll0-again)
 for s in "${SERVERS[@]}"; do
   PORT[$s]=$(free_port)
   case $s in
     redis) redis-server --port "${PORT[$s]}" --save '' --appendonly no >"$WORK/$s.log" 2>&1 & ;;
     kvtier) "$BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none >"$WORK/$s.log" 2>&1 & ;;
-    kvtier-poll0) "$BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none --idle-poll-us 0 >"$WORK/$s.log" 2>&1 & ;;
+    kvtier-poll0 | kvtier-poll0-again) "$BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none --idle-poll-us 0 >"$WORK/$s.log" 2>&1 & ;;
     base) "$BASELINE_BIN" --port "${PORT[$s]}" --threads "$THREADS" --metrics-addr none >"$WORK/$s.log" 2>&1 & ;;
   esac
   PID[$s]=$!
@@ -120,6 +125,10 @@ for c in clients.split():
         red, off = cells[("redis", c, r)], cells[("kvtier-poll0", c, r)]
         print(f"  {c} client(s), {r}/s: CPU per GET {new[1] / red[1]:.2f}x redis-server's, "
               f"{new[1] / off[1]:.2f}x --idle-poll-us 0's (goals <= 1.1); p99 {new[3]:.1f} vs {off[3]:.1f} µs")
+        again = cells.get(("kvtier-poll0-again", c, r))
+        if again:
+            print(f"    control, the same --idle-poll-us 0 server twice: CPU per GET {again[1] / off[1]:.2f}x, "
+                  f"p99 {again[3]:.1f} vs {off[3]:.1f} µs")
 EOF
 echo
 echo "CPU with no client connected (µs of run time per second):"
