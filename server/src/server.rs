@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::acl::Acl;
 use crate::config::Config;
+use crate::net::connection::{accept, send_socket};
 use crate::net::packing::Packer;
 use crate::report::{Exporter, ShardReport};
 use crate::shard::{self, slot::shard_slots, Shard, ShardSet};
@@ -313,7 +314,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
                     }
                     let seat = shared.seat_for(shard.id);
                     if seat.shard == shard.id {
-                        tokio::task::spawn_local(crate::net::connection::accept(
+                        tokio::task::spawn_local(accept(
                             Rc::clone(&shard),
                             stream,
                             peer,
@@ -338,33 +339,13 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
 /// registers the socket with its own runtime and serves it from then on
 /// (its TLS handshake included). A connection that cannot move is closed.
 fn hand_over(shard: &Shard, stream: TcpStream, peer: SocketAddr, tls: bool, seat: ShardSeat) {
-    let stream = match stream.into_std() {
-        Ok(stream) => stream,
-        Err(e) => {
-            warn!(
-                "moving a connection from {peer} to shard {}: {e}",
-                seat.shard
-            );
-            return;
-        }
-    };
     let target = seat.shard;
-    let _ = shard.post(
-        target,
-        Box::new(move |s: &Shard| {
-            let Some(me) = s.rc() else {
-                return;
-            };
-            match TcpStream::from_std(stream) {
-                Ok(stream) => {
-                    tokio::task::spawn_local(crate::net::connection::accept(
-                        me, stream, peer, tls, seat,
-                    ));
-                }
-                Err(e) => warn!("taking a connection from {peer}: {e}"),
-            }
+    match stream.into_std() {
+        Ok(stream) => send_socket(shard, target, stream, move |me, stream| {
+            accept(me, stream, peer, tls, seat)
         }),
-    );
+        Err(e) => warn!("moving a connection from {peer} to shard {target}: {e}"),
+    }
 }
 
 /// Rings every shard's cron tick `hz` times a second until shutdown, and
@@ -546,7 +527,7 @@ async fn cron(shard: Rc<Shard>) {
             kvtier_store::resync_clock();
         }
         shard.deliver_links();
-        shared.shard_cpu_ns[shard.id].store(thread_cpu_ns(), Relaxed);
+        shared.shard_cpu_ns[shard.id].store(kvtier_store::thread_cpu_ns(), Relaxed);
         let timeout = shared.config.timeout.load(Relaxed);
         if timeout > 0 {
             shard
@@ -582,19 +563,6 @@ async fn cron(shard: Rc<Shard>) {
             }
         }
     }
-}
-
-/// The CPU time this thread has used (ns).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a pointer to a
-    // local that outlives the call; CLOCK_THREAD_CPUTIME_ID exists on every
-    // Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Most keys of lost slots dropped per shard and second.

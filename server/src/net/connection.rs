@@ -210,32 +210,30 @@ impl Session {
     }
 }
 
-/// A connection on its way to another shard (`net::packing`), between two
-/// requests: nothing of it is half done.
-struct Moving {
-    stream: std::net::TcpStream,
-    seat: ShardSeat,
-    info: ClientInfo,
-    session: Session,
-}
-
-/// Serves a connection that another shard handed over.
-async fn resume(shard: Rc<Shard>, moving: Moving) {
-    let Moving {
-        stream,
-        seat,
-        info,
-        session,
-    } = moving;
-    match TcpStream::from_std(stream) {
-        Ok(stream) => {
-            Connection::new(shard, stream, info, session, 0)
-                .serve(seat)
-                .await;
-        }
-        // Dropping the socket closes it; the seat gives its counts back.
-        Err(e) => warn!("taking over client {}: {e}", info.id),
-    }
+/// Hands a socket to shard `to`, which registers it with its own runtime
+/// and serves it with `serve` from then on: a connection accepted here
+/// for a shard serving fewer, or one moving (`net::packing`). A socket that
+/// cannot be registered there is closed (and what `serve` holds, its seat
+/// among it, dropped).
+pub fn send_socket<F, Fut>(from: &Shard, to: usize, stream: std::net::TcpStream, serve: F)
+where
+    F: FnOnce(Rc<Shard>, TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let _ = from.post(
+        to,
+        Box::new(move |s: &Shard| {
+            let Some(me) = s.rc() else {
+                return;
+            };
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    tokio::task::spawn_local(serve(me, stream));
+                }
+                Err(e) => warn!("shard {to}: taking over a client connection: {e}"),
+            }
+        }),
+    );
 }
 
 struct Connection<S: ClientIo> {
@@ -415,11 +413,13 @@ impl<S: ClientIo> Connection<S> {
     /// node, no link events of its writes still to apply here.
     #[inline]
     fn move_target(&self) -> Option<usize> {
+        if S::TLS {
+            return None;
+        }
         let shard = &self.client.shard;
         let to = packing::move_target(&shard.shared, shard.id)?;
         let client = &self.client;
-        let still = S::TLS
-            || self.clock < self.settled
+        let still = self.clock < self.settled
             || !self.rbuf.is_empty()
             || self.parser.in_progress()
             || client.multi.is_some()
@@ -440,52 +440,32 @@ impl<S: ClientIo> Connection<S> {
             poll_plan,
             ..
         } = self;
-        let Client {
-            shard,
-            info,
-            resp3,
-            authenticated,
-            user,
-            acl_epoch,
-            no_touch,
-            readonly,
-            ..
-        } = client;
-        let (Ok(info), Some(stream)) = (Rc::try_unwrap(info), stream.into_std()) else {
+        let (Ok(info), Some(stream)) = (Rc::try_unwrap(client.info), stream.into_std()) else {
             warn!("a client connection could not move to shard {to}: closed");
             return;
         };
-        seat.move_to(to);
-        shard.stats.borrow_mut().connections_moved += 1;
-        let moving = Moving {
-            stream,
-            seat,
-            info: info.into_inner(),
-            session: Session {
-                resp3,
-                authenticated,
-                user,
-                acl_epoch,
-                no_touch,
-                readonly,
-                poll_plan,
-            },
+        let session = Session {
+            resp3: client.resp3,
+            authenticated: client.authenticated,
+            user: client.user,
+            acl_epoch: client.acl_epoch,
+            no_touch: client.no_touch,
+            readonly: client.readonly,
+            poll_plan,
         };
-        let _ = shard.post(
-            to,
-            Box::new(move |s: &Shard| {
-                if let Some(me) = s.rc() {
-                    tokio::task::spawn_local(resume(me, moving));
-                }
-            }),
-        );
+        seat.move_to(to);
+        client.shard.stats.borrow_mut().connections_moved += 1;
+        let info = info.into_inner();
+        send_socket(&client.shard, to, stream, move |shard, stream| {
+            Connection::new(shard, stream, info, session, 0).serve(seat)
+        });
     }
 
     /// Serves the connection: batches of the requests read so far, their
     /// replies, then more reading, until the client or the server ends it.
     /// (The steps' awaits stay here: an `async fn` per step would cost
-    /// every request a future of its own.)
-    /// `Some(shard)`: the connection is to be served by that shard now.
+    /// every request a future of its own.) `Some(shard)`: the connection is
+    /// to be served by that shard now.
     async fn run(&mut self) -> std::io::Result<Option<usize>> {
         if self.client.shard.shared.shutting_down() {
             return Ok(None);
