@@ -675,5 +675,40 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_newcomer_at_the_clusters_epoch_waits_for_setnodes() {
+        // Started with the grown plain list at the cluster's epoch, the
+        // newcomer's ping reaches an old node before any SETNODES: the old
+        // node keeps its list (a plain four-node list would be replayed as
+        // if all four had been there from the start), and the newcomer
+        // takes the cluster's from the answer.
+        let old = node("n2", THREE, 0);
+        let newcomer = node("n4", FOUR, 0);
+        let before = old.view();
+        assert_eq!(old.gossip("n4", 0, FOUR, None), (0, THREE.to_string()));
+        assert_eq!(
+            newcomer.gossip("n2", 0, THREE, None),
+            (0, THREE.to_string())
+        );
+        assert_eq!(newcomer.view().me, None, "outside the list until it joins");
+        // SETNODES then records the join, and the ping carries it.
+        old.set_nodes(FOUR, 1).unwrap();
+        let (epoch, history) = old.list_text();
+        assert_eq!(history, format!("{FOUR}#1"));
+        assert_eq!(newcomer.gossip("n2", epoch, &history, None), (1, history));
+        // The newcomer takes its fair share; nothing moves between the others.
+        let (a, b) = (old.view(), newcomer.view());
+        let mut moved = 0;
+        for s in 0..SLOTS_U16 {
+            let now = &a.nodes[a.owner(s)].id;
+            assert_eq!(now, &b.nodes[b.owner(s)].id);
+            if now != &before.nodes[before.owner(s)].id {
+                assert_eq!(now, "n4", "slot {s} moved between old nodes");
+                moved += 1;
+            }
+        }
+        assert_eq!(moved, 4096);
+    }
+
     const SLOTS_U16: u16 = kvtier_store::slot::SLOTS as u16;
 }

@@ -19,6 +19,7 @@
 //! groups of [`REPLICA_GROUP`] slots, skipping the owner, so a range's
 //! replicas change only at group boundaries.
 
+use std::cmp::Reverse;
 use std::fmt::{self, Write as _};
 
 use kvtier_store::slot::SLOTS;
@@ -124,14 +125,22 @@ impl NodeList {
     }
 
     /// How much history the list records, to settle two lists of one
-    /// epoch: the one with more wins (then the greater text), so a node
-    /// started with a plain list takes the cluster's.
-    pub fn precedence(&self) -> (u64, usize, String) {
+    /// epoch: the one with more wins, so a node started with a plain list
+    /// takes the cluster's. Then the one with fewer members: a newcomer
+    /// started with the grown list at the cluster's epoch does not impose
+    /// it (replayed without history it would move most slots); it waits
+    /// outside the list until SETNODES makes it join. Then the greater text.
+    pub fn precedence(&self) -> (u64, usize, Reverse<usize>, String) {
         let joins = self
             .nodes
             .iter()
             .fold(0u64, |sum, n| sum.saturating_add(n.since));
-        (joins, self.left.len(), format_list(self))
+        (
+            joins,
+            self.left.len(),
+            Reverse(self.nodes.len()),
+            format_list(self),
+        )
     }
 }
 

@@ -623,6 +623,21 @@ fn setnodes_adds_a_fourth_node() {
     }
     let owners_before: Vec<usize> = slot_owners(&mut c.raw(0), &ports);
     c.start_node(3, &four);
+    // Its list is plain and of the cluster's epoch: its pings do not impose
+    // it (all four replayed from the start would move most slots); it takes
+    // the cluster's and waits outside it for SETNODES.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            (0..4).all(|i| {
+                c.raw(i)
+                    .run("INFO cluster")
+                    .text()
+                    .contains(&format!("cluster_node_list:{three}\r\n"))
+            })
+        }),
+        "the newcomer's list won"
+    );
+    assert_eq!(slot_owners(&mut c.raw(3), &ports), owners_before);
     assert_eq!(c.raw(1).run(&format!("CLUSTER SETNODES {four} 1")), ok());
     assert!(
         c.raw(1)
