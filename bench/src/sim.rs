@@ -11,15 +11,16 @@
 //!   same `--threads`, `--maxmemory` and policy.
 //! * References, on the same requests and capacity: exact LRU, prefix-aware
 //!   LRU (the least recently used block that is a leaf or an orphan goes
-//!   first) and Belady's MIN (the block used again farthest in the future
-//!   goes first), each with room for `maxmemory / block bytes` blocks.
+//!   first), issue 42's MQ variant (`mq`) and Belady's MIN (the block used
+//!   again farthest in the future goes first), each with room for
+//!   `maxmemory / block bytes` blocks.
 //!
 //! The hit model is the dialect replay's: a request's hits are the leading
 //! run of its blocks that are present (PREFIXLEN), those blocks are read
 //! (MGETPREFIX), and the missing suffix is stored as one chain whose first
 //! block names the last hit as its parent (MSETBLOCK CHAIN PARENT).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -44,7 +45,7 @@ pub struct SimArgs {
     #[arg(long, default_value = "0.05,0.1,0.25")]
     pub capacity: String,
     /// Policies, comma-separated: the store's (`prefix`, `allkeys-lru`, ...)
-    /// and the references `lru`, `prefix-lru`, `belady`; `all` for every
+    /// and the references `lru`, `prefix-lru`, `mq`, `belady`; `all` for every
     /// one of the store's eviction policies that evicts plus the references.
     #[arg(long, default_value = "prefix,allkeys-lru,lru,prefix-lru,belady")]
     pub policy: String,
@@ -502,6 +503,143 @@ impl Cache for PrefixLru {
     }
 }
 
+/// Issue 42's MQ variant, as the issue describes it: eight LRU queues by
+/// log2 of the use count; a block unused for `capacity` ticks (one tick a
+/// block touched) drops a queue; a ghost list of 4× the blocks gives a
+/// returning block its old count back; a request's blocks are touched
+/// deepest first, so a chain leaves from its tail; the final partial block
+/// is stored cold (first to go). Evicts from the lowest queue not empty.
+struct Mq {
+    capacity: usize,
+    tick: i64,
+    /// Cold stamps count down from far below any tick.
+    cold: i64,
+    cached: HashMap<u64, MqEntry>,
+    queues: Vec<BTreeSet<(i64, u64)>>,
+    /// Evicted blocks' counts, and the eviction that wrote each.
+    ghosts: HashMap<u64, (u32, u64)>,
+    ghost_order: VecDeque<(u64, u64)>,
+    evictions: u64,
+}
+
+#[derive(Clone, Copy)]
+struct MqEntry {
+    count: u32,
+    queue: usize,
+    stamp: i64,
+    expire: i64,
+}
+
+impl Mq {
+    const QUEUES: usize = 8;
+
+    fn new(capacity: usize) -> Mq {
+        Mq {
+            capacity,
+            tick: 0,
+            cold: i64::MIN / 2,
+            cached: HashMap::new(),
+            queues: vec![BTreeSet::new(); Mq::QUEUES],
+            ghosts: HashMap::new(),
+            ghost_order: VecDeque::new(),
+            evictions: 0,
+        }
+    }
+
+    /// Files `id` with `count` uses in its queue at `stamp`.
+    fn place(&mut self, id: u64, count: u32, stamp: i64) {
+        let entry = MqEntry {
+            count,
+            queue: (count.max(1).ilog2() as usize).min(Mq::QUEUES - 1),
+            stamp,
+            expire: self.tick + self.capacity as i64,
+        };
+        if let Some(old) = self.cached.insert(id, entry) {
+            self.queues[old.queue].remove(&(old.stamp, id));
+        }
+        self.queues[entry.queue].insert((stamp, id));
+    }
+
+    /// One tick: each queue's least recent block drops a queue if expired.
+    fn advance(&mut self) {
+        self.tick += 1;
+        for q in 1..Mq::QUEUES {
+            let Some(&(stamp, id)) = self.queues[q].first() else {
+                continue;
+            };
+            let mut e = self.cached[&id];
+            if e.expire < self.tick {
+                self.queues[q].remove(&(stamp, id));
+                e.queue = q - 1;
+                e.stamp = self.tick;
+                e.expire = self.tick + self.capacity as i64;
+                self.queues[e.queue].insert((e.stamp, id));
+                self.cached.insert(id, e);
+            }
+        }
+    }
+
+    fn evict(&mut self) {
+        let Some(q) = self.queues.iter().position(|q| !q.is_empty()) else {
+            return;
+        };
+        let Some((_, victim)) = self.queues[q].pop_first() else {
+            return;
+        };
+        let Some(e) = self.cached.remove(&victim) else {
+            return;
+        };
+        self.evictions += 1;
+        self.ghosts.insert(victim, (e.count, self.evictions));
+        self.ghost_order.push_back((victim, self.evictions));
+        while self.ghost_order.len() > 4 * self.capacity {
+            if let Some((old, at)) = self.ghost_order.pop_front() {
+                if self.ghosts.get(&old).is_some_and(|g| g.1 == at) {
+                    self.ghosts.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+impl Cache for Mq {
+    fn present(&mut self, id: u64, _req: usize) -> bool {
+        self.cached.contains_key(&id)
+    }
+
+    fn read(&mut self, ids: &[u64], _req: usize) -> usize {
+        for &id in ids.iter().rev() {
+            self.advance();
+            let count = self.cached[&id].count.saturating_add(1);
+            self.place(id, count, self.tick);
+        }
+        ids.len()
+    }
+
+    fn store(&mut self, ids: &[u64], _parent: Option<u64>, _req: usize, partial: bool) {
+        if self.capacity == 0 {
+            return;
+        }
+        for (i, &id) in ids.iter().enumerate().rev() {
+            self.advance();
+            if self.cached.contains_key(&id) {
+                continue;
+            }
+            while self.cached.len() >= self.capacity {
+                self.evict();
+            }
+            let count = self.ghosts.remove(&id).map_or(1, |g| g.0.saturating_add(1));
+            let stamp = if partial && i + 1 == ids.len() {
+                self.cold -= 1;
+                self.cold
+            } else {
+                self.tick
+            };
+            self.place(id, count, stamp);
+        }
+    }
+}
+
 /// Belady's MIN: the block whose next use is farthest goes first.
 struct Belady {
     capacity: usize,
@@ -581,7 +719,7 @@ impl Cache for Belady {
 }
 
 /// The policies `all` stands for.
-const ALL: [&str; 9] = [
+const ALL: [&str; 10] = [
     "prefix",
     "allkeys-lru",
     "allkeys-lfu",
@@ -589,6 +727,7 @@ const ALL: [&str; 9] = [
     "volatile-lru",
     "lru",
     "prefix-lru",
+    "mq",
     "belady",
     "ideal",
 ];
@@ -610,6 +749,7 @@ pub fn simulate(
         "lru" => replay(trace, a.block_tokens, &mut Lru::new(blocks)),
         "prefix-lru" => replay(trace, a.block_tokens, &mut PrefixLru::new(blocks)),
         "belady" => replay(trace, a.block_tokens, &mut Belady::new(blocks, trace)),
+        "mq" => replay(trace, a.block_tokens, &mut Mq::new(blocks)),
         "ideal" => replay(trace, a.block_tokens, &mut Lru::new(usize::MAX)),
         name => {
             let policy: EvictionPolicy = name.parse().map_err(std::io::Error::other)?;
@@ -699,7 +839,10 @@ pub fn run(a: SimArgs) -> std::io::Result<()> {
         for &f in &fractions {
             let o = simulate(&trace, &a, policy, f)?;
             row += &format!(" {:.4} |", o.block_hit_rate);
-            if !matches!(o.policy.as_str(), "lru" | "prefix-lru" | "belady" | "ideal") {
+            if !matches!(
+                o.policy.as_str(),
+                "lru" | "prefix-lru" | "mq" | "belady" | "ideal"
+            ) {
                 held += &format!(
                     " {} {:.0}%: {}/{}",
                     o.policy,
@@ -746,4 +889,33 @@ pub fn run(a: SimArgs) -> std::io::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mq_evicts_chain_tails_cold_blocks_first_and_remembers_counts() {
+        let mut mq = Mq::new(3);
+        mq.store(&[1, 2, 3], None, 0, false);
+        mq.read(&[1], 1);
+        assert_eq!(mq.cached[&1].queue, 1, "read once: two uses");
+        // The chain leaves from its tail.
+        mq.store(&[4], Some(1), 2, false);
+        assert!(!mq.present(3, 3) && mq.present(2, 3) && mq.present(1, 3));
+        // A final partial block is stored cold: the next to go.
+        mq.store(&[5], None, 3, true);
+        assert!(!mq.present(2, 4) && mq.present(5, 4));
+        mq.store(&[3], None, 4, false);
+        assert!(!mq.present(5, 5) && mq.present(4, 5));
+        // The ghost gave 3 its count back: a second use.
+        assert_eq!(mq.cached[&3].queue, 1);
+        // Unused for a capacity of ticks, a block drops a queue.
+        let tick = mq.tick;
+        while mq.tick < tick + 4 {
+            mq.advance();
+        }
+        assert_eq!(mq.cached[&1].queue, 0);
+    }
 }
