@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// What the server shows of one connection.
+#[derive(Clone)]
 pub struct ClientInfo {
     /// Unique, increasing id (CLIENT ID).
     pub id: u64,
@@ -144,7 +145,14 @@ impl ClientInfo {
 #[derive(Default)]
 pub struct ClientRegistry {
     clients: BTreeMap<u64, Rc<RefCell<ClientInfo>>>,
+    /// Connections that left lately for another shard (`net::packing`):
+    /// what they were, where they went, when (`mono_ns`).
+    departed: Vec<(ClientInfo, usize, u64)>,
 }
+
+/// How long a connection that moved away is remembered: its move takes
+/// one mailbox job, microseconds; this covers any stall.
+const DEPARTED_NS: u64 = 10_000_000_000;
 
 impl ClientRegistry {
     /// Registers a connection.
@@ -156,6 +164,34 @@ impl ClientRegistry {
     /// Forgets a connection.
     pub fn remove(&mut self, id: u64) {
         self.clients.remove(&id);
+    }
+
+    /// Notes that connection `info`, already forgotten here, is on its way
+    /// to shard `to`. Until its move job has surely run there, a CLIENT
+    /// KILL that finds it in no registry finds it here
+    /// ([`ClientRegistry::departed_matching`]).
+    pub fn depart(&mut self, info: &ClientInfo, to: usize) {
+        let now = kvtier_store::mono_ns();
+        self.departed
+            .retain(|(.., at)| now.saturating_sub(*at) < DEPARTED_NS);
+        self.departed.push((info.clone(), to, now));
+    }
+
+    /// `(shard, id)` of the connections `matches` accepts that left for
+    /// another shard lately. A kill posted there now runs after their
+    /// move job, which was posted before this call.
+    pub fn departed_matching(&self, matches: impl Fn(&ClientInfo) -> bool) -> Vec<(usize, u64)> {
+        let now = kvtier_store::mono_ns();
+        self.departed
+            .iter()
+            .filter(|(info, _, at)| now.saturating_sub(*at) < DEPARTED_NS && matches(info))
+            .map(|(info, to, _)| (*to, info.id))
+            .collect()
+    }
+
+    /// Connection `id`, if this shard serves it.
+    pub fn get(&self, id: u64) -> Option<&Rc<RefCell<ClientInfo>>> {
+        self.clients.get(&id)
     }
 
     /// Number of connections.
@@ -214,5 +250,32 @@ impl ClientRegistry {
     /// Kills every client (shutdown).
     pub fn kill_all(&self) {
         self.kill(|_| true, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64, port: u16) -> ClientInfo {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        ClientInfo::new(id, addr, addr, -1)
+    }
+
+    #[test]
+    fn a_departed_connection_is_found_where_it_went() {
+        let mut here = ClientRegistry::default();
+        here.add(Rc::new(RefCell::new(info(1, 1001))));
+        here.add(Rc::new(RefCell::new(info(2, 1002))));
+        let moving = info(2, 1002);
+        here.remove(2);
+        here.depart(&moving, 1);
+        assert_eq!(here.kill(|c| c.id == 2, None), 0, "not registered here");
+        assert_eq!(here.departed_matching(|c| c.id == 2), vec![(1, 2)]);
+        assert!(here.departed_matching(|c| c.id == 1).is_empty());
+        // Where it went, it is registered: found by id.
+        let mut there = ClientRegistry::default();
+        there.add(Rc::new(RefCell::new(moving)));
+        assert!(there.get(2).is_some() && there.get(1).is_none());
     }
 }

@@ -383,3 +383,66 @@ fn connections_moving_under_traffic_lose_and_reorder_nothing() {
     // twice.
     assert!(moved(&mut admin) >= 8, "{} moves", moved(&mut admin));
 }
+
+#[test]
+fn client_kill_finds_connections_while_they_move() {
+    use std::io::{Read, Write};
+    let server = Server::start(&["--pack-below", "0"]);
+    let mut admin = server.raw();
+    // Clients pinging every millisecond until their connection ends, each
+    // reporting its id first.
+    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
+    let clients: Vec<_> = (0..24)
+        .map(|_| {
+            let port = server.port;
+            let ids_tx = ids_tx.clone();
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let mut buf = [0u8; 64];
+                s.write_all(b"CLIENT ID\r\n").unwrap();
+                let n = s.read(&mut buf).unwrap();
+                let id: u64 = std::str::from_utf8(&buf[1..n - 2])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                ids_tx.send(id).unwrap();
+                loop {
+                    if s.write_all(b"PING\r\n").is_err() {
+                        return true;
+                    }
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return true,
+                        Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let ids: Vec<u64> = ids_rx.iter().take(24).collect();
+    // Three times: packed (1000: whatever the load), then spread while a
+    // third of the clients are killed one by one, 10 ms apart, across the
+    // tick that moves them. Each kill finds its client, moving or not, and
+    // every client sees its connection end.
+    for round in ids.chunks(8) {
+        assert_eq!(admin.run("CONFIG SET pack-below 1000"), ok());
+        assert!(eventually(Duration::from_secs(15), || packed_on(
+            &mut admin
+        ) >= 0));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+        for id in round {
+            assert_eq!(
+                admin.run(&format!("CLIENT KILL ID {id}")),
+                int(1),
+                "client {id}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    for c in clients {
+        assert!(c.join().unwrap(), "a killed client went on being served");
+    }
+    let moved = info_num(&admin.run("INFO clients").text(), "connections_moved");
+    assert!(moved >= 24, "{moved} moves");
+}

@@ -233,6 +233,10 @@ fn list(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
+/// How many shards CLIENT KILL follows connections that moved while it
+/// looked (each hop is a move made in the meantime).
+const MAX_KILL_HOPS: usize = 16;
+
 /// CLIENT KILL filters (all given ones must match).
 #[derive(Clone, Default)]
 struct KillFilter {
@@ -322,14 +326,48 @@ fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                 i += 2;
             }
         }
-        let killed = client
+        let found = client
             .shard
-            .call_all(move |s| s.clients.borrow().kill(|c| filter.matches(c), Some(me)))
+            .call_all(move |s| {
+                let clients = s.clients.borrow();
+                let killed = clients.kill(|c| filter.matches(c), Some(me));
+                (killed, clients.departed_matching(|c| filter.matches(c)))
+            })
             .await;
-        let Ok(killed) = killed else {
+        let Ok(found) = found else {
             return Reply::from(ShardGone);
         };
-        let total: usize = killed.into_iter().sum();
+        let mut total: usize = found.iter().map(|(killed, _)| killed).sum();
+        // A connection moving between shards was in no registry when asked:
+        // the shard it left sends the kill after it, to where it went
+        // (which counts it unless it already did), and on if it moved again.
+        let mut after: Vec<(usize, u64)> = found.into_iter().flat_map(|(_, moved)| moved).collect();
+        let mut hops = 0;
+        while let Some((to, id)) = after.pop() {
+            hops += 1;
+            let Ok(there) = client
+                .shard
+                .call(to, move |s| {
+                    let clients = s.clients.borrow();
+                    match clients.get(id) {
+                        Some(c) if c.borrow().killed => Ok(0),
+                        Some(c) => {
+                            c.borrow_mut().kill();
+                            Ok(1)
+                        }
+                        None => Err(clients.departed_matching(|c| c.id == id)),
+                    }
+                })
+                .await
+            else {
+                continue;
+            };
+            match there {
+                Ok(killed) => total += killed,
+                Err(moved) if hops < MAX_KILL_HOPS => after.extend(moved),
+                Err(_) => {}
+            }
+        }
         if client.info.borrow().killed {
             // Killed itself: reply first, then close.
             client.close_after_reply = true;

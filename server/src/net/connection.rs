@@ -456,6 +456,7 @@ impl<S: ClientIo> Connection<S> {
         seat.move_to(to);
         client.shard.stats.borrow_mut().connections_moved += 1;
         let info = info.into_inner();
+        client.shard.clients.borrow_mut().depart(&info, to);
         send_socket(&client.shard, to, stream, move |shard, stream| {
             Connection::new(shard, stream, info, session, 0).serve(seat)
         });
