@@ -8,7 +8,9 @@
 #   scripts/bench-eviction.sh                     # all three parts
 #   PARTS="sim" TRACES="synthetic conv-1" scripts/bench-eviction.sh
 #
-# Environment: PARTS ("sim confirm spill cost"; cost needs BASELINE_BIN), TRACE_DIR (/tmp/kvtier-traces,
+# Environment: PARTS ("sim confirm spill cost"; cost needs BASELINE_BIN; "seeds": the
+# calibrated chat shapes generated again with SEEDS ("11 12 13 14") and the share of
+# the gap SEED_POLICIES (prefix,mq) close on each, with the mean), TRACE_DIR (/tmp/kvtier-traces,
 # generated there when missing), TRACES (the ten of docs/traces.md), CAPACITIES
 # ("0.05,0.1,0.25"), POLICIES (prefix,allkeys-lru,allkeys-lfu plus the
 # references), SIM_BLOCK (1MiB), CONFIRM_CAP (0.1), REPLAY_BLOCK (64KiB:
@@ -33,6 +35,8 @@ CONFIRM_CAP=${CONFIRM_CAP:-0.1}
 REPLAY_BLOCK=${REPLAY_BLOCK:-64KiB}
 THREADS=${THREADS:-$(nproc)}
 SPILL_TRACES=${SPILL_TRACES:-"conv-1 synthetic chat-1"}
+SEEDS=${SEEDS:-"11 12 13 14"}
+SEED_POLICIES=${SEED_POLICIES:-prefix,mq}
 SPILL_DISK=${SPILL_DISK:-1}
 BASELINE_BIN=${BASELINE_BIN:-}
 OUT=${OUT:-}
@@ -102,6 +106,53 @@ if [[ " $PARTS " == *" sim "* ]]; then
   say "| trace | $(echo "$CAPACITIES" | sed 's/,/ | /g') |"
   say "|---|$(echo "$CAPACITIES" | sed 's/[^,]*/---/g; s/,/|/g')|"
   say "${gaps%$'\n'}"
+  say ""
+fi
+
+if [[ " $PARTS " == *" seeds "* ]]; then
+  # The calibrated conversation shapes of docs/traces.md, each generated
+  # again with seeds no choice of the policy saw: a cell of one trace moves
+  # by a few points of the gap with the seed alone.
+  say "## The calibrated shapes over seeds: kvtier-bench sim, $SIM_BLOCK blocks, one shard"
+  say ""
+  say "Share of the LRU→Belady gap ($(echo "$SEED_POLICIES" | sed 's/,/, /g') at $(echo "$CAPACITIES" | sed 's/,/, /g') of the unique bytes):"
+  say ""
+  say "| shape | seed | $(for p in ${SEED_POLICIES//,/ }; do for c in ${CAPACITIES//,/ }; do printf '%s %s | ' "$p" "$c"; done; done)"
+  say "|---|---|$(for p in ${SEED_POLICIES//,/ }; do for c in ${CAPACITIES//,/ }; do printf -- '---|'; done; done)"
+  shares="$TMP/shares"; : > "$shares"
+  for shape in chat chat-2 chat-3; do
+    case $shape in
+      chat) args=(--requests 12000) ;;
+      chat-2) args=(--requests 24000 --rate 4.6 --set gap_min=80 --set gap_median=960) ;;
+      chat-3) args=(--requests 30000) ;;
+    esac
+    for seed in $SEEDS; do
+      f="$TRACE_DIR/$shape-seed$seed.jsonl"
+      [[ -f $f ]] || python3 bench/gen_traces.py chat "${args[@]}" --seed "$seed" --out "$f" >/dev/null 2>&1
+      sim "$f" "$SEED_POLICIES,lru,belady" "$CAPACITIES" "$SIM_BLOCK" 1
+      row="| $shape | $seed |"
+      for p in ${SEED_POLICIES//,/ }; do
+        for c in ${CAPACITIES//,/ }; do
+          share=$(python3 -c "l, b, v = $(sim_rate lru "$c"), $(sim_rate belady "$c"), $(sim_rate "$p" "$c"); print(f'{(v - l) / (b - l) * 100:.1f}' if b > l else 'nan')")
+          echo "$p $c $share" >> "$shares"
+          row+=" $share% |"
+        done
+      done
+      say "$row"
+    done
+  done
+  for stat in mean min max; do
+    row="| all | $stat |"
+    for p in ${SEED_POLICIES//,/ }; do
+      for c in ${CAPACITIES//,/ }; do
+        row+=" $(python3 -c "
+import statistics, sys
+v = [float(x.split()[2]) for x in open(sys.argv[1]) if x.split()[:2] == [sys.argv[2], sys.argv[3]]]
+print(f'{dict(mean=statistics.mean, min=min, max=max)[sys.argv[4]](v):.1f}%')" "$shares" "$p" "$c" "$stat") |"
+      done
+    done
+    say "$row"
+  done
   say ""
 fi
 
