@@ -209,7 +209,7 @@ impl Default for PrefixTuning {
             cold_partial: true,
             ghosts_per_block: 4.0,
             class_threshold: 0.5,
-            class_probe: 8,
+            class_probe: 16,
             class_guard: 1.0,
         }
     }
