@@ -189,9 +189,18 @@ impl ClientRegistry {
             .collect()
     }
 
-    /// Connection `id`, if this shard serves it.
-    pub fn get(&self, id: u64) -> Option<&Rc<RefCell<ClientInfo>>> {
-        self.clients.get(&id)
+    /// A CLIENT KILL sent after connection `id`, which left another shard
+    /// for this one: kills it here (1, or 0 if it was killed already);
+    /// `Err`: it is not here, and where it went if it moved on.
+    pub fn kill_moved(&self, id: u64) -> Result<usize, Vec<(usize, u64)>> {
+        match self.clients.get(&id) {
+            Some(c) if c.borrow().killed => Ok(0),
+            Some(c) => {
+                c.borrow_mut().kill();
+                Ok(1)
+            }
+            None => Err(self.departed_matching(|c| c.id == id)),
+        }
     }
 
     /// Number of connections.
@@ -273,9 +282,14 @@ mod tests {
         assert_eq!(here.kill(|c| c.id == 2, None), 0, "not registered here");
         assert_eq!(here.departed_matching(|c| c.id == 2), vec![(1, 2)]);
         assert!(here.departed_matching(|c| c.id == 1).is_empty());
-        // Where it went, it is registered: found by id.
+        // Where it went, the kill sent after it counts it once.
         let mut there = ClientRegistry::default();
         there.add(Rc::new(RefCell::new(moving)));
-        assert!(there.get(2).is_some() && there.get(1).is_none());
+        assert_eq!(there.kill_moved(2), Ok(1));
+        assert_eq!(there.kill_moved(2), Ok(0), "killed already");
+        // Not there: it moved on (or is gone).
+        here.depart(&info(3, 1003), 0);
+        assert_eq!(here.kill_moved(3), Err(vec![(0, 3)]));
+        assert_eq!(there.kill_moved(3), Err(vec![]));
     }
 }

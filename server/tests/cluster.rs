@@ -92,6 +92,13 @@ impl Cluster {
         RawConn::connect(self.ports[i])
     }
 
+    /// Whether, within 10 s, every node's reply to `command` contains `text`.
+    fn every_node_shows(&self, command: &str, text: &str) -> bool {
+        eventually(Duration::from_secs(10), || {
+            (0..self.ports.len()).all(|i| self.raw(i).run(command).text().contains(text))
+        })
+    }
+
     fn redis(&self, i: usize) -> redis::Connection {
         connect_redis(&format!("redis://127.0.0.1:{}/", self.ports[i]))
     }
@@ -627,14 +634,7 @@ fn setnodes_adds_a_fourth_node() {
     // it (all four replayed from the start would move most slots); it takes
     // the cluster's and waits outside it for SETNODES.
     assert!(
-        eventually(Duration::from_secs(10), || {
-            (0..4).all(|i| {
-                c.raw(i)
-                    .run("INFO cluster")
-                    .text()
-                    .contains(&format!("cluster_node_list:{three}\r\n"))
-            })
-        }),
+        c.every_node_shows("INFO cluster", &format!("cluster_node_list:{three}\r\n")),
         "the newcomer's list won"
     );
     assert_eq!(slot_owners(&mut c.raw(3), &ports), owners_before);
@@ -646,27 +646,13 @@ fn setnodes_adds_a_fourth_node() {
         "an epoch that is not higher is refused"
     );
     assert!(
-        eventually(Duration::from_secs(10), || {
-            (0..4).all(|i| {
-                c.raw(i)
-                    .run("CLUSTER INFO")
-                    .text()
-                    .contains("cluster_current_epoch:1")
-            })
-        }),
+        c.every_node_shows("CLUSTER INFO", "cluster_current_epoch:1"),
         "the epoch did not spread"
     );
     // Every node carries the history SETNODES recorded (the newcomer,
     // started with the plain list, took it from a ping).
     assert!(
-        eventually(Duration::from_secs(10), || {
-            (0..4).all(|i| {
-                c.raw(i)
-                    .run("INFO cluster")
-                    .text()
-                    .contains(&format!("n4@127.0.0.1:{}#1", ports[3]))
-            })
-        }),
+        c.every_node_shows("INFO cluster", &format!("n4@127.0.0.1:{}#1", ports[3])),
         "the history did not spread"
     );
     let after = slot_owners(&mut c.raw(0), &ports);
@@ -1098,14 +1084,7 @@ fn a_joining_node_reads_its_new_slots_from_their_previous_owners() {
     }
     // A fourth node joins (started with the new list, then SETNODES).
     let ports = c.join_a_node();
-    assert!(eventually(Duration::from_secs(10), || {
-        (0..4).all(|i| {
-            c.raw(i)
-                .run("CLUSTER INFO")
-                .text()
-                .contains("cluster_current_epoch:1")
-        })
-    }));
+    assert!(c.every_node_shows("CLUSTER INFO", "cluster_current_epoch:1"));
     let owners = slot_owners(&mut c.raw(3), &ports);
     let theirs: Vec<(usize, &String)> = keys
         .iter()

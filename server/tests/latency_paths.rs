@@ -229,6 +229,16 @@ fn packed_on(c: &mut RawConn) -> i64 {
         .unwrap()
 }
 
+/// Packs every connection that can move on one shard (`--pack-below
+/// 1000`: whatever the load), lets them run packed a moment, and turns
+/// packing off: from the next tick they spread out again.
+fn pack_then_unpack(admin: &mut RawConn) {
+    assert_eq!(admin.run("CONFIG SET pack-below 1000"), ok());
+    assert!(eventually(Duration::from_secs(15), || packed_on(admin) >= 0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+}
+
 #[test]
 fn light_load_packs_connections_on_one_shard_and_they_keep_their_sessions() {
     let server = Server::start(&["--requirepass", "pw"]);
@@ -366,12 +376,7 @@ fn connections_moving_under_traffic_lose_and_reorder_nothing() {
         .collect();
     let moved = |c: &mut RawConn| info_num(&c.run("INFO clients").text(), "connections_moved");
     for _ in 0..2 {
-        assert_eq!(admin.run("CONFIG SET pack-below 1000"), ok());
-        assert!(eventually(Duration::from_secs(15), || packed_on(
-            &mut admin
-        ) >= 0));
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+        pack_then_unpack(&mut admin);
         assert!(eventually(Duration::from_secs(5), || packed_on(&mut admin) == -1));
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -425,12 +430,7 @@ fn client_kill_finds_connections_while_they_move() {
     // tick that moves them. Each kill finds its client, moving or not, and
     // every client sees its connection end.
     for round in ids.chunks(8) {
-        assert_eq!(admin.run("CONFIG SET pack-below 1000"), ok());
-        assert!(eventually(Duration::from_secs(15), || packed_on(
-            &mut admin
-        ) >= 0));
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(admin.run("CONFIG SET pack-below 0"), ok());
+        pack_then_unpack(&mut admin);
         for id in round {
             assert_eq!(
                 admin.run(&format!("CLIENT KILL ID {id}")),

@@ -347,17 +347,7 @@ fn kill(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             hops += 1;
             let Ok(there) = client
                 .shard
-                .call(to, move |s| {
-                    let clients = s.clients.borrow();
-                    match clients.get(id) {
-                        Some(c) if c.borrow().killed => Ok(0),
-                        Some(c) => {
-                            c.borrow_mut().kill();
-                            Ok(1)
-                        }
-                        None => Err(clients.departed_matching(|c| c.id == id)),
-                    }
-                })
+                .call(to, move |s| s.clients.borrow().kill_moved(id))
                 .await
             else {
                 continue;
