@@ -103,6 +103,7 @@ def main() -> None:
         load = KvtierMetadata(loads=[LoadSpec("r%d" % rep, hashes, block_ids)])
         c0, t0 = time.process_time(), time.perf_counter()
         worker.start_loads(load)
+        worker.wait_loads()
         if rep:
             loads.append((time.perf_counter() - t0, time.process_time() - c0))
         assert not worker.take_load_errors()

@@ -79,12 +79,14 @@ def test_a_block_is_never_loaded_in_another_geometry(kvtier_server: Server, othe
             assert isinstance(value, (bytes, bytearray))
             client.execute("SET", rkeys.key(0, h), value)
         reader.start_loads(KvtierMetadata(loads=[LoadSpec("r", HASHES, [0, 1, 2, 3])]))
+        reader.wait_loads()
         assert reader.take_load_errors() == {0, 1, 2, 3}
         assert all(not t.any() for t in rcache)
         # The writer's own geometry loads them.
         again, _, acache = worker(kvtier_server.url)
         try:
             again.start_loads(KvtierMetadata(loads=[LoadSpec("a", HASHES, [0, 1, 2, 3])]))
+            again.wait_loads()
             assert not again.take_load_errors()
             for a, b in zip(acache, wcache):
                 assert torch.equal(a[:4].view(torch.uint8), b[:4].view(torch.uint8))

@@ -10,43 +10,51 @@ Load it with (see docs/connectors.md)::
         "kv_connector_extra_config": {"url": "kvtier://10.0.0.1:6379"}}'
 
 ``kv_role`` is ``kv_both`` (load and save), ``kv_producer`` (save only: a
-prefill engine) or ``kv_consumer`` (load only: a decode engine). Keep
-``kv_load_failure_policy: recompute``: with vLLM's default (``fail``) a block
-that cannot be loaded (the server went down between lookup and load) fails
-the request instead of being recomputed.
+prefill engine) or ``kv_consumer`` (load only: a decode engine). The
+connector is a best-effort cache: a block that cannot be loaded is
+recomputed (it sets vLLM's ``kv_load_failure_policy`` to ``recompute``
+unless its own ``load_failure_policy`` option says ``fail``).
 
 What each step sends:
 
 =====================================  ==========================================
 scheduler: ``get_num_new_matched_``    one ``PREFIXLEN n k1..kn HOLD ms`` over the
-``tokens`` (lookup)                    prompt's full blocks (every TP rank's keys):
-                                       the counted blocks stay until loaded
-worker: ``start_load_kv`` (load)       one ``MGETPREFIX`` per request, each value
+``tokens`` (lookup)                    prompt's full blocks (every TP rank's keys),
+                                       on a thread of its own: the scheduler waits
+                                       at most 5 ms a step, the lookup at most
+                                       ``lookup_timeout`` in all
+worker, between steps (load)           one ``MGETPREFIX`` per request, each value
                                        received straight into the paged KV cache
-                                       (``BLOCK ms MIN m`` when a consumer waits
-                                       for a producer)
+                                       (``BLOCK ms MIN 1`` when a consumer waits
+                                       for a producer); the request computes only
+                                       once every rank's load is done
 worker: ``wait_for_save`` (save)       one ``MSETBLOCK ... CHAIN PARENT p`` of the
                                        blocks completed this step, off the forward
                                        path, sent from the KV cache's own memory
 =====================================  ==========================================
 
 Nothing is sent per block. Keys are ``kvtier:vllm:<layout>:<rank>:<hash>``:
-``<layout>`` digests the model id, dtype, block size, layer count, KV heads
-and head size per rank and the TP size (engines that could not share blocks
-never share keys), ``<rank>`` is the TP rank (each rank stores its heads) and
-``<hash>`` chains the block's tokens to its prefix (blake2b of the parent's
-hash and the token ids, rooted in the layout, the LoRA, the cache salt and
-any multimodal inputs). A value is the 32-byte header of ``kvtier._header``
-(magic ``KVTV``) and then the block's bytes of every layer, in layer order.
-A value whose header does not match its key or the layout is a miss: the
-block and the ones after it are recomputed, never loaded.
+``<layout>`` digests everything that shapes a block's bytes besides its
+tokens (the model's configuration and a fingerprint of its weight files,
+dtype, KV cache dtype, block size, the attention backend and its cache
+layout, the layers, KV heads, head size and the TP size: engines that could
+not share blocks never share keys), ``<rank>`` is the TP rank (each rank
+stores its heads) and ``<hash>`` chains the block's tokens to its prefix
+(blake2b of the parent's hash, the token ids and what vLLM's own prefix
+cache adds per block: LoRA name and path, cache salt, multimodal inputs at
+their positions, prompt embeddings). A value is the 32-byte header of
+``kvtier._header`` (magic ``KVTV``), a 16-byte layout digest, then the
+block's bytes of every layer, in layer order. A value whose header does not
+match its key or the layout is a miss: the block and the ones after it are
+recomputed, never loaded.
 
 P/D hand-off: the producer's request output carries ``kv_transfer_params``
-``{"do_remote_prefill": true, "kvtier_blocks": n}``; a request sent to the
-consumer with those params (or with ``do_remote_prefill`` alone, while the
-producer is still prefilling) is loaded asynchronously with ``MGETPREFIX ...
-BLOCK``: its decode starts as soon as the producer's blocks land, and blocks
-that do not land within ``pd_wait_ms`` are recomputed.
+``{"do_remote_prefill": true, "kvtier_blocks": n, "kvtier_layout": l}``; a
+request sent to the consumer with those params (or with ``do_remote_prefill``
+alone, while the producer is still prefilling) is loaded asynchronously with
+``MGETPREFIX ... BLOCK``: its decode starts as soon as the producer's blocks
+land, and blocks that do not land within ``pd_wait_ms`` are recomputed (at
+once when the producer's layout is not the consumer's).
 
 The KV cache must be in host memory (vLLM's CPU backend): values are read
 into and sent from the cache tensors themselves. Supported: attention
@@ -65,8 +73,9 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -78,6 +87,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import _header
+from ._identity import attention_layout, model_fingerprint
 from ._plugin import Health, truthy
 from .client import Client
 from .errors import KvtierError
@@ -103,6 +113,12 @@ IN_FLIGHT_S = 5.0
 #: How long an engine step with nothing to compute waits for an
 #: asynchronous load to end before vLLM steps again.
 IDLE_WAIT_S = 0.005
+#: The longest the scheduler waits for a lookup in one call: past it the
+#: request is asked about again the next step (vLLM's ``None``).
+LOOKUP_POLL_S = 0.005
+#: A consumer waiting for blocks polls this often whether its request was
+#: aborted.
+WAIT_POLL_MS = 200
 IN_FLIGHT_WAIT_MS = 2000
 RECENT_SAVES_KEPT = 1 << 16
 
@@ -110,13 +126,25 @@ RECENT_SAVES_KEPT = 1 << 16
 DEFAULTS: dict[str, Any] = {
     # kvtier://host:port[,host:port...] (kvtiers:// for TLS).
     "url": "kvtier://127.0.0.1:6379",
-    # Names the model in the keys (default: the served model name). Engines
-    # that load one model from different paths set the same id.
+    # Names the model's weights in the keys instead of a fingerprint of its
+    # weight files: engines that set the same id share blocks whatever they
+    # loaded (the model's configuration is keyed either way).
     "model_id": None,
+    # How the weight files are fingerprinted: "sampled" (sizes and 64
+    # slices of each file), "full" (every byte, read once at start) or
+    # "none" (the model's name and revision stand for its weights).
+    "weights": "sampled",
+    # What vLLM does with a block that cannot be loaded: "recompute" (the
+    # connector's default, whatever kv_load_failure_policy says) or "fail"
+    # (the request fails).
+    "load_failure_policy": "recompute",
     # How long a lookup holds the blocks it counted for the load (0: no hold).
     "hold_ms": 5000,
-    # Socket timeout of a lookup (s): past it the engine computes.
-    "lookup_timeout": 2.0,
+    # A lookup's whole budget (s): the scheduler never blocks on it (it
+    # waits at most LOOKUP_POLL_S per call and asks again the next step);
+    # past the budget the request computes and the server is skipped for
+    # retry_after.
+    "lookup_timeout": 0.25,
     # Socket timeout of loads and saves (s).
     "socket_timeout": 30.0,
     "connect_timeout": 2.0,
@@ -142,6 +170,8 @@ class Options:
 
     url: str
     model_id: Optional[str]
+    weights: str
+    load_failure_policy: str
     hold_ms: int
     lookup_timeout: float
     socket_timeout: float
@@ -159,9 +189,20 @@ class Options:
         if unknown:
             raise ValueError("unknown kvtier connector option(s): %s" % ", ".join(unknown))
         o = {**DEFAULTS, **extra}
+        if o["weights"] not in ("sampled", "full", "none"):
+            raise ValueError(
+                "kvtier connector option weights: 'sampled', 'full' or 'none', not %r" % o["weights"]
+            )
+        if o["load_failure_policy"] not in ("recompute", "fail"):
+            raise ValueError(
+                "kvtier connector option load_failure_policy: 'recompute' or 'fail', not %r"
+                % o["load_failure_policy"]
+            )
         return cls(
             url=str(o["url"]),
             model_id=None if o["model_id"] is None else str(o["model_id"]),
+            weights=str(o["weights"]),
+            load_failure_policy=str(o["load_failure_policy"]),
             hold_ms=int(o["hold_ms"]),
             lookup_timeout=float(o["lookup_timeout"]),
             socket_timeout=float(o["socket_timeout"]),
@@ -178,11 +219,19 @@ class Options:
 # -- keys ---------------------------------------------------------------------------
 
 
+#: The part of a value's header after the fixed one: the layout digest.
+HEADER_LEN = _header.FIXED.size + 16
+
+
 class KeyScheme:
     """Block keys: a layout digest, the TP rank and a chained block hash.
 
-    The scheduler and every worker build it from the same configuration
-    (:meth:`from_vllm`), so they name the same blocks.
+    The layout names everything that shapes a block's bytes besides its
+    tokens: the model's identity (its configuration and weights, not its
+    name or path), dtype, KV cache dtype and scales, block size, the
+    attention backend and its cache layout, the layers in order, KV heads,
+    head size and TP size. The scheduler and every worker build it from the
+    same configuration (:meth:`from_vllm`), so they name the same blocks.
     """
 
     def __init__(
@@ -197,6 +246,8 @@ class KeyScheme:
         head_size: int,
         tp: int,
         kv_layout: str,
+        layer_names: Sequence[str] = (),
+        extra: Sequence[str] = (),
     ) -> None:
         self.block_size = block_size
         self.tp = tp
@@ -204,46 +255,75 @@ class KeyScheme:
         self.kv_heads = kv_heads
         self.head_size = head_size
         self.model_id = model_id
-        fields = ("v1", model_id, dtype, cache_dtype, block_size, layers, kv_heads, head_size, tp, kv_layout)
+        fields = (
+            "v2",
+            model_id,
+            dtype,
+            cache_dtype,
+            block_size,
+            layers,
+            kv_heads,
+            head_size,
+            tp,
+            kv_layout,
+            ",".join(layer_names),
+            *extra,
+        )
         self.descriptor = "|".join(str(x) for x in fields)
         self.layout = hashlib.blake2b(self.descriptor.encode(), digest_size=8).hexdigest()
+        #: Every value's header carries it and a load checks it: a key that
+        #: collides across layouts is a miss, never another layout's bytes.
+        self.layout_digest = hashlib.blake2b(
+            self.descriptor.encode(), digest_size=16, person=b"kvtier-layout"
+        ).digest()
 
     @classmethod
-    def from_vllm(cls, vllm_config: VllmConfig, model_id: Optional[str]) -> KeyScheme:
+    def from_vllm(
+        cls, vllm_config: VllmConfig, options: Options, kv_cache_config: Optional[KVCacheConfig] = None
+    ) -> KeyScheme:
         model = vllm_config.model_config
         parallel = vllm_config.parallel_config
+        cache = vllm_config.cache_config
         if parallel.pipeline_parallel_size > 1:
             raise ValueError("the kvtier connector does not support pipeline parallelism")
+        attn_type = str(getattr(model, "attn_type", "decoder"))
+        if attn_type != "decoder" or not getattr(model.hf_text_config, "is_causal", True):
+            # A block's KV would depend on the tokens after it: vLLM itself
+            # turns prefix caching off for these.
+            raise ValueError(
+                "kvtier.vllm stores the KV of causal decoder models only; %s is %s"
+                % (model.model, attn_type if attn_type != "decoder" else "not causal")
+            )
+        head_size = model.get_head_size()
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+        layer_names = list(groups[0].layer_names) if groups else []
         return cls(
-            model_id=model_id or str(model.served_model_name or model.model),
+            model_id=model_fingerprint(model, options.weights, options.model_id),
             dtype=str(model.dtype).replace("torch.", ""),
-            cache_dtype=str(vllm_config.cache_config.cache_dtype),
-            block_size=vllm_config.cache_config.block_size,
+            cache_dtype=str(cache.cache_dtype),
+            block_size=cache.block_size,
             layers=model.get_num_layers(parallel),
             kv_heads=model.get_num_kv_heads(parallel),
-            head_size=model.get_head_size(),
+            head_size=head_size,
             tp=parallel.tensor_parallel_size,
-            kv_layout=_kv_layout(),
+            kv_layout=attention_layout(vllm_config, head_size),
+            layer_names=layer_names,
+            extra=(
+                "scales=%s" % getattr(cache, "calculate_kv_scales", None),
+                "skip=%s" % ",".join(getattr(cache, "kv_cache_dtype_skip_layers", None) or ()),
+            ),
         )
 
-    def root(self, request: Request) -> bytes:
-        """The hash every chain of this request starts from: the layout, and
-        what else makes the same tokens different KV (LoRA, cache salt,
-        multimodal inputs)."""
-        extras = []
-        lora = getattr(request, "lora_request", None)
-        if lora is not None:
-            extras.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode())
-        salt = getattr(request, "cache_salt", None)
-        if salt:
-            extras.append(b"salt\0" + str(salt).encode())
-        for feature in getattr(request, "mm_features", None) or ():
-            extras.append(b"mm\0" + str(getattr(feature, "identifier", feature)).encode())
-        return chain_root(self.layout, extras)
-
-    def extend(self, hashes: list[str], root: bytes, tokens: Sequence[int], blocks: int) -> None:
+    def extend(
+        self,
+        hashes: list[str],
+        root: bytes,
+        tokens: Sequence[int],
+        blocks: int,
+        extras: Optional[Callable[[int], bytes]] = None,
+    ) -> None:
         """Appends the hashes of full blocks ``len(hashes)..blocks`` of ``tokens``."""
-        extend_chain(hashes, root, tokens, blocks, self.block_size)
+        extend_chain(hashes, root, tokens, blocks, self.block_size, extras)
 
     def key(self, rank: int, block_hash: str) -> str:
         return block_key(self.layout, rank, block_hash)
@@ -254,6 +334,46 @@ class KeyScheme:
         return [self.key(r, h) for h in hashes for r in range(self.tp)]
 
 
+class BlockExtras:
+    """What besides its tokens makes a block of one request different KV,
+    block by block, as vLLM's own prefix cache keys it: the LoRA adapter's
+    name and path, the cache salt (first block), each multimodal input in
+    the blocks it covers at its offset, and the prompt embeddings of each
+    block. Called once per block, in order."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.needed = bool(
+            getattr(request, "lora_request", None)
+            or getattr(request, "cache_salt", None)
+            or getattr(request, "mm_features", None)
+            or getattr(request, "prompt_embeds", None) is not None
+        )
+        self._mm_index = 0
+        self._keys: Optional[Callable[..., tuple[Any, int]]] = None
+        if self.needed:
+            try:
+                from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
+
+                self._keys = generate_block_hash_extra_keys
+            except ImportError:
+                self._keys = None
+
+    @property
+    def keyable(self) -> bool:
+        """False when the request needs extra keys this vLLM cannot give:
+        it is neither looked up nor stored."""
+        return not self.needed or self._keys is not None
+
+    def __call__(self, block: int, block_size: int) -> bytes:
+        if not self.needed or self._keys is None:
+            return b""
+        keys, self._mm_index = self._keys(
+            self.request, block * block_size, (block + 1) * block_size, self._mm_index
+        )
+        return b"" if keys is None else repr(keys).encode()
+
+
 def chain_root(layout: str, extras: Sequence[bytes] = ()) -> bytes:
     """The hash a chain starts from."""
     h = hashlib.blake2b(layout.encode(), digest_size=16)
@@ -262,14 +382,25 @@ def chain_root(layout: str, extras: Sequence[bytes] = ()) -> bytes:
     return h.digest()
 
 
-def extend_chain(hashes: list[str], root: bytes, tokens: Sequence[int], blocks: int, block_size: int) -> None:
+def extend_chain(
+    hashes: list[str],
+    root: bytes,
+    tokens: Sequence[int],
+    blocks: int,
+    block_size: int,
+    extras: Optional[Callable[[int], bytes]] = None,
+) -> None:
     """Appends to ``hashes`` (hex) the hashes of full blocks
     ``len(hashes)..blocks`` of ``tokens``: each the blake2b of its parent's
-    hash and its token ids (int64, little-endian)."""
+    hash, its token ids (int64, little-endian) and ``extras(block)`` when
+    that is not empty."""
     parent = bytes.fromhex(hashes[-1]) if hashes else root
     for b in range(len(hashes), blocks):
         h = hashlib.blake2b(parent, digest_size=16)
         h.update(array.array("q", tokens[b * block_size : (b + 1) * block_size]).tobytes())
+        extra = extras(b) if extras is not None else b""
+        if extra:
+            h.update(b"\0extra\0" + extra)
         parent = h.digest()
         hashes.append(parent.hex())
 
@@ -279,29 +410,18 @@ def block_key(layout: str, rank: int, block_hash: str) -> str:
     return "kvtier:vllm:%s:%d:%s" % (layout, rank, block_hash)
 
 
-def _kv_layout() -> str:
-    """The engine's KV cache layout name, when this vLLM reports one."""
-    try:
-        from vllm.v1.attention.backends.utils import get_kv_cache_layout
-
-        layout = get_kv_cache_layout()
-    except Exception:  # older or newer vLLM: the layout is named by the rest
-        return "-"
-    return str(getattr(layout, "name", layout))
-
-
 # -- metadata (scheduler -> workers) ----------------------------------------------------
 
 
 @dataclass
 class LoadSpec:
-    """Blocks of one request to read into the KV cache."""
+    """Blocks of one request to read into the KV cache, between steps."""
 
     req_id: str
     hashes: list[str]
     block_ids: list[int]
-    #: Wait for missing blocks this long (a consumer waiting for a producer);
-    #: None: load what is there now, before the forward.
+    #: Wait for missing blocks this long (a consumer waiting for a producer,
+    #: or blocks this engine is still saving); None: load what is there.
     wait_ms: Optional[int] = None
 
 
@@ -322,9 +442,9 @@ class KvtierMetadata(KVConnectorMetadata):  # type: ignore[misc]
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
-
-
-# -- failures ---------------------------------------------------------------------------
+    #: Requests that finished (aborted) while their load was running: the
+    #: workers stop waiting for their blocks.
+    cancelled: list[str] = field(default_factory=list)
 
 
 # -- the connector ----------------------------------------------------------------------
@@ -342,18 +462,22 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         transfer = self._kv_transfer_config
         self.options = Options.of(dict(transfer.kv_connector_extra_config or {}))
-        self.keys = KeyScheme.from_vllm(vllm_config, self.options.model_id)
+        self.keys = KeyScheme.from_vllm(vllm_config, self.options, kv_cache_config)
         self.loads = transfer.kv_role in ("kv_both", "kv_consumer")
         self.saves = transfer.kv_role in ("kv_both", "kv_producer")
         self._scheduler: Optional[_SchedulerSide] = None
         self._worker: Optional[WorkerSide] = None
         if role == KVConnectorRole.SCHEDULER:
-            if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
-                logger.warning(
-                    "kvtier: kv_load_failure_policy is %r: a block that cannot be loaded fails its "
-                    "request; set it to 'recompute' to compute it instead",
+            # vLLM's scheduler reads the policy after building its connector.
+            policy = self.options.load_failure_policy
+            if getattr(transfer, "kv_load_failure_policy", policy) != policy:
+                logger.info(
+                    "kvtier: kv_load_failure_policy %r -> %r: a block that cannot be loaded is %s",
                     transfer.kv_load_failure_policy,
+                    policy,
+                    "computed instead" if policy == "recompute" else "a failed request",
                 )
+                transfer.kv_load_failure_policy = policy
             self._scheduler = _SchedulerSide(self)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -361,12 +485,21 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
             blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
             self._worker = WorkerSide(self.options, self.keys, get_tensor_model_parallel_rank(), blocks)
         logger.info(
-            "kvtier connector (%s, %s) for %s, layout %s",
+            "kvtier connector (%s, %s) for %s: a best-effort cache (a lost or damaged block is %s, "
+            "a lookup costs the scheduler at most %.0f ms a step); layout %s: %s",
             transfer.kv_role,
             role.name.lower(),
             self.options.url,
+            "recomputed" if self.options.load_failure_policy == "recompute" else "a failed request",
+            LOOKUP_POLL_S * 1000,
+            self.keys.layout,
             self.keys.descriptor,
         )
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A best-effort cache: a save dropped is a future miss, never lost work."""
+        return False
 
     # -- scheduler side ---------------------------------------------------------
 
@@ -378,7 +511,9 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._worker is not None, "a worker-side call on the scheduler"
         return self._worker
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[Optional[int], bool]:
         return self._sched().lookup(request, num_computed_tokens)
 
     def update_state_after_alloc(
@@ -409,7 +544,8 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._work().start_loads(self._get_connector_metadata(), idle=idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # A block's value holds every layer: start_load_kv has it all.
+        # Loads run between steps: a request computes only once its blocks
+        # are all in place.
         return
 
     def save_kv_layer(
@@ -424,7 +560,7 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, KvtierMetadata) and kv_connector_metadata.preempted:
-            self._work().drain_saves()
+            self._work().wait_saves(kv_connector_metadata.preempted)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
         return self._work().finished(finished_req_ids)
@@ -447,14 +583,20 @@ class _Tracked:
     """What the scheduler knows of one request."""
 
     request: Request
+    extras: BlockExtras
     root: bytes
     hashes: list[str] = field(default_factory=list)
     #: Leading blocks known to be in the tier (found by the lookup, loaded,
     #: or saved): saves start after them.
     stored: int = 0
+    #: The lookup in flight, and when it was sent (monotonic).
+    lookup: Optional[Future[int]] = None
+    lookup_sent: float = 0.0
     #: A load was planned (blocks [start, start + count) of the request).
     load: Optional[LoadSpec] = None
     load_start: int = 0
+    #: The workers are loading its blocks (until they report it).
+    loading: bool = False
     #: How many blocks the consumer waits for (P/D), when it waits.
     wait_blocks: int = 0
     #: Saves were handed to the workers: its blocks are freed only once they
@@ -468,51 +610,86 @@ class _SchedulerSide:
         self.c = connector
         o = connector.options
         self.keys = connector.keys
+        # The lookup's socket gives up with its budget: a stalled server
+        # frees the lookup thread as the scheduler stops waiting for it.
         self.client = Client.from_url(
-            o.url, socket_timeout=o.lookup_timeout, connect_timeout=o.connect_timeout, stripes=1
+            o.url,
+            socket_timeout=o.lookup_timeout,
+            connect_timeout=min(o.connect_timeout, o.lookup_timeout),
+            stripes=1,
         )
+        self.lookups = ThreadPoolExecutor(2, thread_name_prefix="kvtier-lookup")
         self.health = Health(o.retry_after, logger)
         self.requests: dict[str, _Tracked] = {}
         self.pending_loads: list[LoadSpec] = []
+        self.cancelled: list[str] = []
         # Blocks this engine handed to its save thread lately, by hash: a
         # lookup that misses one of them waits for it (its save is on the
         # way) rather than computing it again.
         self.recent_saves: OrderedDict[str, float] = OrderedDict()
 
     def close(self) -> None:
+        self.lookups.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
     def _track(self, request: Request) -> _Tracked:
         t = self.requests.get(request.request_id)
         if t is None or t.request is not request:
-            t = _Tracked(request, self.keys.root(request))
+            t = _Tracked(request, BlockExtras(request), chain_root(self.keys.layout))
             self.requests[request.request_id] = t
         return t
 
     def _hashes(self, t: _Tracked, tokens: Sequence[int], blocks: int) -> list[str]:
         if len(t.hashes) < blocks:
-            self.keys.extend(t.hashes, t.root, tokens, blocks)
+            bs = self.keys.block_size
+            self.keys.extend(t.hashes, t.root, tokens, blocks, lambda b: t.extras(b, bs))
         return t.hashes[:blocks]
 
-    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
-        if request.prompt_token_ids is None:  # prompt embeddings: no token ids to hash
-            return 0, False
+    def _found(self, t: _Tracked, hashes: list[str]) -> Optional[int]:
+        """How many of ``hashes`` every rank can load, from a lookup that
+        runs on a thread of its own; None while it is still running (the
+        scheduler asks again next step), 0 past its budget."""
+        budget = self.c.options.lookup_timeout
+        if t.lookup is None:
+            if not self.health.ok():
+                return 0
+            hold = self.c.options.hold_ms if self.c.loads else 0
+            t.lookup = self.lookups.submit(
+                self.client.prefix_len, self.keys.lookup_keys(hashes), hold_ms=hold or None
+            )
+            t.lookup_sent = time.monotonic()
+        lookup = t.lookup
+        left = t.lookup_sent + budget - time.monotonic()
+        if not lookup.done():
+            wait_futures([lookup], timeout=max(0.0, min(LOOKUP_POLL_S, left)))
+        if not lookup.done():
+            if left > 0:
+                return None
+            # The server did not answer within the budget: this request
+            # computes, and the next ones do not ask for retry_after.
+            t.lookup = None
+            self.health.failed("lookup", TimeoutError("no answer within %.0f ms" % (budget * 1000)))
+            return 0
+        t.lookup = None
+        try:
+            return lookup.result() // self.keys.tp
+        except (KvtierError, OSError) as e:
+            self.health.failed("lookup", e)
+            return 0
+
+    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[Optional[int], bool]:
         t = self._track(request)
+        if not t.extras.keyable:
+            return 0, False
         bs = self.keys.block_size
         # At least the prompt's last token is computed (vLLM needs one).
         loadable = (request.num_tokens - 1) // bs
         if loadable <= 0:
             return 0, False
         hashes = self._hashes(t, request.all_token_ids, loadable)
-        found = 0
-        if self.health.ok():
-            hold = self.c.options.hold_ms if self.c.loads else None
-            try:
-                found = self.client.prefix_len(self.keys.lookup_keys(hashes), hold_ms=hold or None)
-                found //= self.keys.tp
-            except (KvtierError, OSError) as e:
-                self.health.failed("lookup", e)
-                found = 0
+        found = self._found(t, hashes)
+        if found is None:
+            return None, False
         t.stored = found
         t.lookup_local = num_computed_tokens
         # A new attempt (the first, or after a load failed): its own load.
@@ -523,8 +700,7 @@ class _SchedulerSide:
         params = request.kv_transfer_params or {}
         if params.get("do_remote_prefill") and self.health.ok():
             # A consumer: the producer's blocks may still be arriving.
-            expected = int(params.get("kvtier_blocks", loadable))
-            expected = max(0, min(expected, loadable))
+            expected = self._expected(request, params, loadable)
             if expected > found and expected > local:
                 t.wait_blocks = expected
                 return (expected - local) * bs, True
@@ -539,7 +715,26 @@ class _SchedulerSide:
         )
         if found <= local:
             return 0, False
-        return (found - local) * bs, False
+        # Loaded between steps: no step computes on a block before every
+        # rank's load of it succeeded, so nothing computed over a failed
+        # load is ever stored.
+        return (found - local) * bs, True
+
+    def _expected(self, request: Request, params: dict[str, Any], loadable: int) -> int:
+        """How many blocks a consumer waits for: what the producer says it
+        stored, none if it stored them under another layout."""
+        layout = params.get("kvtier_layout")
+        if layout is not None and layout != self.keys.layout:
+            logger.warning(
+                "kvtier: %s: the producer stores blocks of layout %s, this engine reads %s (their "
+                "models, dtypes, block sizes, attention backends or TP sizes differ): computed here",
+                request.request_id,
+                layout,
+                self.keys.layout,
+            )
+            return 0
+        expected = int(params.get("kvtier_blocks", loadable))
+        return max(0, min(expected, loadable))
 
     def _in_flight(self, hashes: Sequence[str], found: int) -> int:
         """``found`` extended over the blocks after it that this engine
@@ -570,20 +765,24 @@ class _SchedulerSide:
             block_ids=list(block_ids[start : start + count]),
             wait_ms=wait_ms,
         )
-        t.load, t.load_start = spec, start
+        t.load, t.load_start, t.loading = spec, start, True
         t.stored = max(t.stored, start + count)
         self.pending_loads.append(spec)
 
     def build(self, out: SchedulerOutput) -> KvtierMetadata:
-        meta = KvtierMetadata(loads=self.pending_loads, preempted=sorted(out.preempted_req_ids or ()))
-        self.pending_loads = []
+        meta = KvtierMetadata(
+            loads=self.pending_loads,
+            preempted=sorted(out.preempted_req_ids or ()),
+            cancelled=self.cancelled,
+        )
+        self.pending_loads, self.cancelled = [], []
         if not self.c.saves:
             return meta
         manager = self.c._kv_cache_manager
         scheduled = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
         for req_id in scheduled:
             t = self.requests.get(req_id)
-            if t is None or manager is None:
+            if t is None or manager is None or not t.extras.keyable:
                 continue
             spec = self._save_spec(t, out, manager)
             if spec is not None:
@@ -625,6 +824,10 @@ class _SchedulerSide:
         )
 
     def output(self, connector_output: KVConnectorOutput) -> None:
+        for req_id in connector_output.finished_recving or ():
+            t = self.requests.get(req_id)
+            if t is not None:
+                t.loading = False
         bad = set(connector_output.invalid_block_ids or ())
         if not bad:
             return
@@ -645,13 +848,23 @@ class _SchedulerSide:
         t = self.requests.pop(request.request_id, None)
         if t is None:
             return False, None
+        if t.loading:
+            # Aborted while its blocks load: vLLM keeps them until the
+            # workers report the load, which they now stop waiting for.
+            self.cancelled.append(request.request_id)
         params: Optional[dict[str, Any]] = None
         asked = request.kv_transfer_params or {}
         if self.c.saves and asked.get("do_remote_decode"):
-            # What the consumer should load: the prompt's full blocks (the
-            # last prompt token is always computed).
+            # What the consumer should load: the prompt's full blocks this
+            # engine stored or found (the last prompt token is always
+            # computed), under this layout.
             blocks = (request.num_prompt_tokens - 1) // self.keys.block_size
-            params = {"do_remote_prefill": True, "do_remote_decode": False, "kvtier_blocks": blocks}
+            params = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "kvtier_blocks": min(blocks, t.stored),
+                "kvtier_layout": self.keys.layout,
+            }
         return t.saved_any, params
 
 
@@ -729,6 +942,8 @@ class WorkerSide:
         self.saver.start()
         self.loaders = ThreadPoolExecutor(4, thread_name_prefix="kvtier-load")
         self.async_loads: dict[str, Future[None]] = {}
+        self.cancels: dict[str, threading.Event] = {}
+        self.saves_done = threading.Condition(self.lock)
         self.done_recving: set[str] = set()
         self.load_done = threading.Event()
         self.idle_step = False
@@ -762,8 +977,9 @@ class WorkerSide:
             for v in views:
                 crc = zlib.crc32(v, crc)
             flags = _header.FLAG_CRC
-        head = bytearray(_header.FIXED.size)
-        _header.pack_into(head, MAGIC, _header.FIXED.size, self.cache.block_bytes, crc, flags, key)
+        head = bytearray(HEADER_LEN)
+        _header.pack_into(head, MAGIC, HEADER_LEN, self.cache.block_bytes, crc, flags, key)
+        head[_header.FIXED.size :] = self.keys.layout_digest
         return head
 
     def _sink(self, keys: list[str], block_ids: list[int], bad: list[int]) -> Any:
@@ -771,13 +987,14 @@ class WorkerSide:
         header; ``bad`` collects the indexes of values that did not fit."""
         assert self.cache is not None
         cache = self.cache
+        layout = self.keys.layout_digest
         crcs: dict[int, int] = {}
 
         def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, list[memoryview], None]]:
-            if index >= len(keys) or length != _header.FIXED.size + cache.block_bytes:
+            if index >= len(keys) or length != HEADER_LEN + cache.block_bytes:
                 bad.append(index)
                 return
-            head = bytearray(_header.FIXED.size)
+            head = bytearray(HEADER_LEN)
             yield head
             try:
                 h = _header.unpack(head)
@@ -786,9 +1003,10 @@ class WorkerSide:
                 return
             if (
                 h.magic != MAGIC
-                or h.header_len != _header.FIXED.size
+                or h.header_len != HEADER_LEN
                 or h.payload_len != cache.block_bytes
                 or h.digest != _header.key_digest(keys[index])
+                or head[_header.FIXED.size :] != layout
             ):
                 logger.warning("kvtier: %s is not a block of this layout: recomputed", keys[index])
                 bad.append(index)
@@ -813,24 +1031,48 @@ class WorkerSide:
     # -- loads -----------------------------------------------------------------
 
     def start_loads(self, meta: KVConnectorMetadata, idle: bool = False) -> None:
+        """Starts this step's loads on the loader threads (vLLM schedules a
+        request only once every rank reported its load done, with its
+        failed blocks), and stops the loads of requests that were aborted."""
         self.idle_step = idle
-        if not isinstance(meta, KvtierMetadata) or not meta.loads:
+        if not isinstance(meta, KvtierMetadata):
             return
         for spec in meta.loads:
-            if spec.wait_ms is None:
-                self._load(spec)
-            else:
-                self.async_loads[spec.req_id] = self.loaders.submit(self._load_async, spec)
+            # A wait runs from when the engine asked, not from when a loader
+            # thread is free.
+            deadline = None if spec.wait_ms is None else time.monotonic() + spec.wait_ms / 1000.0
+            cancel = threading.Event()
+            with self.lock:
+                self.cancels[spec.req_id] = cancel
+            self.async_loads[spec.req_id] = self.loaders.submit(self._load_async, spec, deadline, cancel)
+        # After the loads: a request aborted in the step its load was
+        # planned stops at once too.
+        with self.lock:
+            for req_id in meta.cancelled:
+                event = self.cancels.get(req_id)
+                if event is not None:
+                    event.set()
 
-    def _load_async(self, spec: LoadSpec) -> None:
+    def wait_loads(self) -> None:
+        """Waits until every load started is done (benchmarks and tests)."""
+        wait_futures(list(self.async_loads.values()))
+
+    def _load_async(self, spec: LoadSpec, deadline: Optional[float], cancel: threading.Event) -> None:
         try:
-            self._load(spec)
+            self.load(spec, deadline, cancel)
+        except Exception:  # never lose a loader thread, never leave vLLM waiting
+            logger.exception("kvtier: load of %s failed", spec.req_id)
+            with self.lock:
+                self.load_errors.update(spec.block_ids)
         finally:
             with self.lock:
                 self.done_recving.add(spec.req_id)
+                self.cancels.pop(spec.req_id, None)
             self.load_done.set()
 
-    def _load(self, spec: LoadSpec) -> None:
+    def load(
+        self, spec: LoadSpec, deadline: Optional[float] = None, cancel: Optional[threading.Event] = None
+    ) -> None:
         """Reads ``spec``'s blocks into the cache; the ones that did not
         arrive or failed a check are reported for recomputation."""
         keys = [self.keys.key(self.rank, h) for h in spec.hashes]
@@ -838,12 +1080,12 @@ class WorkerSide:
         got = 0
         if self.cache is not None and keys:
             try:
-                if spec.wait_ms is None:
+                if deadline is None:
                     sink = self._sink(keys, spec.block_ids, bad)
                     got = len(self.client.get_prefix(keys, into=sink))
                     sink.check()
                 else:
-                    got = self._load_as_they_land(keys, spec.block_ids, spec.wait_ms, bad)
+                    got = self._load_as_they_land(keys, spec.block_ids, deadline, cancel, bad)
             except (KvtierError, OSError) as e:
                 self.health.failed("load", e)
                 got = 0
@@ -872,25 +1114,30 @@ class WorkerSide:
                 "kvtier: %s: %d of %d blocks not loaded, recomputed", spec.req_id, len(failed), len(keys)
             )
 
-    def _load_as_they_land(self, keys: list[str], block_ids: list[int], wait_ms: int, bad: list[int]) -> int:
+    def _load_as_they_land(
+        self,
+        keys: list[str],
+        block_ids: list[int],
+        deadline: float,
+        cancel: Optional[threading.Event],
+        bad: list[int],
+    ) -> int:
         """Reads blocks another engine is still writing, each as soon as it
         is there: ``MGETPREFIX ... BLOCK ms MIN 1`` of the blocks still
         missing returns the leading ones present, again until all arrived
-        (the reads overlap the writer's stores), a check failed, or
-        ``wait_ms`` passed. Returns how many leading blocks arrived."""
-        deadline = time.monotonic() + wait_ms / 1000.0
+        (the reads overlap the writer's stores), a check failed, the
+        deadline passed or the request was aborted. Returns how many
+        leading blocks arrived."""
         got = 0
-        while got < len(keys) and not bad:
+        while got < len(keys) and not bad and not (cancel is not None and cancel.is_set()):
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
             part: list[int] = []
             sink = self._sink(keys[got:], block_ids[got:], part)
-            n = len(self.client.get_prefix(keys[got:], into=sink, block_ms=left_ms, min=1))
+            n = len(self.client.get_prefix(keys[got:], into=sink, block_ms=min(left_ms, WAIT_POLL_MS), min=1))
             sink.check()
             bad.extend(got + i for i in part)
-            if n == 0:
-                break
             got += n
         return got
 
@@ -961,11 +1208,18 @@ class WorkerSide:
                     self.saves_pending[spec.req_id] -= 1
                     if not self.saves_pending[spec.req_id]:
                         del self.saves_pending[spec.req_id]
+                        self.saves_done.notify_all()
                 self.save_queue.task_done()
 
     def drain_saves(self) -> None:
         """Waits until every save handed to the save thread is done."""
         self.save_queue.join()
+
+    def wait_saves(self, req_ids: Sequence[str]) -> None:
+        """Waits until the saves of ``req_ids`` are done (vLLM frees a
+        preempted request's blocks at once): other requests' saves go on."""
+        with self.saves_done:
+            self.saves_done.wait_for(lambda: not any(r in self.saves_pending for r in req_ids))
 
     # -- completion ------------------------------------------------------------
 
