@@ -21,7 +21,11 @@
 #   scripts/bench-vllm.sh
 #   PARTS=lookup scripts/bench-vllm.sh        # only part 3
 #
+#   BASELINE=abc123 CONFIGS=local,kvtier,kvtier-base scripts/bench-vllm.sh
+#                                             # kvtier against abc123's connector
+#
 # Environment: PARTS ("ttft pd lookup"), CONFIGS (bench_ttft.py's, all),
+# BASELINE (a git revision whose connector runs as kvtier-base),
 # LAYERS/HIDDEN/KV_HEADS (12/768/12), OUT (file for the output).
 # Compare ratios, not absolute numbers across runs: the machine is shared
 # and noisy.
@@ -53,7 +57,16 @@ run() {
             PIDS+=($!)
         done
         for p in "$ONE" "$C1" "$C2" "$C3"; do wait_up "$p"; done
-        "$PY" tests/vllm/bench_ttft.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" \
+        BASE_ARGS=()
+        if [[ -n ${BASELINE:-} ]]; then
+            # The earlier build's package under another name, beside this one.
+            mkdir -p "$WORK/base"
+            git archive "$BASELINE" clients/python/kvtier | tar -x -C "$WORK/base"
+            rm -rf "$WORK/base/kvtier_base"
+            mv "$WORK/base/clients/python/kvtier" "$WORK/base/kvtier_base"
+            BASE_ARGS=(--baseline "$WORK/base")
+        fi
+        "$PY" tests/vllm/bench_ttft.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" "${BASE_ARGS[@]}" \
             --cluster "kvtier://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
             --configs "${CONFIGS:-recompute,local,disk,disk-cold,kvtier,kvtier-cluster}"
         stop_all

@@ -18,7 +18,8 @@ Configurations: ``recompute`` (no connector, no prefix cache), ``local``
 hit; its files are in the page cache, so this is a read from DRAM),
 ``disk-cold`` (the same with the page cache dropped before each timed
 request, root only: a read from the disk, as from a tier larger than DRAM),
-``kvtier`` (one node) and ``kvtier-cluster`` (three nodes); the
+``kvtier`` (one node), ``kvtier-cluster`` (three nodes) and ``kvtier-base``
+(an earlier build's connector, ``--baseline``, on the one node); the
 connector configurations run with the engine's prefix cache off, so that
 every hit is a load from the connector. Prints a table of TTFT p50/p99 per
 workload and configuration, the ratios the goals name, and a JSON line.
@@ -34,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -91,8 +93,11 @@ def run_config(
     kv: Optional[dict[str, Any]],
     prefix_caching: bool,
     cold: bool = False,
+    extra_path: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    engine = Engine(model, logdir / ("%s.log" % name), kv, prefix_caching=prefix_caching)
+    engine = Engine(
+        model, logdir / ("%s.log" % name), kv, prefix_caching=prefix_caching, extra_path=extra_path
+    )
     out: dict[str, Any] = {}
     try:
         for wname, (warm, timed) in workloads().items():
@@ -128,6 +133,12 @@ def main() -> None:
     ap.add_argument("--kvtier", required=True, help="kvtier://host:port of one node")
     ap.add_argument("--cluster", default="", help="kvtier://h1:p1,h2:p2,h3:p3 of a three-node cluster")
     ap.add_argument("--configs", default="recompute,local,disk,disk-cold,kvtier,kvtier-cluster")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder holding an earlier build's package as kvtier_base: config kvtier-base runs it",
+    )
     args = ap.parse_args()
 
     logdir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
@@ -151,6 +162,8 @@ def main() -> None:
     }
     if args.cluster:
         configs["kvtier-cluster"] = (kv_config(args.cluster), False)
+    if args.baseline:
+        configs["kvtier-base"] = (kv_config(args.kvtier, module="kvtier_base.vllm"), False)
     results: dict[str, dict[str, Any]] = {}
     for name in args.configs.split(","):
         if name not in configs:
@@ -160,7 +173,8 @@ def main() -> None:
         if cold and os.geteuid() != 0:
             print("disk-cold needs root (it drops the page cache): skipped", flush=True)
             continue
-        results[name] = run_config(name, args.model, logdir, kv, prefix_caching, cold)
+        extra = [args.baseline] if name == "kvtier-base" and args.baseline else []
+        results[name] = run_config(name, args.model, logdir, kv, prefix_caching, cold, extra)
 
     print()
     print("| workload | configuration | TTFT p50 (ms) | TTFT p99 (ms) | cached tokens / prompt |")
@@ -176,11 +190,17 @@ def main() -> None:
     print("| workload | kvtier's TTFT p50 against | ratio |")
     print("|---|---|---|")
     for wname in workloads():
-        for kvname in ("kvtier", "kvtier-cluster"):
+        for kvname in ("kvtier", "kvtier-cluster", "kvtier-base"):
             if kvname not in results:
                 continue
             mine = results[kvname][wname]["p50_ms"]
-            for base in ("recompute", "disk", "disk-cold", "local"):
+            for base in (
+                "recompute",
+                "disk",
+                "disk-cold",
+                "local",
+                *(("kvtier-base",) if kvname == "kvtier" else ()),
+            ):
                 if base in results:
                     print(
                         "| %s | %s vs %s | %.3fx |"

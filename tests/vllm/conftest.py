@@ -50,6 +50,7 @@ class Engine:
         kv_transfer_config: Optional[dict[str, Any]] = None,
         *,
         prefix_caching: bool = False,
+        served_model_name: Optional[str] = None,
         extra_path: Sequence[Path] = (),
         env: Optional[dict[str, str]] = None,
     ) -> None:
@@ -58,6 +59,8 @@ class Engine:
             args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
         if prefix_caching:
             args.append("--prefix-caching")
+        if served_model_name:
+            args += ["--served-model-name", served_model_name]
         path = [str(ROOT / "clients" / "python"), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]
         self.env = {
             **os.environ,
@@ -162,3 +165,13 @@ def kvtier_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_kvtier(tmp_path_factory.mktemp("kvtier") / "kvtier.log", "--threads", "2")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kv_engine(
+    model: Path, kvtier_server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    """An engine with the kvtier connector (kv_both) on ``kvtier_server``."""
+    engine = Engine(model, tmp_path_factory.mktemp("engine") / "kv.log", kv_config(kvtier_server.url))
+    yield engine
+    engine.close()

@@ -3,6 +3,7 @@
 Started by the tests and by scripts/bench-vllm.sh::
 
     python engine.py --model DIR [--kv-transfer-config JSON] [--prefix-caching]
+        [--served-model-name NAME]
 
 It prints ``{"ready": ...}`` once the engine is up, then answers one line per
 request line on stdin:
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--kv-transfer-config", default=None, help="KVTransferConfig fields as JSON")
     ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--kv-offloading-size", type=float, default=None, help="GiB: vLLM's own CPU offloading")
     args = ap.parse_args()
@@ -56,6 +58,8 @@ def main() -> None:
         gpu_memory_utilization=0.3,
         enforce_eager=True,
     )
+    if args.served_model_name:
+        options["served_model_name"] = args.served_model_name
     if args.kv_transfer_config:
         options["kv_transfer_config"] = KVTransferConfig(**json.loads(args.kv_transfer_config))
     if args.kv_offloading_size:

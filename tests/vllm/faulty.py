@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Optional
 
 from kvtier.vllm import KvtierConnector as _Base
 
@@ -22,7 +22,9 @@ FLOOD_BLOCK = 1 << 20
 
 
 class KvtierConnector(_Base):
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[Optional[int], bool]:
         params = request.kv_transfer_params or {}
         options = self.options
         if params.get("test_no_hold"):
@@ -32,7 +34,7 @@ class KvtierConnector(_Base):
         finally:
             self.options = options
         flood = int(params.get("test_flood_mb", 0))
-        if flood:
+        if flood and found[0] is not None:  # once the lookup answered
             client = self._sched().client
             junk = os.urandom(FLOOD_BLOCK)
             for i in range(flood):

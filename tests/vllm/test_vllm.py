@@ -15,11 +15,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -88,15 +86,6 @@ def block_keys(server: Server, tokens: list[int], rank: int = 0, count: int | No
 # Prompt lengths whose last token does not end a block: the ExampleConnector
 # loads (n - 2) // 128 blocks and kvtier (n - 1) // 128, the same here.
 LENGTHS = [1000, 2000, 3000]
-
-
-@pytest.fixture(scope="module")
-def kv_engine(
-    model: Path, kvtier_server: Server, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Engine]:
-    engine = Engine(model, tmp_path_factory.mktemp("engine") / "kv.log", kv_config(kvtier_server.url))
-    yield engine
-    engine.close()
 
 
 def test_same_tokens_as_the_example_connector_and_the_engines_own_kv_bytes(

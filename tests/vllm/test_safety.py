@@ -1,0 +1,170 @@
+"""The connector never stores or loads wrong KV and never stalls the engine,
+inside real vLLM engines: a load that fails leaves nothing computed over it
+in the tier, engines whose weights differ never share a block (whatever
+they are named), engines with the same weights do (wherever they are), and
+a tier that accepts connections and never answers costs each request at
+most the lookup's budget."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from make_model import make_model
+from test_vllm import block_keys, loadable, prompt, wait_stored
+
+from kvtier import _header
+
+from conftest import BLOCK, HIDDEN, KV_HEADS, LAYERS, Engine, Server, kv_config
+
+
+def stored_values(server: Server, keys: list[str]) -> list[bytes]:
+    wait_stored(server, keys)
+    values = server.client().get_prefix(keys)
+    assert len(values) == len(keys)
+    return [bytes(v) for v in values]
+
+
+def test_kv_computed_over_a_failed_load_is_never_stored(
+    model: Path, kvtier_server: Server, kv_engine: Engine, tmp_path: Path
+) -> None:
+    """A 1,024-token prefix in the tier with one of its blocks damaged, then
+    the prefix and a 512-token suffix in an engine with an empty cache: the
+    suffix's blocks it stores equal a clean run's, byte for byte."""
+    c = kvtier_server.client()
+    prefix, suffix = prompt(60, 8 * BLOCK), prompt(61, 4 * BLOCK)
+    full = prefix + suffix
+    # Whole blocks of the prompt (the decoded tokens complete no block).
+    count = len(full) // BLOCK
+
+    c.execute("FLUSHALL")
+    (clean,) = kv_engine.generate([full])
+    assert clean["cached"] == 0
+    keys = block_keys(kvtier_server, full, count=count)
+    reference = stored_values(kvtier_server, keys)
+
+    c.execute("FLUSHALL")
+    kv_engine.generate([prefix])
+    wait_stored(kvtier_server, keys[:8])
+    # The third block names another key: its load fails, and the blocks
+    # after it are computed again.
+    bogus = bytearray(reference[2])
+    bogus[24:32] = _header.key_digest("another key")
+    assert c.put_chain(keys[2:3], [bytes(bogus)], replace=True) == [1]
+
+    fresh = Engine(model, tmp_path / "fresh.log", kv_config(kvtier_server.url))
+    try:
+        fresh.generate([full])
+        # (vLLM counts the planned load as cached tokens; the log says what
+        # happened: the two blocks before the damaged one loaded.)
+        assert "6 of 8 blocks not loaded, recomputed" in fresh.log.read_text()
+        assert stored_values(kvtier_server, keys) == reference, (
+            "the tier holds KV computed over a failed load"
+        )
+        # And loading them back gives the clean run's hit.
+        (again,) = fresh.generate([full])
+        assert again["cached"] == loadable(full) * BLOCK
+    finally:
+        fresh.close()
+
+
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the same architecture as ``model``, other weights."""
+    return make_model(tmp_path_factory.mktemp("model-b") / "llama", LAYERS, HIDDEN, KV_HEADS, seed=1)
+
+
+def test_blocks_are_keyed_by_the_weights_not_the_name_or_path(
+    model: Path, other_weights: Path, kvtier_server: Server, kv_engine: Engine, tmp_path: Path
+) -> None:
+    c = kvtier_server.client()
+    c.execute("FLUSHALL")
+    p = prompt(70, 1500)
+    kv_engine.generate([p])
+    wait_stored(kvtier_server, block_keys(kvtier_server, p))
+
+    # Other weights served under the first engine's name: nothing shared.
+    impostor = Engine(
+        other_weights, tmp_path / "other.log", kv_config(kvtier_server.url), served_model_name=str(model)
+    )
+    try:
+        (out,) = impostor.generate([p])
+        assert out["cached"] == 0, "an engine with other weights loaded the first one's KV"
+    finally:
+        impostor.close()
+
+    # The same checkpoint copied to another path, under another name:
+    # the same blocks.
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    twin = Engine(copy, tmp_path / "twin.log", kv_config(kvtier_server.url), served_model_name="twin")
+    try:
+        (out,) = twin.generate([p])
+        assert out["cached"] == loadable(p) * BLOCK, "the same weights at another path did not share"
+    finally:
+        twin.close()
+
+
+class StalledServer:
+    """Accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def stalled() -> Iterator[StalledServer]:
+    server = StalledServer()
+    yield server
+    server.close()
+
+
+def test_a_stalled_tier_costs_a_request_at_most_the_lookup_budget(
+    model: Path, kv_engine: Engine, stalled: StalledServer, tmp_path: Path
+) -> None:
+    """Requests spaced past the connector's back-off, each with a lookup
+    the tier never answers: each waits at most the lookup's budget
+    (0.25 s) more than the same request with a working tier, where a
+    scheduler that waits on the socket costs seconds. (The bound is the
+    connector's timeout, 4x over, not a speed.)"""
+    config = kv_config("kvtier://127.0.0.1:%d" % stalled.port, socket_timeout=2.0)
+    engine = Engine(model, tmp_path / "stalled.log", config)
+    try:
+        for i in range(4):
+            p = prompt(80 + i, 1000)
+            (base,) = kv_engine.generate([p], max_tokens=1)
+            time.sleep(2.5)  # past retry_after: the next lookup is tried
+            (out,) = engine.generate([p], max_tokens=1)
+            assert out["cached"] == 0
+            extra = out["seconds"] - base["seconds"]
+            assert extra < 1.0, "request %d waited %.2f s longer on a stalled tier" % (i, extra)
+    finally:
+        engine.close()
