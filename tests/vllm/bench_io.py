@@ -91,7 +91,7 @@ def main() -> None:
         worker.drain_saves()
         if rep:
             stores.append((time.perf_counter() - t0, time.process_time() - c0))
-        assert worker.stats["saved_blocks"] == (rep + 1) * BLOCKS, worker.stats
+        assert worker.stats["save_blocks"] == (rep + 1) * BLOCKS, worker.stats
 
         names = keys.lookup_keys(hashes)
         for _ in range(args.lookups):

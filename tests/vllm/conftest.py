@@ -51,6 +51,7 @@ class Engine:
         *,
         prefix_caching: bool = False,
         served_model_name: Optional[str] = None,
+        log_stats: bool = False,
         extra_path: Sequence[Path] = (),
         env: Optional[dict[str, str]] = None,
     ) -> None:
@@ -61,6 +62,8 @@ class Engine:
             args.append("--prefix-caching")
         if served_model_name:
             args += ["--served-model-name", served_model_name]
+        if log_stats:
+            args.append("--log-stats")
         path = [str(ROOT / "clients" / "python"), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]
         self.env = {
             **os.environ,
@@ -123,6 +126,16 @@ class Engine:
     ) -> list[Any]:
         """Each prompt alone, in order: ``[{"tokens", "cached", "seconds", ...}]``."""
         return self.call("generate", prompts, max_tokens, kv_transfer_params=kv_transfer_params)
+
+    def metrics(self) -> dict[str, float]:
+        """The connector's Prometheus counters by name (without ``_total``; an
+        engine with ``log_stats``)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "metrics"}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read(REQUEST_TIMEOUT)
+        metrics: dict[str, float] = reply["metrics"]
+        return metrics
 
     def close(self) -> None:
         if self.proc.poll() is None:

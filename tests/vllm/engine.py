@@ -14,6 +14,10 @@ request line on stdin:
   prompts one after another (each timed alone: with ``max_tokens`` 1 that is
   its time to first token);
 * ``{"op": "batch", ...}``: the same prompts submitted together;
+* ``{"op": "abort", ..., "after_s": s}``: the prompts submitted together and
+  aborted after ``s`` seconds;
+* ``{"op": "metrics"}`` -> ``{"metrics": {name: value}}``: the connector's
+  Prometheus counters (with ``--log-stats``);
 * ``{"op": "quit"}``.
 
 Everything else the engine prints goes to stderr, so stdout carries only
@@ -36,6 +40,7 @@ def main() -> None:
     ap.add_argument("--kv-transfer-config", default=None, help="KVTransferConfig fields as JSON")
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--log-stats", action="store_true", help="vLLM's stats and Prometheus metrics on")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--kv-offloading-size", type=float, default=None, help="GiB: vLLM's own CPU offloading")
     args = ap.parse_args()
@@ -58,6 +63,8 @@ def main() -> None:
         gpu_memory_utilization=0.3,
         enforce_eager=True,
     )
+    if args.log_stats:
+        options["disable_log_stats"] = False
     if args.served_model_name:
         options["served_model_name"] = args.served_model_name
     if args.kv_transfer_config:
@@ -94,6 +101,14 @@ def main() -> None:
         op = req.get("op")
         if op == "quit":
             break
+        if op == "metrics":
+            # The connector's counters as vLLM exports them, summed over labels.
+            totals: dict[str, float] = {}
+            for m in llm.get_metrics():
+                if m.name.startswith("vllm:kvtier_") and hasattr(m, "value"):
+                    totals[m.name] = totals.get(m.name, 0) + m.value
+            print(json.dumps({"metrics": totals}), file=proto)
+            continue
         try:
             prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
             if op == "generate":
@@ -102,6 +117,21 @@ def main() -> None:
                     t = time.monotonic()
                     (out,) = llm.generate([p], params(req, i), use_tqdm=False)
                     outputs.append(result(out, time.monotonic() - t))
+            elif op == "abort":
+                # Submitted together, aborted after ``after_s``; answers once
+                # the engine has nothing left to do.
+                engine = llm.llm_engine
+                ids = ["abort-%d-%d" % (time.monotonic_ns(), i) for i in range(len(prompts))]
+                for i, (rid, p) in enumerate(zip(ids, prompts)):
+                    engine.add_request(rid, p, params(req, i))
+                t = time.monotonic()
+                while time.monotonic() - t < float(req.get("after_s", 1.0)):
+                    engine.step()
+                engine.abort_request(ids)
+                t = time.monotonic()
+                while engine.has_unfinished_requests():
+                    engine.step()
+                outputs = [{"aborted": len(ids), "seconds": time.monotonic() - t}]
             elif op == "batch":
                 t = time.monotonic()
                 outs = llm.generate(prompts, [params(req, i) for i in range(len(prompts))], use_tqdm=False)

@@ -68,7 +68,7 @@ def test_a_block_is_never_loaded_in_another_geometry(kvtier_server: Server, othe
             t.view(torch.uint8).random_()
         writer.submit_saves(KvtierMetadata(saves=[SaveSpec("w", HASHES, [0, 1, 2, 3], None)]))
         writer.drain_saves()
-        assert writer.stats["saved_blocks"] == 4
+        assert writer.stats["save_blocks"] == 4
         assert wkeys.layout != rkeys.layout
         # Another geometry's keys are other keys: the lookup finds nothing.
         client = kvtier_server.client()

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 import kvtier
 from kvtier import _header
-from kvtier.vllm import DEFAULTS, MAGIC, block_key, chain_root, extend_chain
+from kvtier.vllm import DEFAULTS, IN_FLIGHT_S, MAGIC, block_key, chain_root, extend_chain, tail_hash
 
 from conftest import BLOCK, Engine, Server, kv_config, start_kvtier
 
@@ -36,9 +36,21 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def loadable(tokens: list[int]) -> int:
-    """Full blocks the connector loads of a prompt (its last token is always
-    computed)."""
-    return (len(tokens) - 1) // BLOCK
+    """Full blocks of a prompt: the connector loads every one (vLLM computes
+    the last token again after a load), and the final partial block after
+    them when it was stored (a full hit's cached tokens are then the whole
+    prompt)."""
+    return len(tokens) // BLOCK
+
+
+def tail_key(server: Server, tokens: list[int]) -> str:
+    """The key of the prompt's final partial block."""
+    layout = layout_of(server)
+    hashes: list[str] = []
+    full = len(tokens) // BLOCK
+    extend_chain(hashes, chain_root(layout), tokens, full, BLOCK)
+    parent = bytes.fromhex(hashes[-1]) if hashes else chain_root(layout)
+    return block_key(layout, 0, tail_hash(parent, tokens[full * BLOCK :]))
 
 
 def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -84,7 +96,7 @@ def block_keys(server: Server, tokens: list[int], rank: int = 0, count: int | No
 
 
 # Prompt lengths whose last token does not end a block: the ExampleConnector
-# loads (n - 2) // 128 blocks and kvtier (n - 1) // 128, the same here.
+# loads (n - 2) // 128 blocks and kvtier n // 128, the same here.
 LENGTHS = [1000, 2000, 3000]
 
 
@@ -108,6 +120,14 @@ def test_same_tokens_as_the_example_connector_and_the_engines_own_kv_bytes(
     finally:
         example.close()
     kv_computed = kv_engine.generate(prompts)
+    # Without their final partial blocks, kvtier loads what the
+    # ExampleConnector loads and computes the rest: the same path.
+    # (The engine saves them after generate returns.)
+    tails = [tail_key(kvtier_server, p) for p in prompts]
+    wait_stored(kvtier_server, tails)
+    kvtier_server.client().execute("DEL", *tails)
+    # Past the time the engine waits for blocks it saved itself.
+    time.sleep(IN_FLIGHT_S + 0.5)
     kv_loaded = kv_engine.generate(prompts)
 
     for p, exc, exl, kvc, kvl in zip(prompts, ex_computed, ex_loaded, kv_computed, kv_loaded):
@@ -199,7 +219,7 @@ def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
         assert not t.is_alive()
         for p, out, dec in zip(early, produced, waiting):
             assert out["kv_transfer_params"]["kvtier_blocks"] == loadable(p)
-            assert dec["cached"] == loadable(p) * BLOCK, "the decode engine computed the prompt"
+            assert dec["cached"] == len(p), "the decode engine computed the prompt"
         # The usual order: prefill first, its params passed on. (With them
         # vLLM reports the producer's own cache hits as the consumer's
         # cached tokens: what the consumer read is counted by the tier.)
@@ -207,12 +227,14 @@ def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
         (out,) = producer.generate(late, max_tokens=1, kv_transfer_params=[{"do_remote_decode": True}])
         hits = keyspace_hits(kvtier_server)
         (handed,) = consumer.generate(late, kv_transfer_params=[out["kv_transfer_params"]])
-        assert keyspace_hits(kvtier_server) - hits == loadable(late[0]), (
+        # Every full block and the final partial one.
+        assert keyspace_hits(kvtier_server) - hits == loadable(late[0]) + 1, (
             "the decode engine computed the prompt"
         )
         # A consumer loads, it never stores: only the producer's blocks
         # (its prompts' whole blocks) are there.
-        assert kvtier_server.client().execute("DBSIZE") == sum(len(p) // BLOCK for p in early + late)
+        # (Each prompt's full blocks and its final partial block.)
+        assert kvtier_server.client().execute("DBSIZE") == sum(len(p) // BLOCK + 1 for p in early + late)
     finally:
         producer.close()
         consumer.close()
@@ -220,7 +242,7 @@ def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
     # tokens as the decode engine.
     for p, dec in zip([*early, *late], [*waiting, handed]):
         (same,) = kv_engine.generate([p])
-        assert same["cached"] == loadable(p) * BLOCK
+        assert same["cached"] == len(p)
         assert same["tokens"] == dec["tokens"]
 
 
@@ -240,12 +262,12 @@ def test_faults_cost_recomputation_never_wrong_tokens(model: Path, tmp_path: Pat
         p = prompt(40, 3000)
         (computed,) = engine.generate([p])
         (loaded,) = engine.generate([p])
-        assert (computed["cached"], loaded["cached"]) == (0, loadable(p) * BLOCK)
+        assert (computed["cached"], loaded["cached"]) == (0, len(p))
         c = server.client()
 
         # Evicted between lookup and load: held, the blocks stay and load.
         (held,) = engine.generate([p], kv_transfer_params=[{"test_flood_mb": 96}])
-        assert held["cached"] == loadable(p) * BLOCK
+        assert held["cached"] == len(p)
         assert held["tokens"] == loaded["tokens"]
         info = c.execute("INFO", "stats")
         assert isinstance(info, bytes)
@@ -265,7 +287,7 @@ def test_faults_cost_recomputation_never_wrong_tokens(model: Path, tmp_path: Pat
         assert damaged["tokens"] == computed["tokens"]
         # ... and replaced: the next request loads it.
         (repaired,) = engine.generate([p])
-        assert repaired["cached"] == loadable(p) * BLOCK
+        assert repaired["cached"] == len(p)
         assert repaired["tokens"] == loaded["tokens"]
 
         # kvtier stopped: every request computes.
@@ -277,7 +299,7 @@ def test_faults_cost_recomputation_never_wrong_tokens(model: Path, tmp_path: Pat
         time.sleep(0.5)  # past the connector's retry_after
         first, second = engine.generate([p, p])
         assert first["tokens"] == computed["tokens"]
-        assert second["cached"] == loadable(p) * BLOCK
+        assert second["cached"] == len(p)
         assert second["tokens"] == loaded["tokens"]
     finally:
         engine.close()

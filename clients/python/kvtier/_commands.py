@@ -112,9 +112,10 @@ def msetblock_args(
     chain: bool = True,
     ex: int | None = None,
     px: int | None = None,
+    partial: bool = False,
 ) -> list[Arg]:
-    """``MSETBLOCK n key value... [EX s | PX ms] [CHAIN [PARENT p]] [REPLACE]``
-    (the arguments checked by :func:`check_blocks`)."""
+    """``MSETBLOCK n key value... [EX s | PX ms] [CHAIN [PARENT p] [PARTIAL]]
+    [REPLACE]`` (the arguments checked by :func:`check_blocks`)."""
     args: list[Arg] = ["MSETBLOCK", len(keys)]
     for k, v in zip(keys, values):
         args.append(k)
@@ -127,6 +128,8 @@ def msetblock_args(
         args.append("CHAIN")
         if parent is not None:
             args += ["PARENT", parent]
+        if partial:
+            args.append("PARTIAL")
     if replace:
         args.append("REPLACE")
     return args
@@ -434,6 +437,7 @@ def check_blocks(
     chain: bool,
     ex: Optional[int],
     px: Optional[int],
+    partial: bool = False,
 ) -> None:
     """A ValueError or TypeError naming the argument of ``put_chain`` that is
     wrong, before anything is sent."""
@@ -457,6 +461,8 @@ def check_blocks(
             raise TypeError("put_chain: parent is %s; a key is str or bytes" % type(parent).__name__)
         if not chain:
             raise ValueError("put_chain: parent needs chain=True")
+    if partial and not chain:
+        raise ValueError("put_chain: partial needs chain=True")
     if ex is not None and px is not None:
         raise ValueError("put_chain: give ex or px, not both")
     if ex is not None:
@@ -474,17 +480,20 @@ def stripe_msetblock(
     ex: Optional[int],
     px: Optional[int],
     stripes: int,
+    partial: bool = False,
 ) -> list[tuple[range, list[Arg]]]:
     """One ``MSETBLOCK`` per contiguous range; with ``CHAIN`` each range names
-    the key before it as ``PARENT``, so the links are those of one call."""
-    check_blocks(keys, values, parent, chain, ex, px)
+    the key before it as ``PARENT``, so the links are those of one call, and
+    ``PARTIAL`` goes with the range that holds the last key."""
+    check_blocks(keys, values, parent, chain, ex, px, partial)
     total = sum(value_nbytes(v) for v in values)
     ranges = stripe_ranges(len(keys), stripes) if total >= STRIPE_MIN_BYTES else [range(len(keys))]
     parts = []
     for r in ranges:
         p = (keys[r.start - 1] if r.start else parent) if chain else None
+        last = partial and r.stop == len(keys)
         parts.append(
-            (r, msetblock_args([keys[i] for i in r], [values[i] for i in r], p, replace, chain, ex, px))
+            (r, msetblock_args([keys[i] for i in r], [values[i] for i in r], p, replace, chain, ex, px, last))
         )
     return parts
 

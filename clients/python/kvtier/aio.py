@@ -361,9 +361,10 @@ class AsyncClient:
         chain: bool = True,
         ex: Optional[int] = None,
         px: Optional[int] = None,
+        partial: bool = False,
     ) -> list[int]:
         """See :meth:`kvtier.Client.put_chain`."""
-        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
+        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes, partial)
         return cmd.merge_codes(parts, await self._all([self._run(args, None, 0.0) for _, args in parts]))
 
     async def execute(self, *args: Arg) -> object:

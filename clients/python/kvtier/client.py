@@ -333,15 +333,18 @@ class Client:
         chain: bool = True,
         ex: Optional[int] = None,
         px: Optional[int] = None,
+        partial: bool = False,
     ) -> list[int]:
         """Stores blocks as a chain in one ``MSETBLOCK ... CHAIN [PARENT p]``.
 
         Each value is a buffer or a sequence of buffers sent back to back as
         one value (header and payload without joining them). Existing keys
-        are kept unless ``replace``. Returns one code per block: 1 stored,
+        are kept unless ``replace``. ``partial``: the last block is a
+        request's final partial block (``PARTIAL``: evicted first, not
+        spilled unless read). Returns one code per block: 1 stored,
         0 already present, -1 not stored (see docs/commands.md).
         """
-        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes)
+        parts = cmd.stripe_msetblock(keys, values, parent, replace, chain, ex, px, self.stripes, partial)
         return cmd.merge_codes(parts, self._all(lambda part: self._run(part[1], None, 0.0), parts))
 
     def _parallel(self) -> ThreadPoolExecutor:

@@ -48,13 +48,21 @@ block's bytes of every layer, in layer order. A value whose header does not
 match its key or the layout is a miss: the block and the ones after it are
 recomputed, never loaded.
 
+A prompt's final partial block is stored too (``PARTIAL``, under a key of
+its own) once the prompt is computed, and loaded after the full blocks: a
+hit on it leaves vLLM only the last token to compute. Counts (lookups,
+hits, loads, saves, bytes, seconds, failures by cause, dropped saves) go
+to vLLM's stats and Prometheus metrics (``kvtier._vllm_metrics``).
+
 P/D hand-off: the producer's request output carries ``kv_transfer_params``
-``{"do_remote_prefill": true, "kvtier_blocks": n, "kvtier_layout": l}``; a
+``{"do_remote_prefill": true, "kvtier_blocks": n, "kvtier_tail": t,
+"kvtier_layout": l}``; a
 request sent to the consumer with those params (or with ``do_remote_prefill``
 alone, while the producer is still prefilling) is loaded asynchronously with
 ``MGETPREFIX ... BLOCK``: its decode starts as soon as the producer's blocks
 land, and blocks that do not land within ``pd_wait_ms`` are recomputed (at
-once when the producer's layout is not the consumer's).
+once when the producer's layout is not the consumer's, or the producer
+marked the next block ``:gone``: refused by the tier or dropped).
 
 The KV cache must be in host memory (vLLM's CPU backend): values are read
 into and sent from the cache tensors themselves. Supported: attention
@@ -84,11 +92,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 
 from . import _header
 from ._identity import attention_layout, model_fingerprint
 from ._plugin import Health, truthy
+from ._vllm_metrics import Counters, KvtierPromMetrics, KvtierStats
 from .client import Client
 from .errors import KvtierError
 
@@ -157,6 +167,11 @@ DEFAULTS: dict[str, Any] = {
     "save_decode": True,
     # Writers add a CRC32 of each block; readers check blocks that have one.
     "checksum": False,
+    # Most bytes of blocks waiting to be saved (MB; 0: a quarter of the KV
+    # cache). A finished request keeps its blocks until they are saved, so a
+    # slow tier would otherwise take the engine's KV capacity: past it new
+    # saves are dropped and counted.
+    "save_backlog_mb": 0,
     # Connections a large load or save is spread over.
     "stripes": 8,
     # Log every save and load with its wall-clock times (INFO).
@@ -180,6 +195,7 @@ class Options:
     pd_wait_ms: int
     save_decode: bool
     checksum: bool
+    save_backlog_mb: int
     stripes: int
     log_transfers: bool
 
@@ -211,6 +227,7 @@ class Options:
             pd_wait_ms=int(o["pd_wait_ms"]),
             save_decode=truthy(o["save_decode"]),
             checksum=truthy(o["checksum"]),
+            save_backlog_mb=int(o["save_backlog_mb"]),
             stripes=int(o["stripes"]),
             log_transfers=truthy(o["log_transfers"]),
         )
@@ -405,6 +422,15 @@ def extend_chain(
         hashes.append(parent.hex())
 
 
+def tail_hash(parent: bytes, tokens: Sequence[int]) -> str:
+    """The hash of a prompt's final partial block (``tokens``, fewer than a
+    block) after the block hashed ``parent``: never a full block's hash."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(b"\0partial\0")
+    h.update(array.array("q", tokens).tobytes())
+    return h.hexdigest()
+
+
 def block_key(layout: str, rank: int, block_hash: str) -> str:
     """The kvtier key of one block of one TP rank."""
     return "kvtier:vllm:%s:%d:%s" % (layout, rank, block_hash)
@@ -433,6 +459,8 @@ class SaveSpec:
     hashes: list[str]
     block_ids: list[int]
     parent: Optional[str]
+    #: The last block is the prompt's final partial block (``PARTIAL``).
+    partial: bool = False
 
 
 @dataclass
@@ -445,6 +473,30 @@ class KvtierMetadata(KVConnectorMetadata):  # type: ignore[misc]
     #: Requests that finished (aborted) while their load was running: the
     #: workers stop waiting for their blocks.
     cancelled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KvtierWorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """What the workers tell the scheduler after a step: blocks (hashes,
+    by request) a save did not store (refused, dropped under backlog,
+    skipped or failed while the tier was down), so that the scheduler
+    neither waits for them nor counts them as stored."""
+
+    not_stored: dict[str, list[str]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, KvtierWorkerReport):
+            for req_id, hashes in other.not_stored.items():
+                mine = self.not_stored.setdefault(req_id, [])
+                mine.extend(h for h in hashes if h not in mine)
+        return self
+
+
+def gone_key(key: str) -> str:
+    """The marker a producer leaves when a block it was to store will not
+    come (refused, or dropped under backlog): a consumer waiting for that
+    block stops waiting."""
+    return key + ":gone"
 
 
 # -- the connector ----------------------------------------------------------------------
@@ -568,6 +620,32 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._work().take_load_errors()
 
+    def build_connector_worker_meta(self) -> Optional[KvtierWorkerReport]:
+        return self._work().report()
+
+    # -- both sides ---------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> Optional[KvtierStats]:
+        side: Union[WorkerSide, _SchedulerSide, None] = self._worker or self._scheduler
+        return None if side is None else side.counters.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> KvtierStats:
+        return KvtierStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvtierPromMetrics:
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def has_pending_block_frees(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_frees()
+
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.close()
@@ -586,9 +664,15 @@ class _Tracked:
     extras: BlockExtras
     root: bytes
     hashes: list[str] = field(default_factory=list)
-    #: Leading blocks known to be in the tier (found by the lookup, loaded,
-    #: or saved): saves start after them.
+    #: Leading full blocks known to be in the tier (found by the lookup,
+    #: loaded, or saved): saves start after them.
     stored: int = 0
+    #: The prompt's final partial block: (its end in tokens, its hash), and
+    #: whether it is in the tier (found, loaded or handed to a save).
+    tail: Optional[tuple[int, str]] = None
+    tail_stored: bool = False
+    #: What the last lookup asked for: full blocks, then the partial one.
+    lookup_hashes: list[str] = field(default_factory=list)
     #: The lookup in flight, and when it was sent (monotonic).
     lookup: Optional[Future[int]] = None
     lookup_sent: float = 0.0
@@ -623,6 +707,9 @@ class _SchedulerSide:
         self.requests: dict[str, _Tracked] = {}
         self.pending_loads: list[LoadSpec] = []
         self.cancelled: list[str] = []
+        # Finished requests whose blocks wait for their saves.
+        self.sending: set[str] = set()
+        self.counters = Counters()
         # Blocks this engine handed to its save thread lately, by hash: a
         # lookup that misses one of them waits for it (its save is on the
         # way) rather than computing it again.
@@ -645,6 +732,18 @@ class _SchedulerSide:
             self.keys.extend(t.hashes, t.root, tokens, blocks, lambda b: t.extras(b, bs))
         return t.hashes[:blocks]
 
+    def _tail(self, t: _Tracked, tokens: Sequence[int], end: int) -> Optional[str]:
+        """The hash of the partial block that ends at token ``end`` (None
+        when ``end`` ends a block, or the request has per-block extras)."""
+        bs = self.keys.block_size
+        full = end // bs
+        if end == full * bs or t.extras.needed:
+            return None
+        if t.tail is None or t.tail[0] != end:
+            parent = bytes.fromhex(self._hashes(t, tokens, full)[-1]) if full else t.root
+            t.tail = (end, tail_hash(parent, tokens[full * bs : end]))
+        return t.tail[1]
+
     def _found(self, t: _Tracked, hashes: list[str]) -> Optional[int]:
         """How many of ``hashes`` every rank can load, from a lookup that
         runs on a thread of its own; None while it is still running (the
@@ -658,6 +757,7 @@ class _SchedulerSide:
                 self.client.prefix_len, self.keys.lookup_keys(hashes), hold_ms=hold or None
             )
             t.lookup_sent = time.monotonic()
+            self.counters.add(lookups=1)
         lookup = t.lookup
         left = t.lookup_sent + budget - time.monotonic()
         if not lookup.done():
@@ -669,28 +769,47 @@ class _SchedulerSide:
             # computes, and the next ones do not ask for retry_after.
             t.lookup = None
             self.health.failed("lookup", TimeoutError("no answer within %.0f ms" % (budget * 1000)))
+            self.counters.add(lookup_timeouts=1)
             return 0
         t.lookup = None
         try:
             return lookup.result() // self.keys.tp
         except (KvtierError, OSError) as e:
             self.health.failed("lookup", e)
+            self.counters.add(lookup_errors=1)
             return 0
+
+    def has_pending_frees(self) -> bool:
+        """Blocks of finished requests that their saves will release."""
+        return bool(self.sending)
 
     def lookup(self, request: Request, num_computed_tokens: int) -> tuple[Optional[int], bool]:
         t = self._track(request)
         if not t.extras.keyable:
             return 0, False
         bs = self.keys.block_size
-        # At least the prompt's last token is computed (vLLM needs one).
-        loadable = (request.num_tokens - 1) // bs
-        if loadable <= 0:
+        # Every full block and the final partial one: after a load between
+        # steps vLLM computes the last token again itself.
+        tokens = request.all_token_ids
+        full = request.num_tokens // bs
+        hashes = list(self._hashes(t, tokens, full))
+        tail = self._tail(t, tokens, request.num_tokens)
+        if tail is not None:
+            hashes.append(tail)
+        if not hashes:
             return 0, False
-        hashes = self._hashes(t, request.all_token_ids, loadable)
         found = self._found(t, hashes)
         if found is None:
             return None, False
-        t.stored = found
+
+        def count(blocks: int) -> int:
+            """Tokens in the first ``blocks`` of ``hashes``."""
+            return request.num_tokens if blocks > full else blocks * bs
+
+        self.counters.add(lookup_hit_blocks=found, lookup_miss_blocks=len(hashes) - found)
+        t.stored = min(found, full)
+        t.tail_stored = found > full
+        t.lookup_hashes = hashes
         t.lookup_local = num_computed_tokens
         # A new attempt (the first, or after a load failed): its own load.
         t.load = None
@@ -700,29 +819,30 @@ class _SchedulerSide:
         params = request.kv_transfer_params or {}
         if params.get("do_remote_prefill") and self.health.ok():
             # A consumer: the producer's blocks may still be arriving.
-            expected = self._expected(request, params, loadable)
+            expected = self._expected(request, params, full, len(hashes))
             if expected > found and expected > local:
                 t.wait_blocks = expected
-                return (expected - local) * bs, True
+                return count(expected) - local * bs, True
         # Blocks this engine is still saving: wait for them, briefly.
         coming = self._in_flight(hashes, found)
         if coming > found and coming > local and self.health.ok():
             t.wait_blocks = coming
-            return (coming - local) * bs, True
+            return count(coming) - local * bs, True
         t.wait_blocks = 0
         logger.debug(
-            "kvtier: %s: %d of %d blocks found, %d local", request.request_id, found, loadable, local
+            "kvtier: %s: %d of %d blocks found, %d local", request.request_id, found, len(hashes), local
         )
         if found <= local:
             return 0, False
         # Loaded between steps: no step computes on a block before every
         # rank's load of it succeeded, so nothing computed over a failed
         # load is ever stored.
-        return (found - local) * bs, True
+        return count(found) - local * bs, True
 
-    def _expected(self, request: Request, params: dict[str, Any], loadable: int) -> int:
-        """How many blocks a consumer waits for: what the producer says it
-        stored, none if it stored them under another layout."""
+    def _expected(self, request: Request, params: dict[str, Any], full: int, blocks: int) -> int:
+        """How many of a consumer's ``blocks`` (``full`` ones, then the
+        partial one) it waits for: what the producer says it stored, none if
+        it stored them under another layout."""
         layout = params.get("kvtier_layout")
         if layout is not None and layout != self.keys.layout:
             logger.warning(
@@ -733,8 +853,10 @@ class _SchedulerSide:
                 self.keys.layout,
             )
             return 0
-        expected = int(params.get("kvtier_blocks", loadable))
-        return max(0, min(expected, loadable))
+        expected = max(0, min(int(params.get("kvtier_blocks", full)), full))
+        if expected == full and blocks > full and params.get("kvtier_tail", "kvtier_blocks" not in params):
+            expected += 1
+        return expected
 
     def _in_flight(self, hashes: Sequence[str], found: int) -> int:
         """``found`` extended over the blocks after it that this engine
@@ -754,19 +876,21 @@ class _SchedulerSide:
         bs = self.keys.block_size
         block_ids = blocks.get_block_ids()[0]
         start = t.lookup_local // bs
-        count = num_external_tokens // bs
+        count = -(-num_external_tokens // bs)  # the partial block too
+        full = request.num_tokens // bs
         wait_ms = None
         if t.wait_blocks:
             params = request.kv_transfer_params or {}
             wait_ms = self.c.options.pd_wait_ms if params.get("do_remote_prefill") else IN_FLIGHT_WAIT_MS
         spec = LoadSpec(
             req_id=request.request_id,
-            hashes=t.hashes[start : start + count],
+            hashes=t.lookup_hashes[start : start + count],
             block_ids=list(block_ids[start : start + count]),
             wait_ms=wait_ms,
         )
         t.load, t.load_start, t.loading = spec, start, True
-        t.stored = max(t.stored, start + count)
+        t.stored = max(t.stored, min(start + count, full))
+        t.tail_stored = t.tail_stored or start + count > full
         self.pending_loads.append(spec)
 
     def build(self, out: SchedulerOutput) -> KvtierMetadata:
@@ -797,37 +921,56 @@ class _SchedulerSide:
         return meta
 
     def _save_spec(self, t: _Tracked, out: SchedulerOutput, manager: Any) -> Optional[SaveSpec]:
-        """The blocks of ``t`` this step completes that the tier lacks."""
+        """The blocks of ``t`` this step completes that the tier lacks: full
+        blocks, and the prompt's final partial block once the prompt is
+        computed (a decode engine loads it instead of computing it)."""
         request = t.request
         req_id = request.request_id
         bs = self.keys.block_size
+        tokens = request.all_token_ids
         # Tokens whose KV exists once this step ran (not speculative ones).
         spec_tokens = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         done = request.num_computed_tokens + out.num_scheduled_tokens.get(req_id, 0) - spec_tokens
         if not self.c.options.save_decode:
             done = min(done, request.num_prompt_tokens)
-        full = min(done, len(request.all_token_ids)) // bs
-        if full <= t.stored:
+        full = min(done, len(tokens)) // bs
+        prompt_full = request.num_prompt_tokens // bs
+        tail = None
+        if not t.tail_stored and done >= request.num_prompt_tokens and full == prompt_full:
+            tail = self._tail(t, tokens, request.num_prompt_tokens)
+        if full <= t.stored and tail is None:
             return None
         block_ids = manager.get_block_ids(req_id)[0]
         full = min(full, len(block_ids))
-        if full <= t.stored:
+        if tail is not None and len(block_ids) <= prompt_full:
+            tail = None
+        if full <= t.stored and tail is None:
             return None
-        hashes = self._hashes(t, request.all_token_ids, full)
-        start = t.stored
+        hashes = self._hashes(t, tokens, full)
+        start = min(t.stored, full)
         t.stored = full
-        return SaveSpec(
+        spec = SaveSpec(
             req_id=req_id,
             hashes=hashes[start:full],
             block_ids=list(block_ids[start:full]),
             parent=hashes[start - 1] if start else None,
         )
+        if tail is not None:
+            spec.hashes.append(tail)
+            spec.block_ids.append(block_ids[prompt_full])
+            spec.partial = True
+            t.tail_stored = True
+        return spec
 
     def output(self, connector_output: KVConnectorOutput) -> None:
         for req_id in connector_output.finished_recving or ():
             t = self.requests.get(req_id)
             if t is not None:
                 t.loading = False
+        self.sending.difference_update(connector_output.finished_sending or ())
+        report = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(report, KvtierWorkerReport):
+            self._not_stored(report.not_stored)
         bad = set(connector_output.invalid_block_ids or ())
         if not bad:
             return
@@ -840,14 +983,33 @@ class _SchedulerSide:
             for i, b in enumerate(t.load.block_ids):
                 if b in bad:
                     t.stored = min(t.stored, t.load_start + i)
+                    t.tail_stored = False
                     for h in t.load.hashes[i:]:
                         self.recent_saves.pop(h, None)
                     break
+
+    def _not_stored(self, not_stored: dict[str, list[str]]) -> None:
+        """Blocks a save did not store: a lookup does not wait for them, and
+        a request still running saves them again from the first one."""
+        for req_id, hashes in not_stored.items():
+            for h in hashes:
+                self.recent_saves.pop(h, None)
+            t = self.requests.get(req_id)
+            if t is None:
+                continue
+            lost = set(hashes)
+            first = next((i for i, h in enumerate(t.hashes) if h in lost), None)
+            if first is not None:
+                t.stored = min(t.stored, first)
+            if first is not None or (t.tail is not None and t.tail[1] in lost):
+                t.tail_stored = False
 
     def finished(self, request: Request) -> tuple[bool, Optional[dict[str, Any]]]:
         t = self.requests.pop(request.request_id, None)
         if t is None:
             return False, None
+        if t.saved_any:
+            self.sending.add(request.request_id)
         if t.loading:
             # Aborted while its blocks load: vLLM keeps them until the
             # workers report the load, which they now stop waiting for.
@@ -856,13 +1018,15 @@ class _SchedulerSide:
         asked = request.kv_transfer_params or {}
         if self.c.saves and asked.get("do_remote_decode"):
             # What the consumer should load: the prompt's full blocks this
-            # engine stored or found (the last prompt token is always
-            # computed), under this layout.
-            blocks = (request.num_prompt_tokens - 1) // self.keys.block_size
+            # engine stored or found, under this layout.
+            bs = self.keys.block_size
+            blocks = min(request.num_prompt_tokens // bs, t.stored)
             params = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
-                "kvtier_blocks": min(blocks, t.stored),
+                "kvtier_blocks": blocks,
+                # The prompt's final partial block follows them.
+                "kvtier_tail": bool(t.tail_stored and blocks == request.num_prompt_tokens // bs),
                 "kvtier_layout": self.keys.layout,
             }
         return t.saved_any, params
@@ -947,18 +1111,34 @@ class WorkerSide:
         self.done_recving: set[str] = set()
         self.load_done = threading.Event()
         self.idle_step = False
-        self.stats = {"saved_blocks": 0, "refused_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0}
+        self.counters = Counters()
+        #: Bytes of blocks handed to the save thread and not yet saved, and
+        #: the most there may be (set by register).
+        self.backlog = 0
+        self.backlog_max = o.save_backlog_mb << 20
+        self.not_stored: dict[str, list[str]] = {}
+        # Markers for blocks that will not come, written off the save thread.
+        self.notices = ThreadPoolExecutor(1, thread_name_prefix="kvtier-notice")
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Totals since start (:data:`kvtier._vllm_metrics.COUNTERS`)."""
+        return self.counters.totals
 
     def close(self) -> None:
-        self.drain_saves()
+        # Saves still queued are sent, at most one socket timeout long.
         self.save_queue.put(None)
+        self.saver.join(timeout=self.options.socket_timeout)
         self.loaders.shutdown(wait=False, cancel_futures=True)
+        self.notices.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if not self.num_blocks:
             self.num_blocks = int(next(iter(kv_caches.values())).shape[0])
         self.cache = _KvCache(kv_caches, self.num_blocks)
+        if not self.backlog_max:
+            self.backlog_max = self.num_blocks * self.cache.block_bytes // 4
         k = self.keys
         itemsize = next(iter(kv_caches.values())).element_size()
         want = k.layers * 2 * k.kv_heads * k.block_size * k.head_size * itemsize
@@ -1078,6 +1258,8 @@ class WorkerSide:
         keys = [self.keys.key(self.rank, h) for h in spec.hashes]
         bad: list[int] = []
         got = 0
+        failed_call = False
+        started = time.monotonic()
         if self.cache is not None and keys:
             try:
                 if deadline is None:
@@ -1088,6 +1270,7 @@ class WorkerSide:
                     got = self._load_as_they_land(keys, spec.block_ids, deadline, cancel, bad)
             except (KvtierError, OSError) as e:
                 self.health.failed("load", e)
+                failed_call = True
                 got = 0
         if bad:
             # A damaged value is deleted, so that the recomputed block is
@@ -1105,11 +1288,25 @@ class WorkerSide:
             spec.hashes[0] if spec.hashes else "-",
             time.time(),
         )
+        if cancel is not None and cancel.is_set():
+            cause = "loads_cancelled"
+        elif failed_call:
+            cause = "load_failed_error_blocks"
+        elif bad and min(bad) == first_bad:
+            cause = "load_failed_damaged_blocks"
+        else:
+            cause = "load_failed_missing_blocks"
+        block_bytes = self.cache.block_bytes if self.cache is not None else 0
+        self.counters.add(
+            loads=1,
+            load_blocks=first_bad,
+            load_bytes=first_bad * block_bytes,
+            load_seconds=time.monotonic() - started,
+            **{cause: 1 if cause == "loads_cancelled" else len(failed)},
+        )
         with self.lock:
-            self.stats["loaded_blocks"] += first_bad
-            self.stats["failed_blocks"] += len(failed)
             self.load_errors.update(failed)
-        if failed:
+        if failed and cause != "loads_cancelled":
             logger.info(
                 "kvtier: %s: %d of %d blocks not loaded, recomputed", spec.req_id, len(failed), len(keys)
             )
@@ -1139,6 +1336,10 @@ class WorkerSide:
             sink.check()
             bad.extend(got + i for i in part)
             got += n
+            if got < len(keys) and not bad and self.client.execute("EXISTS", gone_key(keys[got])):
+                # The writer dropped or was refused the next block: it will
+                # not come.
+                break
         return got
 
     def _log_transfer(self, message: str, *args: Any) -> None:
@@ -1164,13 +1365,50 @@ class WorkerSide:
                 self.saved_reqs.add(spec.req_id)
             if self.cache is None:
                 continue
+            size = len(spec.hashes) * (HEADER_LEN + self.cache.block_bytes)
+            with self.lock:
+                full = self.backlog + size > self.backlog_max and self.backlog > 0
+                if not full:
+                    self.backlog += size
+                    self.saves_pending[spec.req_id] = self.saves_pending.get(spec.req_id, 0) + 1
+            if full:
+                # The tier is slower than the engine: this save is dropped
+                # (a later miss), not queued while the request's blocks wait.
+                self._not_saved(spec, 0, "save_dropped_backlog_blocks", notify=True)
+                continue
             values: list[list[Union[bytearray, memoryview]]] = []
             for h, block_id in zip(spec.hashes, spec.block_ids):
                 views = self.cache.views(block_id)
                 values.append([self._header(self.keys.key(self.rank, h), views), *views])
-            with self.lock:
-                self.saves_pending[spec.req_id] = self.saves_pending.get(spec.req_id, 0) + 1
             self.save_queue.put((spec, values))
+
+    def _not_saved(self, spec: SaveSpec, first: int, cause: str, notify: bool = False) -> None:
+        """Blocks ``first..`` of ``spec`` were not stored: counted, reported
+        to the scheduler, and (``notify``) marked for a consumer waiting
+        for them."""
+        hashes = spec.hashes[first:]
+        if not hashes:
+            return
+        self.counters.add(**{cause: len(hashes)})
+        with self.lock:
+            self.not_stored.setdefault(spec.req_id, []).extend(hashes)
+        if notify:
+            key = gone_key(self.keys.key(self.rank, hashes[0]))
+            self.notices.submit(self._mark_gone, key)
+
+    def _mark_gone(self, key: str) -> None:
+        try:
+            self.client.execute("SET", key, "1", "PX", max(1000, self.options.pd_wait_ms))
+        except (KvtierError, OSError) as e:
+            self.health.failed("marking blocks not stored", e)
+
+    def report(self) -> Optional[KvtierWorkerReport]:
+        """Blocks not stored since the last report, for the scheduler."""
+        with self.lock:
+            if not self.not_stored:
+                return None
+            not_stored, self.not_stored = self.not_stored, {}
+        return KvtierWorkerReport(not_stored=not_stored)
 
     def _save_loop(self) -> None:
         while True:
@@ -1179,32 +1417,40 @@ class WorkerSide:
                 self.save_queue.task_done()
                 return
             spec, values = job
+            size = len(spec.hashes) * (HEADER_LEN + (self.cache.block_bytes if self.cache else 0))
             try:
-                if self.health.ok():
-                    keys = [self.keys.key(self.rank, h) for h in spec.hashes]
-                    parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
-                    started = time.time()
-                    codes = self.client.put_chain(keys, values, parent=parent)
-                    refused = sum(1 for c in codes if c < 0)
-                    with self.lock:
-                        self.stats["saved_blocks"] += len(codes) - refused
-                        self.stats["refused_blocks"] += refused
-                    # Wall-clock times: scripts/bench-vllm.sh lines up a
-                    # producer's saves with a consumer's loads by them.
-                    self._log_transfer(
-                        "kvtier: saved %d blocks from %s (refused %d) %.6f..%.6f",
-                        len(codes),
-                        spec.hashes[0],
-                        refused,
-                        started,
-                        time.time(),
-                    )
+                if not self.health.ok():
+                    self._not_saved(spec, 0, "save_dropped_down_blocks")
+                    continue
+                keys = [self.keys.key(self.rank, h) for h in spec.hashes]
+                parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
+                started, clock = time.time(), time.monotonic()
+                codes = self.client.put_chain(keys, values, parent=parent, partial=spec.partial)
+                refused = next((i for i, c in enumerate(codes) if c < 0), len(codes))
+                self.counters.add(
+                    saves=1, save_blocks=refused, save_bytes=size, save_seconds=time.monotonic() - clock
+                )
+                # A chain stops at its first refused block.
+                self._not_saved(spec, refused, "save_refused_blocks", notify=True)
+                # Wall-clock times: scripts/bench-vllm.sh lines up a
+                # producer's saves with a consumer's loads by them.
+                self._log_transfer(
+                    "kvtier: saved %d blocks from %s (refused %d) %.6f..%.6f",
+                    len(codes),
+                    spec.hashes[0],
+                    len(codes) - refused,
+                    started,
+                    time.time(),
+                )
             except (KvtierError, OSError) as e:
                 self.health.failed("save", e)
+                self._not_saved(spec, 0, "save_failed_blocks")
             except Exception:  # never lose the worker thread
                 logger.exception("kvtier: save of %s failed", spec.req_id)
+                self._not_saved(spec, 0, "save_failed_blocks")
             finally:
                 with self.lock:
+                    self.backlog -= size
                     self.saves_pending[spec.req_id] -= 1
                     if not self.saves_pending[spec.req_id]:
                         del self.saves_pending[spec.req_id]
