@@ -195,3 +195,49 @@ def attention_layout(vllm_config: Any, head_size: int) -> str:
     layout = getattr(cache, "kv_cache_layout", None)
     parts.append(str(getattr(layout, "name", layout)))
     return "/".join(parts)
+
+
+def serving_identity(model: Optional[str]) -> str:
+    """For plugins that see only a model's name (LMCache, SGLang): the
+    identity of the model the serving engine in this process loaded (vLLM's
+    current configuration, SGLang's published server arguments: weights
+    fingerprint, revision, dtype, quantization, overrides), else of the
+    weights under ``model`` when it is a folder, else the name alone."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        config = get_current_vllm_config()
+        if getattr(config, "model_config", None) is not None:
+            return model_fingerprint(config.model_config)
+    except Exception:  # not inside a vLLM engine
+        pass
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        args = get_server_args()
+        if args is not None and getattr(args, "model_path", None):
+            folder = _local_folder(str(args.model_path), getattr(args, "revision", None))
+            fields = {
+                name: repr(getattr(args, name, None))
+                for name in (
+                    "revision",
+                    "dtype",
+                    "quantization",
+                    "kv_cache_dtype",
+                    "json_model_override_args",
+                    "attention_backend",
+                    "load_format",
+                )
+            }
+            fields["weights"] = (weights_fingerprint(folder) if folder else None) or "name:" + str(
+                args.model_path
+            )
+            text = json.dumps(fields, sort_keys=True)
+            return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    except Exception:  # not inside an SGLang server
+        pass
+    if model and os.path.isdir(model):
+        fingerprint = weights_fingerprint(Path(model))
+        if fingerprint is not None:
+            return fingerprint
+    return "name:%s" % model

@@ -63,6 +63,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from . import _commands as cmd
 from . import _header
 from ._buffers import writable_view
+from ._identity import serving_identity
 from ._plugin import truthy
 from .aio import AsyncClient
 from .client import Client
@@ -167,12 +168,18 @@ class ChunkCodec:
         self.dtypes = list(connector.meta_dtypes)
         self.fmt: MemoryFormat = connector.meta_fmt
         self.checksum: bool = connector.options["checksum"]
+        # The header's digest names the key and the model that computed the
+        # chunk: a chunk of other weights under the same name is a miss.
+        self.identity = serving_identity(getattr(connector.metadata, "model_name", None))
+
+    def digest(self, key: str) -> bytes:
+        return key_digest("%s\0%s" % (key, self.identity))
 
     def header(self, key: str, obj: MemoryObj, payload: memoryview) -> bytearray:
         meta = RemoteMetadata(payload.nbytes, obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
         crc, flags = (zlib.crc32(payload), FLAG_CRC) if self.checksum else (0, 0)
         head = bytearray(self.header_len)
-        _FIXED.pack_into(head, 0, MAGIC, self.header_len, payload.nbytes, crc, flags, key_digest(key))
+        _FIXED.pack_into(head, 0, MAGIC, self.header_len, payload.nbytes, crc, flags, self.digest(key))
         meta.serialize_into(memoryview(head)[_FIXED.size :])
         return head
 
@@ -189,8 +196,8 @@ class ChunkCodec:
             return self._bad(key, "not a kvtier chunk of this layout")
         if plen != total - hlen:
             return self._bad(key, "value is %d bytes, header says %d" % (total, hlen + plen))
-        if digest != key_digest(key):
-            return self._bad(key, "value was stored under another key")
+        if digest != self.digest(key):
+            return self._bad(key, "value was stored under another key or by another model")
         try:
             meta = RemoteMetadata.deserialize(bytes(head[_FIXED.size :]))
         except (ValueError, KeyError, struct.error) as e:

@@ -25,7 +25,10 @@ What each call sends:
 ``clear``           ``SCAN`` + ``DEL`` of this backend's keys, on every node
 ==================  =============================================================
 
-Keys: ``<page hash>@sgl@<model>@<format>@<ranks>``. ``<format>`` digests the
+Keys: ``<page hash>@sgl@<model>~<identity>@<format>@<ranks>``. ``<identity>``
+digests the model SGLang loaded (a fingerprint of its weight files, revision,
+dtype, quantization, overrides, attention backend), so two checkpoints served
+under one name never share a page. ``<format>`` digests the
 host pool's layout, dtype, page size and the sizes of a page's regions (and
 whether the flat path wrote it), so a page written in one layout is never
 read in another: it is a different key. ``<ranks>`` is ``mla`` for MLA
@@ -72,6 +75,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from . import _header
 from ._buffers import writable_view
+from ._identity import serving_identity
 from ._plugin import Health, truthy
 from .client import Client
 from .errors import KvtierError
@@ -185,7 +189,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.checksum = truthy(options["checksum"])
         self.ttl = int(options["ttl"]) or None
         self.health = Health(float(options["retry_after"]), logger)
-        self.model = (storage_config.model_name or "model").replace("@", "_")
+        # The served name and a digest of the model's identity (weights,
+        # revision, dtype, quantization, overrides, attention backend): two
+        # checkpoints served under one name never share a page.
+        name = storage_config.model_name or "model"
+        identity = hashlib.blake2b(serving_identity(name).encode(), digest_size=6).hexdigest()
+        self.model = "%s~%s" % (name.replace("@", "_"), identity)
         self.ranks = rank_part(storage_config)
         self.mem_pool_host: Any = None
         self.v1_format: Optional[str] = None
