@@ -12,7 +12,6 @@ storing. Prints a table and a JSON line.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import re
@@ -32,7 +31,7 @@ from conftest import Engine, kv_config  # noqa: E402
 
 SAVED = re.compile(r"kvtier: saved (\d+) blocks from ([0-9a-f]+) \(refused (\d+)\) ([\d.]+)\.\.([\d.]+)")
 LOADED = re.compile(r"kvtier: loaded (\d+) of (\d+) blocks from ([0-9a-f]+) at ([\d.]+)")
-LAYOUT = re.compile(r"kvtier connector \(kv_producer, worker\) for \S+, layout (\S+)")
+LAYOUT = re.compile(r"kvtier connector \(kv_producer, worker\) for \S+: .*?; layout ([0-9a-f]+): ")
 
 
 def main() -> None:
@@ -68,13 +67,13 @@ def main() -> None:
     clog = (logdir / "consumer.log").read_text(errors="replace")
     m = LAYOUT.search(plog)
     assert m, "no layout line in the producer's log"
-    layout = hashlib.blake2b(m.group(1).encode(), digest_size=8).hexdigest()
+    layout = m.group(1)
     saves = [(h, float(a), float(b)) for _, h, _, a, b in SAVED.findall(plog)]
     loads = {h: (int(n), int(of), float(at)) for n, of, h, at in LOADED.findall(clog)}
     rows: list[dict[str, Any]] = []
     for p, out in zip(prompts, decoded):
         hashes: list[str] = []
-        extend_chain(hashes, chain_root(layout), p, (len(p) - 1) // 128, 128)
+        extend_chain(hashes, chain_root(layout), p, len(p) // 128, 128)
         mine = [(a, b) for h, a, b in saves if h in set(hashes)]
         got = loads.get(hashes[0])
         if not mine or got is None:

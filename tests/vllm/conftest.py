@@ -52,6 +52,7 @@ class Engine:
         prefix_caching: bool = False,
         served_model_name: Optional[str] = None,
         log_stats: bool = False,
+        lora: bool = False,
         extra_path: Sequence[Path] = (),
         env: Optional[dict[str, str]] = None,
     ) -> None:
@@ -64,6 +65,8 @@ class Engine:
             args += ["--served-model-name", served_model_name]
         if log_stats:
             args.append("--log-stats")
+        if lora:
+            args.append("--lora")
         path = [str(ROOT / "clients" / "python"), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]
         self.env = {
             **os.environ,
@@ -123,9 +126,11 @@ class Engine:
         prompts: Sequence[Sequence[int]],
         max_tokens: int = 8,
         kv_transfer_params: Optional[Sequence[Optional[dict[str, Any]]]] = None,
+        lora: Optional[tuple[str, int, str]] = None,
     ) -> list[Any]:
-        """Each prompt alone, in order: ``[{"tokens", "cached", "seconds", ...}]``."""
-        return self.call("generate", prompts, max_tokens, kv_transfer_params=kv_transfer_params)
+        """Each prompt alone, in order: ``[{"tokens", "cached", "seconds", ...}]``
+        (through the LoRA adapter ``(name, id, path)``: an engine with ``lora``)."""
+        return self.call("generate", prompts, max_tokens, kv_transfer_params=kv_transfer_params, lora=lora)
 
     def metrics(self) -> dict[str, float]:
         """The connector's Prometheus counters by name (without ``_total``; an

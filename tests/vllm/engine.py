@@ -11,7 +11,8 @@ request line on stdin:
 * ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n,
   "kv_transfer_params": [params or null, ...]}`` -> ``{"outputs": [{"tokens":
   [...], "cached": n, "seconds": s, "kv_transfer_params": ...}, ...]}``: the
-  prompts one after another (each timed alone: with ``max_tokens`` 1 that is
+  prompts one after another (with ``"lora": [name, id, path]``, through
+  that adapter; ``--lora``) (each timed alone: with ``max_tokens`` 1 that is
   its time to first token);
 * ``{"op": "batch", ...}``: the same prompts submitted together;
 * ``{"op": "abort", ..., "after_s": s}``: the prompts submitted together and
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--log-stats", action="store_true", help="vLLM's stats and Prometheus metrics on")
+    ap.add_argument("--lora", action="store_true", help="LoRA adapters on (rank 8)")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--kv-offloading-size", type=float, default=None, help="GiB: vLLM's own CPU offloading")
     args = ap.parse_args()
@@ -53,6 +55,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     options: dict[str, Any] = dict(
         model=args.model,
@@ -65,6 +68,8 @@ def main() -> None:
     )
     if args.log_stats:
         options["disable_log_stats"] = False
+    if args.lora:
+        options.update(enable_lora=True, max_lora_rank=8, max_loras=2)
     if args.served_model_name:
         options["served_model_name"] = args.served_model_name
     if args.kv_transfer_config:
@@ -113,9 +118,10 @@ def main() -> None:
             prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
             if op == "generate":
                 outputs = []
+                lora = LoRARequest(*req["lora"]) if req.get("lora") else None
                 for i, p in enumerate(prompts):
                     t = time.monotonic()
-                    (out,) = llm.generate([p], params(req, i), use_tqdm=False)
+                    (out,) = llm.generate([p], params(req, i), use_tqdm=False, lora_request=lora)
                     outputs.append(result(out, time.monotonic() - t))
             elif op == "abort":
                 # Submitted together, aborted after ``after_s``; answers once

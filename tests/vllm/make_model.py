@@ -38,6 +38,46 @@ def make_model(path: Path, layers: int, hidden: int, kv_heads: int, seed: int = 
     return path
 
 
+def make_lora(path: Path, model: Path, seed: int, rank: int = 8) -> Path:
+    """A LoRA adapter of ``model`` (PEFT's format: q_proj and v_proj of
+    every layer) with random weights, saved to ``path`` (kept if there)."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    if (path / "adapter_config.json").exists():
+        return path
+    config = transformers.AutoConfig.from_pretrained(model)
+    head = config.hidden_size // config.num_attention_heads
+    out = {"q_proj": config.hidden_size, "v_proj": config.num_key_value_heads * head}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config.num_hidden_layers):
+        for proj, width in out.items():
+            name = "base_model.model.model.layers.%d.self_attn.%s" % (layer, proj)
+            tensors[name + ".lora_A.weight"] = torch.randn(rank, config.hidden_size, generator=gen) * 0.05
+            tensors[name + ".lora_B.weight"] = torch.randn(width, rank, generator=gen) * 0.05
+    path.mkdir(parents=True)
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+        str(path / "adapter_model.safetensors"),
+    )
+    adapter = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "target_modules": list(out),
+        "bias": "none",
+        "base_model_name_or_path": str(model),
+        "task_type": "CAUSAL_LM",
+    }
+    (path / "adapter_config.json").write_text(json.dumps(adapter))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir", type=Path)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from make_model import make_model
+from make_model import make_lora, make_model
 from test_vllm import block_keys, keyspace_hits, loadable, prompt, wait_stored
 
 from kvtier import _header
@@ -227,3 +227,39 @@ def test_a_consumer_does_not_wait_for_blocks_the_tier_refused(model: Path, tmp_p
         producer.close()
         consumer.close()
         server.stop()
+
+
+def wait_dbsize(server: Server, n: int) -> None:
+    """Waits up to 60 s until the tier holds ``n`` keys (saves land after
+    generate returns)."""
+    deadline = time.monotonic() + 60
+    while server.client().execute("DBSIZE") != n:
+        assert time.monotonic() < deadline, "the engine's saves did not land"
+        time.sleep(0.05)
+
+
+def test_a_lora_name_pointed_at_another_adapter_shares_nothing(
+    model: Path, kvtier_server: Server, tmp_path: Path
+) -> None:
+    """One adapter name re-pointed at other weights (vLLM keys LoRA blocks by
+    name and path): its blocks are other blocks; the first adapter's load
+    back."""
+    first = make_lora(tmp_path / "lora-a", model, seed=1)
+    second = make_lora(tmp_path / "lora-b", model, seed=2)
+    c = kvtier_server.client()
+    c.execute("FLUSHALL")
+    engine = Engine(model, tmp_path / "lora.log", kv_config(kvtier_server.url), lora=True)
+    try:
+        p = prompt(110, 1000)
+        (computed,) = engine.generate([p], lora=("adapter", 1, str(first)))
+        assert computed["cached"] == 0
+        wait_dbsize(kvtier_server, loadable(p) + 1)  # full blocks and the partial one
+        (other,) = engine.generate([p], lora=("adapter", 2, str(second)))
+        assert other["cached"] == 0, "an adapter re-pointed under one name loaded the first one's KV"
+        (again,) = engine.generate([p], lora=("adapter", 1, str(first)))
+        assert again["cached"] == len(p)
+        # Without an adapter: the base model's blocks, not the adapter's.
+        (base,) = engine.generate([p])
+        assert base["cached"] == 0
+    finally:
+        engine.close()

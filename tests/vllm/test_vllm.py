@@ -43,6 +43,12 @@ def loadable(tokens: list[int]) -> int:
     return len(tokens) // BLOCK
 
 
+def blocks(tokens: list[int]) -> int:
+    """Keys a prompt is stored under: its full blocks and its final partial
+    block."""
+    return -(-len(tokens) // BLOCK)
+
+
 def tail_key(server: Server, tokens: list[int]) -> str:
     """The key of the prompt's final partial block."""
     layout = layout_of(server)
@@ -223,24 +229,25 @@ def test_prefill_engine_hands_its_blocks_to_a_decode_engine(
         # The usual order: prefill first, its params passed on. (With them
         # vLLM reports the producer's own cache hits as the consumer's
         # cached tokens: what the consumer read is counted by the tier.)
-        late = [prompt(30, 3000)]
-        (out,) = producer.generate(late, max_tokens=1, kv_transfer_params=[{"do_remote_decode": True}])
-        hits = keyspace_hits(kvtier_server)
-        (handed,) = consumer.generate(late, kv_transfer_params=[out["kv_transfer_params"]])
-        # Every full block and the final partial one.
-        assert keyspace_hits(kvtier_server) - hits == loadable(late[0]) + 1, (
-            "the decode engine computed the prompt"
-        )
+        # A prompt with a final partial block and a block-aligned one: the
+        # consumer reads every block of each.
+        late = [prompt(30, 3000), prompt(31, 20 * BLOCK)]
+        handed = []
+        for p in late:
+            (out,) = producer.generate([p], max_tokens=1, kv_transfer_params=[{"do_remote_decode": True}])
+            assert out["kv_transfer_params"]["kvtier_tail"] == bool(len(p) % BLOCK)
+            hits = keyspace_hits(kvtier_server)
+            handed += consumer.generate([p], kv_transfer_params=[out["kv_transfer_params"]])
+            assert keyspace_hits(kvtier_server) - hits == blocks(p), "the decode engine computed the prompt"
         # A consumer loads, it never stores: only the producer's blocks
         # (its prompts' whole blocks) are there.
-        # (Each prompt's full blocks and its final partial block.)
-        assert kvtier_server.client().execute("DBSIZE") == sum(len(p) // BLOCK + 1 for p in early + late)
+        assert kvtier_server.client().execute("DBSIZE") == sum(blocks(p) for p in early + late)
     finally:
         producer.close()
         consumer.close()
     # A kv_both engine loading the same prompts the same way picks the same
     # tokens as the decode engine.
-    for p, dec in zip([*early, *late], [*waiting, handed]):
+    for p, dec in zip([*early, *late], [*waiting, *handed]):
         (same,) = kv_engine.generate([p])
         assert same["cached"] == len(p)
         assert same["tokens"] == dec["tokens"]
