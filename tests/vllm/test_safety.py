@@ -230,10 +230,10 @@ def test_a_consumer_does_not_wait_for_blocks_the_tier_refused(model: Path, tmp_p
 
 
 def wait_dbsize(server: Server, n: int) -> None:
-    """Waits up to 60 s until the tier holds ``n`` keys (saves land after
-    generate returns)."""
+    """Waits up to 60 s until the tier holds ``n`` keys or more (saves land
+    after generate returns)."""
     deadline = time.monotonic() + 60
-    while server.client().execute("DBSIZE") != n:
+    while int(server.client().execute("DBSIZE")) < n:  # type: ignore[call-overload]
         assert time.monotonic() < deadline, "the engine's saves did not land"
         time.sleep(0.05)
 
@@ -253,7 +253,7 @@ def test_a_lora_name_pointed_at_another_adapter_shares_nothing(
         p = prompt(110, 1000)
         (computed,) = engine.generate([p], lora=("adapter", 1, str(first)))
         assert computed["cached"] == 0
-        wait_dbsize(kvtier_server, loadable(p) + 1)  # full blocks and the partial one
+        wait_dbsize(kvtier_server, loadable(p))
         (other,) = engine.generate([p], lora=("adapter", 2, str(second)))
         assert other["cached"] == 0, "an adapter re-pointed under one name loaded the first one's KV"
         (again,) = engine.generate([p], lora=("adapter", 1, str(first)))

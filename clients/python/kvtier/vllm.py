@@ -391,6 +391,17 @@ class BlockExtras:
         )
         return b"" if keys is None else repr(keys).encode()
 
+    def tail(self, start: int, end: int) -> Optional[bytes]:
+        """The extras of the partial block of tokens ``start..end``; None
+        when a multimodal input may fall in it (their keys follow the
+        blocks in order: no partial block is stored then)."""
+        if not self.needed:
+            return b""
+        if self._keys is None or getattr(self.request, "mm_features", None):
+            return None
+        keys, _ = self._keys(self.request, start, end, 0)
+        return b"" if keys is None else repr(keys).encode()
+
 
 def chain_root(layout: str, extras: Sequence[bytes] = ()) -> bytes:
     """The hash a chain starts from."""
@@ -423,12 +434,15 @@ def extend_chain(
         hashes.append(parent.hex())
 
 
-def tail_hash(parent: bytes, tokens: Sequence[int]) -> str:
+def tail_hash(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> str:
     """The hash of a prompt's final partial block (``tokens``, fewer than a
-    block) after the block hashed ``parent``: never a full block's hash."""
+    block, and its extras) after the block hashed ``parent``: never a full
+    block's hash."""
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(b"\0partial\0")
     h.update(array.array("q", tokens).tobytes())
+    if extra:
+        h.update(b"\0extra\0" + extra)
     return h.hexdigest()
 
 
@@ -735,14 +749,17 @@ class _SchedulerSide:
 
     def _tail(self, t: _Tracked, tokens: Sequence[int], end: int) -> Optional[str]:
         """The hash of the partial block that ends at token ``end`` (None
-        when ``end`` ends a block, or the request has per-block extras)."""
+        when ``end`` ends a block, or multimodal inputs may fall in it)."""
         bs = self.keys.block_size
         full = end // bs
-        if end == full * bs or t.extras.needed:
+        if end == full * bs:
             return None
         if t.tail is None or t.tail[0] != end:
+            extra = t.extras.tail(full * bs, end)
+            if extra is None:
+                return None
             parent = bytes.fromhex(self._hashes(t, tokens, full)[-1]) if full else t.root
-            t.tail = (end, tail_hash(parent, tokens[full * bs : end]))
+            t.tail = (end, tail_hash(parent, tokens[full * bs : end], extra))
         return t.tail[1]
 
     def _found(self, t: _Tracked, hashes: list[str]) -> Optional[int]:
