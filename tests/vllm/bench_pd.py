@@ -42,6 +42,7 @@ def main() -> None:
     args = ap.parse_args()
 
     logdir = Path(tempfile.mkdtemp(prefix="bench-pd-"))
+    print("logs:", logdir)
     conf: dict[str, Any] = {"log_transfers": True}
     consumer = Engine(args.model, logdir / "consumer.log", kv_config(args.kvtier, role="kv_consumer", **conf))
     producer = Engine(args.model, logdir / "producer.log", kv_config(args.kvtier, role="kv_producer", **conf))

@@ -1354,6 +1354,7 @@ class WorkerSide:
             sink.check()
             bad.extend(got + i for i in part)
             got += n
+            self._log_transfer("kvtier: %d more blocks of %s at %.6f", n, keys[0], time.time())
             if n == 0 and not bad and self.client.execute("EXISTS", gone_key(keys[got])):
                 # Nothing came this poll, and the writer dropped or was
                 # refused the next block: it will not come.
