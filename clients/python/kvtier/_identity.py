@@ -148,7 +148,12 @@ def model_fingerprint(model_config: Any, weights: str = "sampled", weights_id: O
         config.pop("_name_or_path", None)
         factors["hf_config"] = config
     factors["weights"] = _weights_identity(model_config, weights, weights_id)
-    text = json.dumps(factors, sort_keys=True, default=str)
+    return _digest(factors)
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    """32 hex digits naming ``fields`` (JSON with sorted keys)."""
+    text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
@@ -232,8 +237,7 @@ def serving_identity(model: Optional[str]) -> str:
             fields["weights"] = (weights_fingerprint(folder) if folder else None) or "name:" + str(
                 args.model_path
             )
-            text = json.dumps(fields, sort_keys=True)
-            return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+            return _digest(fields)
     except Exception:  # not inside an SGLang server
         pass
     if model and os.path.isdir(model):

@@ -272,7 +272,6 @@ class KeyScheme:
         self.layers = layers
         self.kv_heads = kv_heads
         self.head_size = head_size
-        self.model_id = model_id
         fields = (
             "v2",
             model_id,
@@ -403,12 +402,10 @@ class BlockExtras:
         return b"" if keys is None else repr(keys).encode()
 
 
-def chain_root(layout: str, extras: Sequence[bytes] = ()) -> bytes:
-    """The hash a chain starts from."""
-    h = hashlib.blake2b(layout.encode(), digest_size=16)
-    for e in extras:
-        h.update(b"\0" + e)
-    return h.digest()
+def chain_root(layout: str) -> bytes:
+    """The hash a chain starts from (what else makes the same tokens other
+    KV is folded into each block's hash: :class:`BlockExtras`)."""
+    return hashlib.blake2b(layout.encode(), digest_size=16).digest()
 
 
 def extend_chain(
@@ -741,11 +738,11 @@ class _SchedulerSide:
             self.requests[request.request_id] = t
         return t
 
-    def _hashes(self, t: _Tracked, tokens: Sequence[int], blocks: int) -> list[str]:
+    def _extend(self, t: _Tracked, tokens: Sequence[int], blocks: int) -> None:
+        """Hashes ``t``'s first ``blocks`` full blocks (each once)."""
         if len(t.hashes) < blocks:
             bs = self.keys.block_size
             self.keys.extend(t.hashes, t.root, tokens, blocks, lambda b: t.extras(b, bs))
-        return t.hashes[:blocks]
 
     def _tail(self, t: _Tracked, tokens: Sequence[int], end: int) -> Optional[str]:
         """The hash of the partial block that ends at token ``end`` (None
@@ -758,7 +755,8 @@ class _SchedulerSide:
             extra = t.extras.tail(full * bs, end)
             if extra is None:
                 return None
-            parent = bytes.fromhex(self._hashes(t, tokens, full)[-1]) if full else t.root
+            self._extend(t, tokens, full)
+            parent = bytes.fromhex(t.hashes[full - 1]) if full else t.root
             t.tail = (end, tail_hash(parent, tokens[full * bs : end], extra))
         return t.tail[1]
 
@@ -810,7 +808,8 @@ class _SchedulerSide:
         # steps vLLM computes the last token again itself.
         tokens = request.all_token_ids
         full = request.num_tokens // bs
-        hashes = list(self._hashes(t, tokens, full))
+        self._extend(t, tokens, full)
+        hashes = t.hashes[:full]
         tail = self._tail(t, tokens, request.num_tokens)
         if tail is not None:
             hashes.append(tail)
@@ -871,8 +870,12 @@ class _SchedulerSide:
                 self.keys.layout,
             )
             return 0
-        expected = max(0, min(int(params.get("kvtier_blocks", full)), full))
-        if expected == full and blocks > full and params.get("kvtier_tail", "kvtier_blocks" not in params):
+        if "kvtier_blocks" not in params:
+            # Asked before the producer finished: every block, the partial
+            # one too.
+            return blocks
+        expected = max(0, min(int(params["kvtier_blocks"]), full))
+        if expected == full and blocks > full and params.get("kvtier_tail"):
             expected += 1
         return expected
 
@@ -964,14 +967,14 @@ class _SchedulerSide:
             tail = None
         if full <= t.stored and tail is None:
             return None
-        hashes = self._hashes(t, tokens, full)
+        self._extend(t, tokens, full)
         start = min(t.stored, full)
         t.stored = full
         spec = SaveSpec(
             req_id=req_id,
-            hashes=hashes[start:full],
+            hashes=t.hashes[start:full],
             block_ids=list(block_ids[start:full]),
-            parent=hashes[start - 1] if start else None,
+            parent=t.hashes[start - 1] if start else None,
         )
         if tail is not None:
             spec.hashes.append(tail)
@@ -1114,9 +1117,10 @@ class WorkerSide:
         self.lock = threading.Lock()
         self.load_errors: set[int] = set()
         # Saves run in order on one thread (a chain's parent goes first).
-        self.save_queue: queue.Queue[Optional[tuple[SaveSpec, list[list[Union[bytearray, memoryview]]]]]] = (
-            queue.Queue()
-        )
+        # (A job: the spec, each block's buffers, the bytes it holds.)
+        self.save_queue: queue.Queue[
+            Optional[tuple[SaveSpec, list[list[Union[bytearray, memoryview]]], int]]
+        ] = queue.Queue()
         self.saves_pending: dict[str, int] = {}
         self.saved_reqs: set[str] = set()
         self.finishing: set[str] = set()
@@ -1399,7 +1403,7 @@ class WorkerSide:
             for h, block_id in zip(spec.hashes, spec.block_ids):
                 views = self.cache.views(block_id)
                 values.append([self._header(self.keys.key(self.rank, h), views), *views])
-            self.save_queue.put((spec, values))
+            self.save_queue.put((spec, values, size))
 
     def _not_saved(self, spec: SaveSpec, first: int, cause: str, notify: bool = False) -> None:
         """Blocks ``first..`` of ``spec`` were not stored: counted, reported
@@ -1435,8 +1439,7 @@ class WorkerSide:
             if job is None:
                 self.save_queue.task_done()
                 return
-            spec, values = job
-            size = len(spec.hashes) * (HEADER_LEN + (self.cache.block_bytes if self.cache else 0))
+            spec, values, size = job
             try:
                 if not self.health.ok():
                     self._not_saved(spec, 0, "save_dropped_down_blocks")
@@ -1445,19 +1448,19 @@ class WorkerSide:
                 parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
                 started, clock = time.time(), time.monotonic()
                 codes = self.client.put_chain(keys, values, parent=parent, partial=spec.partial)
-                refused = next((i for i, c in enumerate(codes) if c < 0), len(codes))
-                self.counters.add(
-                    saves=1, save_blocks=refused, save_bytes=size, save_seconds=time.monotonic() - clock
-                )
                 # A chain stops at its first refused block.
-                self._not_saved(spec, refused, "save_refused_blocks", notify=True)
+                stored = next((i for i, c in enumerate(codes) if c < 0), len(codes))
+                self.counters.add(
+                    saves=1, save_blocks=stored, save_bytes=size, save_seconds=time.monotonic() - clock
+                )
+                self._not_saved(spec, stored, "save_refused_blocks", notify=True)
                 # Wall-clock times: scripts/bench-vllm.sh lines up a
                 # producer's saves with a consumer's loads by them.
                 self._log_transfer(
                     "kvtier: saved %d blocks from %s (refused %d) %.6f..%.6f",
                     len(codes),
                     spec.hashes[0],
-                    len(codes) - refused,
+                    len(codes) - stored,
                     started,
                     time.time(),
                 )
