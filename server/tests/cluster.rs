@@ -1157,6 +1157,11 @@ fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
         assert_eq!(c.raw(0).run(&format!("SET {k} v")), ok());
     }
     let ports = c.join_a_node();
+    // The newcomer takes the four-node list once SETNODES reaches it: until
+    // then it reports the three nodes' map.
+    assert!(eventually(Duration::from_secs(10), || {
+        slot_owners(&mut c.raw(3), &ports).contains(&3)
+    }));
     let owners = slot_owners(&mut c.raw(3), &ports);
     let moved: Vec<u16> = keys
         .iter()
