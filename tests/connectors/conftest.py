@@ -20,7 +20,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from kvtier_servers import Server, free_ports, start_cluster, start_kvtier  # noqa: E402
 
-__all__ = ["ROOT", "Server", "free_ports", "start_cluster", "start_kvtier"]
+__all__ = ["ROOT", "Server", "checkpoint", "free_ports", "start_cluster", "start_kvtier"]
+
+
+def checkpoint(folder: Path, seed: int, size: int = 3 << 20) -> Path:
+    """A folder with a config and a weight file of ``size`` bytes."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    rng = bytes((seed * 7 + i) % 251 for i in range(251))
+    data = bytearray(rng * (size // len(rng) + 1))[:size]
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    return folder
 
 
 @pytest.fixture(scope="session")

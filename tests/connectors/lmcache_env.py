@@ -45,10 +45,15 @@ def plugin_config(url: str, chunk_size: int = 16, **options: Any) -> LMCacheEngi
 
 
 def metadata(
-    chunk_size: int = 16, world_size: int = 1, worker_id: int = 0, layers: int = LAYERS, heads: int = HEADS
+    chunk_size: int = 16,
+    world_size: int = 1,
+    worker_id: int = 0,
+    layers: int = LAYERS,
+    heads: int = HEADS,
+    model: str = MODEL,
 ) -> LMCacheMetadata:
     return LMCacheMetadata(
-        model_name=MODEL,
+        model_name=model,
         world_size=world_size,
         local_world_size=world_size,
         worker_id=worker_id,
@@ -87,12 +92,16 @@ class Worker:
 
     def key(self, i: int, worker_id: Optional[int] = None) -> CacheEngineKey:
         return CacheEngineKey(
-            model_name=MODEL,
+            model_name=self.meta.model_name,
             world_size=self.meta.world_size,
             worker_id=self.meta.worker_id if worker_id is None else worker_id,
             chunk_hash=0xC0FFEE0000 + i,
             dtype=DTYPE,
         )
+
+    def name(self, key: CacheEngineKey) -> str:
+        """The kvtier key the plugin stores ``key`` under."""
+        return str(getattr(self.connector, "_connector", self.connector).name(key))
 
     def keys(self, n: int, start: int = 0) -> list[CacheEngineKey]:
         return [self.key(i) for i in range(start, start + n)]

@@ -10,15 +10,7 @@ from pathlib import Path
 
 from kvtier._identity import serving_identity, weights_fingerprint
 
-
-def checkpoint(folder: Path, seed: int, size: int = 3 << 20) -> Path:
-    """A folder with a config and a weight file of ``size`` bytes."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    rng = bytes((seed * 7 + i) % 251 for i in range(251))
-    data = bytearray(rng * (size // len(rng) + 1))[:size]
-    (folder / "model.safetensors").write_bytes(bytes(data))
-    return folder
+from conftest import checkpoint
 
 
 def test_one_checkpoint_at_two_paths_is_one_identity(tmp_path: Path) -> None:

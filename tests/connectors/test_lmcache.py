@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ pytest.importorskip("lmcache")
 
 import kvtier
 
-from conftest import ROOT, Server, start_kvtier
+from conftest import ROOT, Server, checkpoint, start_kvtier
 from lmcache_env import Worker, metadata, plugin_config, same_bytes
 
 
@@ -186,7 +187,7 @@ def test_eviction_keeps_lookup_and_retrieve_consistent(tmp_path: Path) -> None:
         objs = [w.chunk(i) for i in range(96)]
         for i in range(0, 96, 8):
             w.store(keys[i : i + 8], objs[i : i + 8])
-        present = small.client().exists_many([k.to_string() for k in keys])
+        present = small.client().exists_many([w.name(k) for k in keys])
         leading = present.index(False) if False in present else len(present)
         assert 0 < sum(present) < 96, present
         n = w.backend.batched_contains(keys)
@@ -220,13 +221,13 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server, tmp_path: Path) -> 
     )
     try:
         k0, k1 = r0.keys(10), r1.keys(10)
-        assert k0[0].to_string() != k1[0].to_string()
+        assert r0.name(k0[0]) != r1.name(k1[0])
         r0.store(k0, [r0.chunk(i) for i in range(10)])
         r1.store(k1, [r1.chunk(100 + i) for i in range(10)])
         assert r0.backend.batched_contains(k0) == 10 == r1.backend.batched_contains(k1)
 
         # Gone before both lookups: both see 6.
-        small.client().execute("DEL", k1[6].to_string())
+        small.client().execute("DEL", r1.name(k1[6]))
         assert r0.run(r0.backend.batched_async_contains("req-a", k0)) == 6
         assert r1.run(r1.backend.batched_async_contains("req-a", k1)) == 6
 
@@ -247,7 +248,7 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server, tmp_path: Path) -> 
         # Deleted between the two lookups: the second rank answers what it
         # can load, not the first rank's count.
         assert r0.run(r0.backend.batched_async_contains("req-c", k0[:6])) == 6
-        small.client().execute("DEL", k1[3].to_string())
+        small.client().execute("DEL", r1.name(k1[3]))
         assert r1.run(r1.backend.batched_async_contains("req-c", k1[:6])) == 3
         # A later request sees the loss on both ranks ...
         assert r1.run(r1.backend.batched_async_contains("req-d", k1[:6])) == 3
@@ -258,7 +259,7 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server, tmp_path: Path) -> 
         r0.store(k0[:6], [r0.chunk(i) for i in range(6)])
         r1.store(k1[:6], [r1.chunk(100 + i) for i in range(6)])
         assert r0.backend.batched_contains(k0[:6]) == 6 == r1.backend.batched_contains(k1[:6])
-        small.client().execute("DEL", k1[2].to_string())
+        small.client().execute("DEL", r1.name(k1[2]))
         assert r0.backend.batched_contains(k0[:6]) == 2 == r1.backend.batched_contains(k1[:6])
     finally:
         r0.close()
@@ -272,7 +273,7 @@ def test_tp_ranks_agree_when_a_chunk_is_gone(server: Server, tmp_path: Path) -> 
         ka, kb = a.keys(4), b.keys(4)
         a.store(ka, [a.chunk(i) for i in range(4)])
         b.store(kb, [b.chunk(i) for i in range(4)])
-        server.client().execute("DEL", kb[1].to_string())
+        server.client().execute("DEL", b.name(kb[1]))
         assert (a.backend.batched_contains(ka), b.backend.batched_contains(kb)) == (4, 1)
     finally:
         a.close()
@@ -295,7 +296,7 @@ def test_three_node_cluster(cluster_nodes: list[Server], io: str) -> None:
         for g in got:
             g.ref_count_down()
         # A hole on whichever node owns chunk 20 ends the prefix there.
-        kvtier.Client([s.addr for s in cluster_nodes]).execute("DEL", keys[20].to_string())
+        kvtier.Client([s.addr for s in cluster_nodes]).execute("DEL", w.name(keys[20]))
         assert w.backend.batched_contains(keys) == 20
     finally:
         w.close()
@@ -381,7 +382,7 @@ def test_damaged_value_is_a_miss_never_wrong_bytes(worker: Worker, server: Serve
     objs = [worker.chunk(i) for i in range(4)]
     worker.store(keys, objs)
     c = server.client()
-    victim = keys[2].to_string()
+    victim = worker.name(keys[2])
     value = c.execute("GET", victim)
     assert isinstance(value, (bytes, bytearray))
     if damage == "truncated":
@@ -391,7 +392,7 @@ def test_damaged_value_is_a_miss_never_wrong_bytes(worker: Worker, server: Serve
     elif damage == "longer":
         bad = bytes(value) + b"\0" * 64
     else:  # a well-formed chunk, but stored under another key
-        bad = c.execute("GET", keys[3].to_string())  # type: ignore[assignment]
+        bad = c.execute("GET", worker.name(keys[3]))  # type: ignore[assignment]
     c.execute("SET", victim, bad)
     got = worker.run(worker.backend.batched_get_non_blocking("req", keys))
     assert len(got) == 2 and all(same_bytes(g, o) for g, o in zip(got, objs))
@@ -400,8 +401,40 @@ def test_damaged_value_is_a_miss_never_wrong_bytes(worker: Worker, server: Serve
         g.ref_count_down()
 
 
+def test_a_checkpoint_re_pointed_under_one_path_shares_nothing(server: Server, tmp_path: Path) -> None:
+    """The model's path names other weights now: the engine that loads them
+    neither counts nor reads the chunks the first weights computed under the
+    same LMCache keys, and stores its own beside them (the key names the
+    weights, not only the name)."""
+    folder = checkpoint(tmp_path / "model", 1)
+    config = plugin_config(server.url)
+    first = Worker(config, metadata(model=str(folder)))
+    try:
+        keys = first.keys(4)
+        first.store(keys, [first.chunk(i) for i in range(4)])
+        assert first.backend.batched_contains(keys) == 4
+    finally:
+        first.close()
+    (folder / "model.safetensors").unlink()
+    checkpoint(tmp_path / "other", 2).joinpath("model.safetensors").rename(folder / "model.safetensors")
+    second = Worker(config, metadata(model=str(folder)))
+    try:
+        assert [k.to_string() for k in second.keys(4)] == [k.to_string() for k in keys]
+        assert second.name(keys[0]) != first.name(keys[0])
+        assert second.backend.batched_contains(keys) == 0
+        objs = [second.chunk(100 + i) for i in range(4)]
+        second.store(keys, objs)
+        assert second.backend.batched_contains(keys) == 4
+        got = second.run(second.backend.batched_get_non_blocking("req", keys))
+        assert len(got) == 4 and all(same_bytes(g, o) for g, o in zip(got, objs))
+        for g in got:
+            g.ref_count_down()
+    finally:
+        second.close()
+
+
 @pytest.mark.parametrize("other", [{"heads": 4}, {"layers": 4}, {"heads": 1, "layers": 4}])
-def test_a_chunk_is_never_read_in_another_geometry(server: Server, other: dict[str, int]) -> None:
+def test_a_chunk_is_never_read_in_another_geometry(server: Server, other: dict[str, Any]) -> None:
     """Chunks another engine geometry stored under the same LMCache keys
     (LMCache's key names the model, world size, rank and dtype, not the
     KV shape) are misses: the header's shapes do not fit, no bytes."""
@@ -430,7 +463,7 @@ def test_checksum_catches_a_changed_payload(server: Server) -> None:
         w.store(keys, objs)
         c = server.client()
         # Another client changes one payload byte, header untouched.
-        c.execute("SETRANGE", keys[1].to_string(), 500, b"\x5a")
+        c.execute("SETRANGE", w.name(keys[1]), 500, b"\x5a")
         got = w.run(w.backend.batched_get_non_blocking("req", keys))
         assert len(got) == 1 and same_bytes(got[0], objs[0])
         got[0].ref_count_down()

@@ -202,6 +202,12 @@ def attention_layout(vllm_config: Any, head_size: int) -> str:
     return "/".join(parts)
 
 
+def identity_tag(identity: str) -> str:
+    """12 hex digits naming a model's identity in the plugins' keys
+    (``<model>~<tag>``)."""
+    return hashlib.blake2b(identity.encode(), digest_size=6).hexdigest()
+
+
 def serving_identity(model: Optional[str]) -> str:
     """For plugins that see only a model's name (LMCache, SGLang): the
     identity of the model the serving engine in this process loaded (vLLM's

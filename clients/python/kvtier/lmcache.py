@@ -21,7 +21,8 @@ What each connector call sends:
 ``remove_sync``                            ``DEL``
 =========================================  ===========================================
 
-One key per chunk (``CacheEngineKey.to_string()``); its value is a 32-byte
+One key per chunk (``CacheEngineKey.to_string()`` with the model's identity
+after its name, ``model~identity@...``); its value is a 32-byte
 kvtier header, LMCache's ``RemoteMetadata`` (shapes, dtypes, format) and the
 KV bytes, so metadata and data are stored, evicted and read as one. A value
 that fails any check is a miss, never bytes handed to the engine::
@@ -63,7 +64,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from . import _commands as cmd
 from . import _header
 from ._buffers import writable_view
-from ._identity import serving_identity
+from ._identity import identity_tag, serving_identity
 from ._plugin import truthy
 from .aio import AsyncClient
 from .client import Client
@@ -78,6 +79,12 @@ MAGIC = b"KVTL"
 _FIXED = _header.FIXED
 FLAG_CRC = _header.FLAG_CRC
 key_digest = _header.key_digest
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a ``SCAN MATCH`` pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
 
 #: ``extra_config`` keys (``remote_storage_plugin.<name>.<option>``) and
 #: their defaults. ``url`` is required with ``plugin://``.
@@ -168,12 +175,12 @@ class ChunkCodec:
         self.dtypes = list(connector.meta_dtypes)
         self.fmt: MemoryFormat = connector.meta_fmt
         self.checksum: bool = connector.options["checksum"]
-        # The header's digest names the key and the model that computed the
-        # chunk: a chunk of other weights under the same name is a miss.
-        self.identity = serving_identity(getattr(connector.metadata, "model_name", None))
 
-    def digest(self, key: str) -> bytes:
-        return key_digest("%s\0%s" % (key, self.identity))
+    @staticmethod
+    def digest(key: str) -> bytes:
+        # The key names the model's identity (KvtierConnector.name): a chunk
+        # copied under another key, or another model's, is a miss.
+        return key_digest(key)
 
     def header(self, key: str, obj: MemoryObj, payload: memoryview) -> bytearray:
         meta = RemoteMetadata(payload.nbytes, obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
@@ -346,6 +353,9 @@ class KvtierConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self.metadata = metadata
+        # Keys name the model that computes the chunks, not only its name:
+        # two checkpoints served under one name never share a key.
+        self.identity = identity_tag(serving_identity(getattr(metadata, "model_name", None)))
         self.codec = ChunkCodec(self)
         settings: dict[str, Any] = dict(
             socket_timeout=float(self.options["socket_timeout"]),
@@ -385,6 +395,17 @@ class KvtierConnector(RemoteConnector):
     def __repr__(self) -> str:
         return "<KvtierConnector %s>" % self.url
 
+    def name(self, key: CacheEngineKey) -> str:
+        """The kvtier key of a chunk: LMCache's ``to_string()`` with the
+        model's identity after its name, ``model~identity@world@worker@hash@dtype``."""
+        s = key.to_string()
+        model = len(key.model_name)
+        return "%s~%s%s" % (s[:model], self.identity, s[model:])
+
+    def unname(self, name: str) -> str:
+        """LMCache's key string of a kvtier key of this model (``list``)."""
+        return name.replace("~%s@" % self.identity, "@", 1)
+
     # -- memory ---------------------------------------------------------------
 
     def _allocate(self, meta: RemoteMetadata) -> Optional[MemoryObj]:
@@ -404,14 +425,14 @@ class KvtierConnector(RemoteConnector):
 
     def _lookup_keys(self, keys: Sequence[CacheEngineKey]) -> tuple[list[str], int]:
         if self.agreement_ranks is None:
-            return [k.to_string() for k in keys], 1
+            return [self.name(k) for k in keys], 1
         ranks = self.agreement_ranks
-        return [k.with_new_worker_id(r).to_string() for k in keys for r in ranks], len(ranks)
+        return [self.name(k.with_new_worker_id(r)) for k in keys for r in ranks], len(ranks)
 
     def _agreement_key(self, keys: Sequence[CacheEngineKey], lookup_id: Optional[str]) -> str:
         h = hashlib.blake2b(digest_size=16)
         for k in keys:
-            h.update(k.with_new_worker_id(0).to_string().encode())
+            h.update(self.name(k.with_new_worker_id(0)).encode())
             h.update(b"\0")
         base = h.hexdigest()
         if lookup_id is None:
@@ -466,15 +487,15 @@ class KvtierConnector(RemoteConnector):
         return self._agreed(n, agreed)
 
     async def exists(self, key: CacheEngineKey) -> bool:
-        return await self.aclient.prefix_len([key.to_string()]) == 1
+        return await self.aclient.prefix_len([self.name(key)]) == 1
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        return self.client.prefix_len([key.to_string()]) == 1
+        return self.client.prefix_len([self.name(key)]) == 1
 
     # -- fetch -------------------------------------------------------------------
 
     async def _fetch(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
-        names = [k.to_string() for k in keys]
+        names = [self.name(k) for k in keys]
         sink = _ChunkSink(self, names)
         try:
             if self.threads:
@@ -507,7 +528,7 @@ class KvtierConnector(RemoteConnector):
     # -- store --------------------------------------------------------------------
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
-        name = key.to_string()
+        name = self.name(key)
         codes = await self.aclient.put_chain(
             [name], [self._value(name, memory_obj)], chain=False, ex=self.ttl
         )
@@ -521,7 +542,7 @@ class KvtierConnector(RemoteConnector):
         """One ``MSETBLOCK ... CHAIN``: the chunks of a prompt, in order."""
         if not keys:
             return
-        names = [k.to_string() for k in keys]
+        names = [self.name(k) for k in keys]
         values = [self._value(n, o) for n, o in zip(names, memory_objs)]
         if self.threads:
             codes = await asyncio.to_thread(self.client.put_chain, names, values, ex=self.ttl)
@@ -536,12 +557,13 @@ class KvtierConnector(RemoteConnector):
     # -- the rest ----------------------------------------------------------------
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        return bool(self.client.execute("DEL", key.to_string()))
+        return bool(self.client.execute("DEL", self.name(key)))
 
     async def list(self) -> list[str]:
-        """Keys of this model's chunks on every node (``SCAN``)."""
-        pattern = "%s@*" % self.metadata.model_name if self.metadata is not None else "*"
-        return await asyncio.to_thread(self.client.scan_keys, pattern)
+        """LMCache's key strings of this model's chunks on every node (``SCAN``)."""
+        model = glob_escape(self.metadata.model_name) if self.metadata is not None else "*"
+        names = await asyncio.to_thread(self.client.scan_keys, "%s~%s@*" % (model, self.identity))
+        return [self.unname(n) for n in names]
 
     def support_ping(self) -> bool:
         return True

@@ -75,7 +75,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from . import _header
 from ._buffers import writable_view
-from ._identity import serving_identity
+from ._identity import identity_tag, serving_identity
 from ._plugin import Health, truthy
 from .client import Client
 from .errors import KvtierError
@@ -193,8 +193,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         # revision, dtype, quantization, overrides, attention backend): two
         # checkpoints served under one name never share a page.
         name = storage_config.model_name or "model"
-        identity = hashlib.blake2b(serving_identity(name).encode(), digest_size=6).hexdigest()
-        self.model = "%s~%s" % (name.replace("@", "_"), identity)
+        self.model = "%s~%s" % (name.replace("@", "_"), identity_tag(serving_identity(name)))
         self.ranks = rank_part(storage_config)
         self.mem_pool_host: Any = None
         self.v1_format: Optional[str] = None
