@@ -23,9 +23,11 @@
 #
 #   BASELINE=abc123 CONFIGS=local,kvtier,kvtier-base scripts/bench-vllm.sh
 #                                             # kvtier against abc123's connector
+#                                             # (TTFT, and the P/D hand-off
+#                                             # when abc123 is 4b0aa2e or later)
 #
 # Environment: PARTS ("ttft pd lookup"), CONFIGS (bench_ttft.py's, all),
-# BASELINE (a git revision whose connector runs as kvtier-base),
+# BASELINE (a git revision whose connector runs as kvtier-base), PD_PROMPTS (4),
 # LAYERS/HIDDEN/KV_HEADS (12/768/12), OUT (file for the output).
 # Compare ratios, not absolute numbers across runs: the machine is shared
 # and noisy.
@@ -44,6 +46,15 @@ run() {
     MODEL=$WORK/llama-${LAYERS:-12}x${HIDDEN:-768}
     "$PY" tests/vllm/make_model.py "$MODEL" --layers "${LAYERS:-12}" --hidden "${HIDDEN:-768}" \
         --kv-heads "${KV_HEADS:-12}" >/dev/null 2>&1
+    BASE_ARGS=()
+    if [[ -n ${BASELINE:-} ]]; then
+        # The earlier build's package under another name, beside this one.
+        mkdir -p "$WORK/base"
+        git archive "$BASELINE" clients/python/kvtier | tar -x -C "$WORK/base"
+        rm -rf "$WORK/base/kvtier_base"
+        mv "$WORK/base/clients/python/kvtier" "$WORK/base/kvtier_base"
+        BASE_ARGS=(--baseline "$WORK/base")
+    fi
     if [[ $PARTS == *ttft* ]]; then
         ONE=$(free_port)
         "$BIN" --port "$ONE" --metrics-addr none --maxmemory 8gb >/dev/null 2>&1 &
@@ -57,15 +68,6 @@ run() {
             PIDS+=($!)
         done
         for p in "$ONE" "$C1" "$C2" "$C3"; do wait_up "$p"; done
-        BASE_ARGS=()
-        if [[ -n ${BASELINE:-} ]]; then
-            # The earlier build's package under another name, beside this one.
-            mkdir -p "$WORK/base"
-            git archive "$BASELINE" clients/python/kvtier | tar -x -C "$WORK/base"
-            rm -rf "$WORK/base/kvtier_base"
-            mv "$WORK/base/clients/python/kvtier" "$WORK/base/kvtier_base"
-            BASE_ARGS=(--baseline "$WORK/base")
-        fi
         "$PY" tests/vllm/bench_ttft.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" "${BASE_ARGS[@]}" \
             --cluster "kvtier://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
             --configs "${CONFIGS:-recompute,local,disk,disk-cold,kvtier,kvtier-cluster}"
@@ -76,7 +78,8 @@ run() {
         "$BIN" --port "$ONE" --metrics-addr none --maxmemory 8gb >/dev/null 2>&1 &
         PIDS+=($!)
         wait_up "$ONE"
-        "$PY" tests/vllm/bench_pd.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE"
+        "$PY" tests/vllm/bench_pd.py --model "$MODEL" --kvtier "kvtier://127.0.0.1:$ONE" "${BASE_ARGS[@]}" \
+            --prompts "${PD_PROMPTS:-4}"
         stop_all
     fi
     if [[ $PARTS == *lookup* ]]; then
