@@ -22,8 +22,8 @@ export PATH=$venv/bin:$PATH
 "$py" -c 'import kvtier, sys; print("kvtier", kvtier.__version__, "from", kvtier.__file__)'
 
 config=clients/python/pyproject.toml
-"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors tests/vllm tests/k8s tests/kvtier_servers.py bench
-"$venv/bin/ruff" check --config "$config" clients/python tests/connectors tests/vllm tests/k8s tests/kvtier_servers.py bench
+"$venv/bin/ruff" format --config "$config" --check clients/python tests/connectors tests/vllm tests/gpu tests/k8s tests/kvtier_servers.py bench
+"$venv/bin/ruff" check --config "$config" clients/python tests/connectors tests/vllm tests/gpu tests/k8s tests/kvtier_servers.py bench
 "$venv/bin/mypy" --strict bench/gen_traces.py bench/trace_signals.py
 # The trace generator's invariants and statistics (about 2 s).
 "$py" bench/gen_traces.py selftest

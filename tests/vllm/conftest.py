@@ -162,7 +162,12 @@ class Engine:
 
 
 def kv_config(url: str, role: str = "kv_both", module: str = "kvtier.vllm", **extra: Any) -> dict[str, Any]:
-    """A ``--kv-transfer-config`` for the kvtier connector."""
+    """A ``--kv-transfer-config`` for the kvtier connector (with
+    ``KVTIER_STAGING=on`` in the environment, through the staging buffers a
+    GPU cache uses)."""
+    staging = os.environ.get("KVTIER_STAGING")
+    if staging and not module.startswith("kvtier_base"):
+        extra = {"staging": staging, **extra}
     return {
         "kv_connector": "KvtierConnector",
         "kv_connector_module_path": module,

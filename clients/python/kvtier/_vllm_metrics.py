@@ -39,6 +39,9 @@ COUNTERS: dict[str, str] = {
     "save_dropped_backlog_blocks": "Blocks not saved because the save backlog was full (a slow tier).",
     "save_dropped_down_blocks": "Blocks not saved while kvtier was skipped after a failure.",
     "save_failed_blocks": "Blocks of saves that failed (connection, timeout).",
+    "save_dropped_staging_blocks": "Blocks not saved because the staging buffers were full.",
+    "load_failed_staging_blocks": "Blocks not loaded because no staging buffer freed in time: recomputed.",
+    "staging_bytes": "Bytes moved between the KV cache and the staging buffers (both ways).",
 }
 
 

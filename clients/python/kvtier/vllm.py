@@ -64,8 +64,10 @@ land, and blocks that do not land within ``pd_wait_ms`` are recomputed (at
 once when the producer's layout is not the consumer's, or the producer
 marked the next block ``:gone``: refused by the tier or dropped).
 
-The KV cache must be in host memory (vLLM's CPU backend): values are read
-into and sent from the cache tensors themselves. Supported: attention
+A KV cache in host memory (vLLM's CPU backend) is read and written in
+place: values are sent from and received into the cache tensors
+themselves. A cache on a GPU goes through pinned staging buffers on a CUDA
+stream of the connector's own (kvtier/_staging.py). Supported: attention
 models with one KV cache group, tensor parallelism; not: pipeline
 parallelism, hybrid (Mamba) models, speculative tokens past the accepted
 ones.
@@ -98,6 +100,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from . import _header
 from ._identity import attention_layout, model_fingerprint
 from ._plugin import Health, truthy
+from ._staging import Staged, StagingPool, block_regions, physical_layout
 from ._vllm_metrics import Counters, KvtierPromMetrics, KvtierStats
 from .client import Client
 from .errors import KvtierError
@@ -175,6 +178,12 @@ DEFAULTS: dict[str, Any] = {
     "save_backlog_mb": 0,
     # Connections a large load or save is spread over.
     "stripes": 8,
+    # Blocks through pinned host buffers: "auto" (a cache outside host
+    # memory, a GPU's), "on" (also a CPU cache: the GPU's code path), "off"
+    # (a cache outside host memory is refused).
+    "staging": "auto",
+    # The staging buffers (MB; 0: four steps' worth of blocks).
+    "staging_mb": 0,
     # Log every save and load with its wall-clock times (INFO).
     "log_transfers": False,
 }
@@ -198,6 +207,8 @@ class Options:
     checksum: bool
     save_backlog_mb: int
     stripes: int
+    staging: str
+    staging_mb: int
     log_transfers: bool
 
     @classmethod
@@ -215,6 +226,8 @@ class Options:
                 "kvtier connector option load_failure_policy: 'recompute' or 'fail', not %r"
                 % o["load_failure_policy"]
             )
+        if o["staging"] not in ("auto", "on", "off"):
+            raise ValueError("kvtier connector option staging: 'auto', 'on' or 'off', not %r" % o["staging"])
         return cls(
             url=str(o["url"]),
             model_id=None if o["model_id"] is None else str(o["model_id"]),
@@ -230,6 +243,8 @@ class Options:
             checksum=truthy(o["checksum"]),
             save_backlog_mb=int(o["save_backlog_mb"]),
             stripes=int(o["stripes"]),
+            staging=str(o["staging"]),
+            staging_mb=int(o["staging_mb"]),
             log_transfers=truthy(o["log_transfers"]),
         )
 
@@ -548,6 +563,9 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
             blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
             self._worker = WorkerSide(self.options, self.keys, get_tensor_model_parallel_rank(), blocks)
+            tokens = int(getattr(vllm_config.scheduler_config, "max_num_batched_tokens", 0) or 0)
+            if tokens:
+                self._worker.step_blocks = -(-tokens // self.keys.block_size)
         logger.info(
             "kvtier connector (%s, %s) for %s: a best-effort cache (a lost or damaged block is %s, "
             "a lookup costs the scheduler at most %.0f ms a step); layout %s: %s",
@@ -599,7 +617,20 @@ class KvtierConnector(KVConnectorBase_V1):  # type: ignore[misc]
     # -- worker side ------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._work().register(kv_caches)
+        self._work().register(kv_caches, self._backend(kv_caches))
+
+    def _backend(self, kv_caches: dict[str, torch.Tensor]) -> str:
+        """The attention backends the engine runs the cached layers with, as
+        it reports them (the one it chose, not the one configured)."""
+        layers = getattr(self._vllm_config.compilation_config, "static_forward_context", None) or {}
+        names = set()
+        for name in kv_caches:
+            backend = getattr(layers.get(name), "attn_backend", None)
+            try:
+                names.add(str(backend.get_name()) if backend is not None else "?")
+            except Exception:  # a doubt is a layout of its own
+                names.add("?%s" % getattr(backend, "__name__", type(backend).__name__))
+        return ",".join(sorted(names)) or "-"
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         # A step without a forward (attn_metadata None) is the engine
@@ -1057,45 +1088,88 @@ class _SchedulerSide:
 
 
 class _KvCache:
-    """Byte views of the paged KV cache: for each block, the contiguous
-    regions that hold it, in layer order (a value is their concatenation)."""
+    """The paged KV cache as bytes: each block is its regions in layer order
+    (a value is their concatenation), read and written in place in host
+    memory, or through a pool of pinned staging buffers (kvtier/_staging.py)."""
 
-    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
-        self.layers: list[Any] = []  # per layer: uint8 numpy arrays [blocks, bytes]
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, staging: str, slots: int) -> None:
+        self.regions: list[torch.Tensor] = []
+        layouts: set[str] = set()
+        devices = set()
         for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise ValueError(
-                    "kvtier.vllm reads and writes the KV cache in host memory; layer %s is on %s"
-                    % (name, t.device)
-                )
-            self.layers.extend(self._regions(name, t, num_blocks))
-        if not self.layers:
+            self.regions.extend(block_regions(name, t, num_blocks))
+            layouts.add(physical_layout(t, num_blocks))
+            devices.add(t.device)
+        if not self.regions:
             raise ValueError("no KV cache layers to read or write")
-        self.region_bytes = [int(a.shape[1]) for a in self.layers]
-        self.block_bytes = sum(self.region_bytes)
-
-    @staticmethod
-    def _regions(name: str, t: torch.Tensor, num_blocks: int) -> list[Any]:
-        """One uint8 array per contiguous per-block region of the layer:
-        ``[blocks, ...]`` (K and V of a block together) or ``[2, blocks, ...]``."""
-        if t.dim() >= 2 and t.shape[0] == num_blocks and t[0].is_contiguous():
-            parts = [t]
-        elif t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks and t[0][0].is_contiguous():
-            parts = [t[0], t[1]]
-        else:
+        if len(devices) != 1:
             raise ValueError(
-                "kvtier.vllm: layer %s has a KV cache of shape %s and strides %s, with no contiguous "
-                "region per block" % (name, tuple(t.shape), t.stride())
+                "kvtier.vllm: the KV cache is on several devices: %s" % sorted(map(str, devices))
             )
-        out = []
-        for p in parts:
-            per_block = p[0].numel() * p.element_size()
-            flat = p.as_strided((num_blocks, p[0].numel()), (p.stride(0), 1))
-            out.append(flat.view(torch.uint8).numpy().reshape(num_blocks, per_block))
-        return out
+        device = devices.pop()
+        self.region_bytes = [int(r.shape[1]) for r in self.regions]
+        self.block_bytes = sum(self.region_bytes)
+        #: Where the bytes are: device kind and each layer's physical order.
+        self.layout = "%s|%s" % (device.type, ";".join(sorted(layouts)))
+        self.pool: Optional[StagingPool] = None
+        self.host: list[Any] = []
+        if device.type == "cpu" and staging != "on":
+            self.host = [r.numpy() for r in self.regions]
+        elif staging == "off":
+            raise ValueError(
+                "kvtier.vllm: the KV cache is on %s and staging is off (staging: auto moves blocks "
+                "through pinned host buffers)" % device
+            )
+        else:
+            self.pool = StagingPool(self.regions, max(1, min(slots, num_blocks)))
+        #: Most blocks one load moves at a time.
+        self.chunk = max(1, self.pool.slots // 2) if self.pool is not None else 1 << 30
 
     def views(self, block_id: int) -> list[memoryview]:
-        return [memoryview(layer[block_id]) for layer in self.layers]
+        """A block's regions in host memory (a cache read in place)."""
+        return [memoryview(layer[block_id]) for layer in self.host]
+
+    def blocks(self, block_ids: Sequence[int], gather: bool, timeout: Optional[float]) -> Optional[_Blocks]:
+        """Host memory for ``block_ids``: the cache itself, or staging slots
+        (holding the blocks' bytes once ready when ``gather``); None when
+        the pool has no room within ``timeout`` (None: at once)."""
+        if self.pool is None:
+            return _Blocks(self, list(block_ids), None)
+        staged = self.pool.take(len(block_ids), timeout)
+        if staged is None:
+            return None
+        if gather:
+            self.pool.gather(staged, block_ids)
+        return _Blocks(self, list(block_ids), staged)
+
+
+class _Blocks:
+    """Some blocks of the cache in host memory: block ``i`` is ``views(i)``."""
+
+    def __init__(self, cache: _KvCache, block_ids: list[int], staged: Optional[Staged]) -> None:
+        self.cache = cache
+        self.block_ids = block_ids
+        self.staged = staged
+
+    def views(self, i: int) -> list[memoryview]:
+        if self.staged is None:
+            return self.cache.views(self.block_ids[i])
+        return self.staged.views(i)
+
+    def ready(self) -> None:
+        """Returns once the blocks' bytes are in host memory (a save)."""
+        if self.staged is not None:
+            self.staged.ready()
+
+    def commit(self, count: int) -> None:
+        """The first ``count`` blocks received go into the cache (a load)."""
+        if self.staged is not None and self.cache.pool is not None:
+            self.cache.pool.scatter(self.staged, count, self.block_ids)
+
+    def release(self) -> None:
+        if self.staged is not None:
+            self.staged.release()
+            self.staged = None
 
 
 class WorkerSide:
@@ -1114,13 +1188,16 @@ class WorkerSide:
         )
         self.health = Health(o.retry_after, logger)
         self.cache: Optional[_KvCache] = None
+        #: The header's layout digest: the key's layout, where the bytes are
+        #: in the cache and the attention backend the engine runs (register).
+        self.layout_digest = keys.layout_digest
+        #: Blocks one step may compute (sizes the staging pool).
+        self.step_blocks = 64
         self.lock = threading.Lock()
         self.load_errors: set[int] = set()
         # Saves run in order on one thread (a chain's parent goes first).
         # (A job: the spec, each block's buffers, the bytes it holds.)
-        self.save_queue: queue.Queue[
-            Optional[tuple[SaveSpec, list[list[Union[bytearray, memoryview]]], int]]
-        ] = queue.Queue()
+        self.save_queue: queue.Queue[Optional[tuple[SaveSpec, _Blocks, int]]] = queue.Queue()
         self.saves_pending: dict[str, int] = {}
         self.saved_reqs: set[str] = set()
         self.finishing: set[str] = set()
@@ -1155,12 +1232,28 @@ class WorkerSide:
         self.notices.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
-    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+    def register(self, kv_caches: dict[str, torch.Tensor], backend: str = "-") -> None:
         if not self.num_blocks:
             self.num_blocks = int(next(iter(kv_caches.values())).shape[0])
-        self.cache = _KvCache(kv_caches, self.num_blocks)
+        o = self.options
+        first = next(iter(kv_caches.values()))
+        per_block = first[0].numel() * first.element_size() * len(kv_caches)
+        slots = (o.staging_mb << 20) // max(1, per_block) if o.staging_mb else 4 * self.step_blocks
+        self.cache = _KvCache(kv_caches, self.num_blocks, o.staging, slots)
         if not self.backlog_max:
             self.backlog_max = self.num_blocks * self.cache.block_bytes // 4
+        self.layout_digest = hashlib.blake2b(
+            b"%s|%s|%s" % (self.keys.layout_digest, self.cache.layout.encode(), backend.encode()),
+            digest_size=len(self.keys.layout_digest),
+        ).digest()
+        pool = self.cache.pool
+        logger.info(
+            "kvtier: KV cache %s, %d bytes a block, backend %s%s",
+            self.cache.layout,
+            self.cache.block_bytes,
+            backend,
+            "" if pool is None else "; staged through %d slots (%d MB)" % (pool.slots, pool.bytes >> 20),
+        )
         k = self.keys
         itemsize = next(iter(kv_caches.values())).element_size()
         want = k.layers * 2 * k.kv_heads * k.block_size * k.head_size * itemsize
@@ -1181,15 +1274,15 @@ class WorkerSide:
             flags = _header.FLAG_CRC
         head = bytearray(HEADER_LEN)
         _header.pack_into(head, MAGIC, HEADER_LEN, self.cache.block_bytes, crc, flags, key)
-        head[_header.FIXED.size :] = self.keys.layout_digest
+        head[_header.FIXED.size :] = self.layout_digest
         return head
 
-    def _sink(self, keys: list[str], block_ids: list[int], bad: list[int]) -> Any:
-        """Puts value ``i`` into block ``block_ids[i]`` after checking its
+    def _sink(self, keys: list[str], blocks: _Blocks, bad: list[int]) -> Any:
+        """Puts value ``i`` into ``blocks.views(i)`` after checking its
         header; ``bad`` collects the indexes of values that did not fit."""
         assert self.cache is not None
         cache = self.cache
-        layout = self.keys.layout_digest
+        layout = self.layout_digest
         crcs: dict[int, int] = {}
 
         def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, list[memoryview], None]]:
@@ -1216,12 +1309,12 @@ class WorkerSide:
             if h.flags & _header.FLAG_CRC:
                 crcs[index] = h.crc
             # One list: the block's layer regions are filled together.
-            yield cache.views(block_ids[index])
+            yield blocks.views(index)
 
         def check() -> None:
             for index, crc in crcs.items():
                 got = 0
-                for v in cache.views(block_ids[index]):
+                for v in blocks.views(index):
                     got = zlib.crc32(v, got)
                 if got != crc:
                     logger.warning("kvtier: %s failed its CRC32: recomputed", keys[index])
@@ -1282,14 +1375,13 @@ class WorkerSide:
         got = 0
         failed_call = False
         started = time.monotonic()
+        no_room = False
         if self.cache is not None and keys:
             try:
                 if deadline is None:
-                    sink = self._sink(keys, spec.block_ids, bad)
-                    got = len(self.client.get_prefix(keys, into=sink))
-                    sink.check()
+                    got, no_room = self._load_now(keys, spec.block_ids, bad)
                 else:
-                    got = self._load_as_they_land(keys, spec.block_ids, deadline, cancel, bad)
+                    got, no_room = self._load_as_they_land(keys, spec.block_ids, deadline, cancel, bad)
             except (KvtierError, OSError) as e:
                 self.health.failed("load", e)
                 failed_call = True
@@ -1314,6 +1406,8 @@ class WorkerSide:
             cause = "loads_cancelled"
         elif failed_call:
             cause = "load_failed_error_blocks"
+        elif no_room and got == first_bad:
+            cause = "load_failed_staging_blocks"
         elif bad and min(bad) == first_bad:
             cause = "load_failed_damaged_blocks"
         else:
@@ -1333,6 +1427,43 @@ class WorkerSide:
                 "kvtier: %s: %d of %d blocks not loaded, recomputed", spec.req_id, len(failed), len(keys)
             )
 
+    def _read_into(
+        self, keys: list[str], block_ids: list[int], first: int, bad: list[int], **read: Any
+    ) -> tuple[int, bool]:
+        """One ``MGETPREFIX`` of ``keys[first:]`` (at most a chunk) into
+        their blocks; indexes of values that failed a check (from ``first``)
+        go to ``bad``. Returns how many values arrived, and whether there was
+        no staging room for them."""
+        assert self.cache is not None
+        end = min(len(keys), first + self.cache.chunk)
+        blocks = self.cache.blocks(block_ids[first:end], gather=False, timeout=self.options.socket_timeout)
+        if blocks is None:
+            return 0, True
+        try:
+            part: list[int] = []
+            sink = self._sink(keys[first:end], blocks, part)
+            n = len(self.client.get_prefix(keys[first:end], into=sink, **read))
+            sink.check()
+            good = min([n, *part])
+            blocks.commit(good)
+            if blocks.staged is not None:
+                self.counters.add(staging_bytes=good * self.cache.block_bytes)
+            bad.extend(first + i for i in part)
+            return n, False
+        finally:
+            blocks.release()
+
+    def _load_now(self, keys: list[str], block_ids: list[int], bad: list[int]) -> tuple[int, bool]:
+        """Reads the blocks present, a chunk at a time. Returns how many
+        leading blocks arrived, and whether staging had no room."""
+        got = 0
+        while got < len(keys) and not bad:
+            n, no_room = self._read_into(keys, block_ids, got, bad)
+            got += n
+            if no_room or n < min(len(keys) - (got - n), self.cache.chunk if self.cache else 0):
+                return got, no_room
+        return got, False
+
     def _load_as_they_land(
         self,
         keys: list[str],
@@ -1340,30 +1471,30 @@ class WorkerSide:
         deadline: float,
         cancel: Optional[threading.Event],
         bad: list[int],
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Reads blocks another engine is still writing, each as soon as it
         is there: ``MGETPREFIX ... BLOCK ms MIN 1`` of the blocks still
         missing returns the leading ones present, again until all arrived
         (the reads overlap the writer's stores), a check failed, the
         deadline passed or the request was aborted. Returns how many
-        leading blocks arrived."""
+        leading blocks arrived, and whether staging had no room."""
         got = 0
         while got < len(keys) and not bad and not (cancel is not None and cancel.is_set()):
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            part: list[int] = []
-            sink = self._sink(keys[got:], block_ids[got:], part)
-            n = len(self.client.get_prefix(keys[got:], into=sink, block_ms=min(left_ms, WAIT_POLL_MS), min=1))
-            sink.check()
-            bad.extend(got + i for i in part)
+            n, no_room = self._read_into(
+                keys, block_ids, got, bad, block_ms=min(left_ms, WAIT_POLL_MS), min=1
+            )
+            if no_room:
+                return got, True
             got += n
             self._log_transfer("kvtier: %d more blocks of %s at %.6f", n, keys[0], time.time())
             if n == 0 and not bad and self.client.execute("EXISTS", gone_key(keys[got])):
                 # Nothing came this poll, and the writer dropped or was
                 # refused the next block: it will not come.
                 break
-        return got
+        return got, False
 
     def _log_transfer(self, message: str, *args: Any) -> None:
         if self.options.log_transfers:
@@ -1399,11 +1530,16 @@ class WorkerSide:
                 # (a later miss), not queued while the request's blocks wait.
                 self._not_saved(spec, 0, "save_dropped_backlog_blocks", notify=True)
                 continue
-            values: list[list[Union[bytearray, memoryview]]] = []
-            for h, block_id in zip(spec.hashes, spec.block_ids):
-                views = self.cache.views(block_id)
-                values.append([self._header(self.keys.key(self.rank, h), views), *views])
-            self.save_queue.put((spec, values, size))
+            # Staged: the copies start now, on the pool's stream, after this
+            # step's forward; the save thread sends once they landed.
+            blocks = self.cache.blocks(spec.block_ids, gather=True, timeout=None)
+            if blocks is None:
+                with self.lock:
+                    self.backlog -= size
+                    self._save_done(spec.req_id)
+                self._not_saved(spec, 0, "save_dropped_staging_blocks", notify=True)
+                continue
+            self.save_queue.put((spec, blocks, size))
 
     def _not_saved(self, spec: SaveSpec, first: int, cause: str, notify: bool = False) -> None:
         """Blocks ``first..`` of ``spec`` were not stored: counted, reported
@@ -1439,12 +1575,19 @@ class WorkerSide:
             if job is None:
                 self.save_queue.task_done()
                 return
-            spec, values, size = job
+            spec, blocks, size = job
             try:
+                blocks.ready()
+                if blocks.staged is not None and self.cache is not None:
+                    self.counters.add(staging_bytes=len(spec.block_ids) * self.cache.block_bytes)
                 if not self.health.ok():
                     self._not_saved(spec, 0, "save_dropped_down_blocks")
                     continue
                 keys = [self.keys.key(self.rank, h) for h in spec.hashes]
+                values: list[list[Union[bytearray, memoryview]]] = []
+                for i, key in enumerate(keys):
+                    views = blocks.views(i)
+                    values.append([self._header(key, views), *views])
                 parent = None if spec.parent is None else self.keys.key(self.rank, spec.parent)
                 started, clock = time.time(), time.monotonic()
                 codes = self.client.put_chain(keys, values, parent=parent, partial=spec.partial)
@@ -1471,13 +1614,18 @@ class WorkerSide:
                 logger.exception("kvtier: save of %s failed", spec.req_id)
                 self._not_saved(spec, 0, "save_failed_blocks")
             finally:
+                blocks.release()
                 with self.lock:
                     self.backlog -= size
-                    self.saves_pending[spec.req_id] -= 1
-                    if not self.saves_pending[spec.req_id]:
-                        del self.saves_pending[spec.req_id]
-                        self.saves_done.notify_all()
+                    self._save_done(spec.req_id)
                 self.save_queue.task_done()
+
+    def _save_done(self, req_id: str) -> None:
+        """One save of ``req_id`` is over (holding ``self.lock``)."""
+        self.saves_pending[req_id] -= 1
+        if not self.saves_pending[req_id]:
+            del self.saves_pending[req_id]
+            self.saves_done.notify_all()
 
     def drain_saves(self) -> None:
         """Waits until every save handed to the save thread is done."""
