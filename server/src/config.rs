@@ -184,8 +184,11 @@ pub struct Config {
     #[arg(long, default_value_t = 10000)]
     pub maxclients: u64,
 
-    /// Prometheus metrics endpoint, HOST:PORT, or `none` to disable.
-    #[arg(long, default_value = "127.0.0.1:9379")]
+    /// Prometheus metrics endpoint: HOST:PORT, `none` to disable, or `auto`
+    /// (127.0.0.1 at the server's port + 3000: 6379 -> 9379; off with
+    /// `--port 0`). Several servers on one host each get their own; an
+    /// `auto` address that is busy is a warning, a given one an exit.
+    #[arg(long, default_value = "auto")]
     pub metrics_addr: String,
 
     /// Who may read the metrics endpoint: comma-separated addresses or
@@ -442,16 +445,27 @@ impl Config {
         }
     }
 
-    /// The metrics listener address, unless disabled.
-    pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, String> {
+    /// The metrics listener address for a server listening on `port`,
+    /// unless disabled, and whether it was given (not `auto`).
+    pub fn metrics_socket(&self, port: u16) -> Result<Option<(SocketAddr, bool)>, String> {
         if self.metrics_addr.eq_ignore_ascii_case("none") || self.metrics_addr.is_empty() {
             return Ok(None);
         }
+        if self.metrics_addr.eq_ignore_ascii_case("auto") {
+            return Ok(metrics_port(port).map(|p| (SocketAddr::from(([127, 0, 0, 1], p)), false)));
+        }
         self.metrics_addr
             .parse()
-            .map(Some)
+            .map(|a| Some((a, true)))
             .map_err(|e| format!("invalid --metrics-addr '{}': {e}", self.metrics_addr))
     }
+}
+
+/// The port `--metrics-addr auto` serves on for a server on `port`: 3000
+/// above it (6379 -> 9379, as Redis Cluster's bus port follows the port);
+/// none for `--port 0` or a port too high.
+pub fn metrics_port(port: u16) -> Option<u16> {
+    (port != 0).then(|| port.checked_add(3000)).flatten()
 }
 
 /// A tenant named by `--tenant`.

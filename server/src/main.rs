@@ -8,7 +8,7 @@ use kvtier_server::report::{describe_metrics, LATENCY_HISTOGRAMS};
 use kvtier_server::server::Server;
 use kvtier_store::latency::BOUNDS;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let config = match Config::load() {
@@ -19,45 +19,10 @@ fn main() -> ExitCode {
         }
     };
     kvtier_server::logging::init(&config.loglevel, config.log_format);
-    match config.metrics_socket() {
-        Ok(Some(addr)) => {
-            let allowed = config
-                .metrics_allow
-                .split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .try_fold(PrometheusBuilder::new().with_http_listener(addr), |b, a| {
-                    // A bare address is the network of just it.
-                    match (a.contains('/'), a.contains(':')) {
-                        (true, _) => b.add_allowed_address(a),
-                        (false, true) => b.add_allowed_address(format!("{a}/128")),
-                        (false, false) => b.add_allowed_address(format!("{a}/32")),
-                    }
-                });
-            let installed = allowed
-                .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Full(LATENCY_HISTOGRAMS[0].into()), &BOUNDS)
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Prefix(LATENCY_HISTOGRAMS[1].into()), &BOUNDS)
-                })
-                .and_then(|b| b.install());
-            match installed {
-                Ok(()) => {
-                    describe_metrics();
-                    info!("metrics on http://{addr}/metrics");
-                }
-                Err(e) => {
-                    error!("cannot serve metrics on {addr}: {e}");
-                    return ExitCode::from(1);
-                }
-            }
-        }
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+    // A --metrics-addr that cannot be parsed stops the start here.
+    if let Err(e) = config.metrics_socket(config.port) {
+        eprintln!("{e}");
+        return ExitCode::from(2);
     }
     // Signal handlers go in before the server can be reached, so a SIGTERM
     // right after start-up is a graceful shutdown, not a kill.
@@ -75,6 +40,21 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Ok(Some((addr, given))) = config.metrics_socket(server.local_addr().port()) {
+        match serve_metrics(&config, addr) {
+            Ok(()) => {}
+            Err(MetricsError::Listener(e)) if !given => warn!(
+                "metrics not served: {addr} (the port + 3000) cannot be used: {e}; \
+                 give --metrics-addr HOST:PORT, or none"
+            ),
+            Err(MetricsError::Settings(e) | MetricsError::Listener(e)) => {
+                error!("cannot serve metrics on {addr}: {e}");
+                server.shutdown();
+                server.wait();
+                return ExitCode::from(1);
+            }
+        }
+    }
     // The port line is printed on stdout so scripts using --port 0 can read it.
     println!(
         "{}",
@@ -85,6 +65,44 @@ fn main() -> ExitCode {
     server.wait();
     info!("kvtier stopped");
     ExitCode::SUCCESS
+}
+
+/// Why the metrics endpoint is not served.
+enum MetricsError {
+    /// The settings are wrong (`--metrics-allow`).
+    Settings(String),
+    /// The listener could not be made (the address is taken, say).
+    Listener(String),
+}
+
+/// Serves Prometheus metrics on `addr`.
+fn serve_metrics(config: &Config, addr: std::net::SocketAddr) -> Result<(), MetricsError> {
+    let builder = config
+        .metrics_allow
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .try_fold(PrometheusBuilder::new().with_http_listener(addr), |b, a| {
+            // A bare address is the network of just it.
+            match (a.contains('/'), a.contains(':')) {
+                (true, _) => b.add_allowed_address(a),
+                (false, true) => b.add_allowed_address(format!("{a}/128")),
+                (false, false) => b.add_allowed_address(format!("{a}/32")),
+            }
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(LATENCY_HISTOGRAMS[0].into()), &BOUNDS)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Prefix(LATENCY_HISTOGRAMS[1].into()), &BOUNDS)
+        })
+        .map_err(|e| MetricsError::Settings(e.to_string()))?;
+    builder
+        .install()
+        .map_err(|e| MetricsError::Listener(e.to_string()))?;
+    describe_metrics();
+    info!("metrics on http://{addr}/metrics");
+    Ok(())
 }
 
 /// SIGINT and SIGTERM, turned into a graceful shutdown.

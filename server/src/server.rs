@@ -58,6 +58,9 @@ impl Server {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind"))?;
+        // SO_REUSEPORT would let this server share a port another process
+        // listens on (each taking some of its connections): refuse it.
+        ensure_free(addr)?;
         // The first listener fixes the port (when 0 asks for any free one);
         // the others share it through SO_REUSEPORT.
         let first = reuseport_listener(addr)?;
@@ -86,6 +89,7 @@ impl Server {
         let tls_listeners = match tls.as_ref().filter(|t| t.port != 0) {
             Some(t) => {
                 let tls_addr = SocketAddr::new(addr.ip(), t.port);
+                ensure_free(tls_addr)?;
                 (0..shards)
                     .map(|_| reuseport_listener(tls_addr).map(Some))
                     .collect::<io::Result<Vec<_>>>()?
@@ -167,6 +171,28 @@ impl Server {
             let _ = t.join();
         }
     }
+}
+
+/// An error naming `addr` when a socket there is already listening (a
+/// port of 0 is always free). The shards' listeners share their port
+/// through SO_REUSEPORT, which would otherwise let a second server start
+/// on a port in use and split its connections with the first.
+fn ensure_free(addr: SocketAddr) -> io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into()).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            io::Error::new(
+                e.kind(),
+                format!("{addr}: address already in use (another kvtier or Redis listens there?)"),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 fn reuseport_listener(addr: SocketAddr) -> io::Result<StdListener> {

@@ -387,3 +387,104 @@ fn a_tenant_named_by_an_acl_user_owns_the_keys_it_may_write() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A free port on 127.0.0.1 whose port + 3000 (its default metrics port)
+/// is free too.
+fn free_pair() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 62000 && TcpListener::bind(("127.0.0.1", port + 3000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Runs kvtier-server with `args` until it exits (at most 20 s; a server
+/// still running then is killed and the test fails): its exit status and
+/// output.
+fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kvtier-server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kvtier-server {args:?} is still running");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    (status, out)
+}
+
+#[test]
+fn servers_on_one_host_each_serve_metrics_at_their_port_plus_3000() {
+    let (a, b) = (free_pair(), free_pair());
+    let servers: Vec<Server> = [a, b]
+        .iter()
+        .map(|p| Server::start_with_args(&["--port", &p.to_string(), "--threads", "2"]))
+        .collect();
+    for (server, port) in servers.iter().zip([a, b]) {
+        assert_eq!(server.raw().run("PING"), status("PONG"));
+        let mut body = String::new();
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                body = scrape(port + 3000);
+                body.contains("kvtier_")
+            }),
+            "no metrics on {}: {body:?}",
+            port + 3000
+        );
+    }
+}
+
+#[test]
+fn a_taken_default_metrics_port_is_a_warning_a_given_one_an_exit() {
+    let port = free_pair();
+    let _taken = TcpListener::bind(("127.0.0.1", port + 3000)).unwrap();
+    let server = Server::start_with_args(&["--port", &port.to_string(), "--threads", "2"]);
+    assert_eq!(server.raw().run("PING"), status("PONG"));
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .log()
+            .contains("metrics not served")),
+        "{}",
+        server.log()
+    );
+    let given = format!("127.0.0.1:{}", port + 3000);
+    let (exit, out) = run_to_exit(&["--port", "0", "--metrics-addr", &given]);
+    assert!(!exit.success(), "{out}");
+    assert!(out.contains("cannot serve metrics"), "{out}");
+}
+
+#[test]
+fn a_second_server_on_a_port_in_use_refuses_to_start() {
+    let first = Server::start(&[]);
+    let port = first.port.to_string();
+    let (exit, out) = run_to_exit(&["--port", &port, "--metrics-addr", "none"]);
+    assert!(!exit.success(), "{out}");
+    assert!(out.contains("address already in use"), "{out}");
+    // The first one still has every connection.
+    for _ in 0..8 {
+        assert_eq!(first.raw().run("PING"), status("PONG"));
+    }
+}
