@@ -1092,7 +1092,14 @@ class _KvCache:
     (a value is their concatenation), read and written in place in host
     memory, or through a pool of pinned staging buffers (kvtier/_staging.py)."""
 
-    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, staging: str, slots: int) -> None:
+    def __init__(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        num_blocks: int,
+        staging: str,
+        staging_bytes: int = 0,
+        default_slots: int = 256,
+    ) -> None:
         self.regions: list[torch.Tensor] = []
         layouts: set[str] = set()
         devices = set()
@@ -1121,6 +1128,8 @@ class _KvCache:
                 "through pinned host buffers)" % device
             )
         else:
+            # Staging buffers of staging_bytes, else default_slots blocks.
+            slots = staging_bytes // self.block_bytes if staging_bytes else default_slots
             self.pool = StagingPool(self.regions, max(1, min(slots, num_blocks)))
         #: Most blocks one load moves at a time.
         self.chunk = max(1, self.pool.slots // 2) if self.pool is not None else 1 << 30
@@ -1236,10 +1245,7 @@ class WorkerSide:
         if not self.num_blocks:
             self.num_blocks = int(next(iter(kv_caches.values())).shape[0])
         o = self.options
-        first = next(iter(kv_caches.values()))
-        per_block = first[0].numel() * first.element_size() * len(kv_caches)
-        slots = (o.staging_mb << 20) // max(1, per_block) if o.staging_mb else 4 * self.step_blocks
-        self.cache = _KvCache(kv_caches, self.num_blocks, o.staging, slots)
+        self.cache = _KvCache(kv_caches, self.num_blocks, o.staging, o.staging_mb << 20, 4 * self.step_blocks)
         if not self.backlog_max:
             self.backlog_max = self.num_blocks * self.cache.block_bytes // 4
         self.layout_digest = hashlib.blake2b(
