@@ -123,6 +123,16 @@ class Worker:
         """RemoteBackend's batched put, waited for."""
         self.run(self.connector.batched_put(keys, [_up(o) for o in objs]))
 
+    def store_and_read_back(self, keys: list[CacheEngineKey], objs: list[MemoryObj]) -> None:
+        """Stores ``objs`` under ``keys``; a lookup then counts every one and
+        a read returns each byte for byte."""
+        self.store(keys, objs)
+        assert self.backend.batched_contains(keys) == len(keys)
+        got = self.run(self.backend.batched_get_non_blocking("req", keys))
+        assert len(got) == len(keys) and all(same_bytes(g, o) for g, o in zip(got, objs))
+        for g in got:
+            g.ref_count_down()
+
     def close(self) -> None:
         for obj in self.made:
             obj.ref_count_down()

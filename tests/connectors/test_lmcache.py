@@ -308,14 +308,7 @@ def test_kvtiers_url_talks_tls(tls_url: str, io: str) -> None:
     plugin stores and retrieves over TLS to kvtier's --tls-port."""
     w = Worker(plugin_config(tls_url, io=io), metadata())
     try:
-        keys = w.keys(8)
-        objs = [w.chunk(i) for i in range(8)]
-        w.store(keys, objs)
-        assert w.backend.batched_contains(keys) == 8
-        got = w.run(w.backend.batched_get_non_blocking("req", keys))
-        assert len(got) == 8 and all(same_bytes(g, o) for g, o in zip(got, objs))
-        for g in got:
-            g.ref_count_down()
+        w.store_and_read_back(w.keys(8), [w.chunk(i) for i in range(8)])
     finally:
         w.close()
 
@@ -422,13 +415,7 @@ def test_a_checkpoint_re_pointed_under_one_path_shares_nothing(server: Server, t
         assert [k.to_string() for k in second.keys(4)] == [k.to_string() for k in keys]
         assert second.name(keys[0]) != first.name(keys[0])
         assert second.backend.batched_contains(keys) == 0
-        objs = [second.chunk(100 + i) for i in range(4)]
-        second.store(keys, objs)
-        assert second.backend.batched_contains(keys) == 4
-        got = second.run(second.backend.batched_get_non_blocking("req", keys))
-        assert len(got) == 4 and all(same_bytes(g, o) for g, o in zip(got, objs))
-        for g in got:
-            g.ref_count_down()
+        second.store_and_read_back(keys, [second.chunk(100 + i) for i in range(4)])
     finally:
         second.close()
 
