@@ -4,8 +4,8 @@
 # temporary directory, so the seeds stay as they are). A crash, a panic, a
 # leak or an input slower than 10 s fails the run; libFuzzer saves the input
 # under fuzz/artifacts/<target>/, to be turned into a regression test. Needs
-# the nightly toolchain (the product itself builds on stable); installs
-# cargo-fuzz from crates.io when it is missing.
+# the nightly toolchain (the product itself builds on stable); installs it
+# (rustup) and cargo-fuzz (crates.io) when they are missing.
 #
 #   scripts/fuzz.sh
 #   FUZZ_SECONDS=10 TARGETS="request_parser commands" scripts/fuzz.sh
@@ -14,7 +14,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECS=${FUZZ_SECONDS:-60}
 TARGETS=${TARGETS:-"request_parser inline_parser reply_parser spill_record commands"}
 
-rustup toolchain list | grep -q '^nightly' || { echo "cargo fuzz needs the nightly toolchain: rustup toolchain install nightly"; exit 1; }
+if ! rustup toolchain list | grep -q '^nightly'; then
+    # As scripts/test.sh installs everything else it needs.
+    echo "cargo fuzz needs the nightly toolchain: installing it (rustup toolchain install nightly --profile minimal)"
+    rustup toolchain install nightly --profile minimal
+fi
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 cargo +nightly fuzz build --fuzz-dir fuzz -O
 WORK=$(mktemp -d -t kvtier-fuzz.XXXXXX)

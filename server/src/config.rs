@@ -66,9 +66,10 @@ pub struct Config {
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=MAX_PACK_BELOW))]
     pub pack_below: u64,
 
-    /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit).
-    /// Divided equally among the shards.
-    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit;
+    /// `auto`, the default: three quarters of this machine's memory, or of
+    /// the container's limit when lower). Divided equally among the shards.
+    #[arg(long, default_value = "auto", value_parser = parse_maxmemory)]
     pub maxmemory: u64,
 
     /// What to do when maxmemory is reached: prefix (KV-cache blocks:
@@ -669,6 +670,50 @@ fn file_to_flags(text: &str) -> Result<Vec<String>, String> {
 
 /// Parses a memory size the way redis.conf does: `1000`, `1k` (1000),
 /// `1kb` (1024), `5mb`, `4gb` (case-insensitive).
+/// `--maxmemory`: a size, or `auto` ([`auto_maxmemory`]).
+pub fn parse_maxmemory(s: &str) -> Result<u64, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(auto_maxmemory());
+    }
+    parse_memory(s)
+}
+
+/// What `--maxmemory auto` means: three quarters of the memory this process
+/// may use (the machine's, or its cgroup's limit when that is lower), so a
+/// cache tier never takes its whole host by default; 0 (no limit) when
+/// neither can be read.
+pub fn auto_maxmemory() -> u64 {
+    let machine = total_system_memory();
+    let limit =
+        cgroup_memory_limit().map_or(machine, |c| if machine == 0 { c } else { c.min(machine) });
+    limit / 4 * 3
+}
+
+/// The machine's memory (`MemTotal`), 0 if unknown.
+pub fn total_system_memory() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The cgroup's memory limit (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`), if it has one.
+fn cgroup_memory_limit() -> Option<u64> {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .filter_map(|t| t.trim().parse::<u64>().ok())
+    // v1 writes a huge number for "no limit".
+    .find(|&n| n > 0 && n < (1 << 60))
+}
+
 pub fn parse_memory(s: &str) -> Result<u64, String> {
     let lower = s.trim().to_ascii_lowercase();
     let split = lower

@@ -40,9 +40,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let mut metrics = "off".to_string();
     if let Ok(Some((addr, given))) = config.metrics_socket(server.local_addr().port()) {
         match serve_metrics(&config, addr) {
-            Ok(()) => {}
+            Ok(()) => metrics = format!("http://{addr}/metrics"),
             Err(MetricsError::Listener(e)) if !given => warn!(
                 "metrics not served: {addr} (the port + 3000) cannot be used: {e}; \
                  give --metrics-addr HOST:PORT, or none"
@@ -55,6 +56,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    info!("{}", settings_line(&config, &metrics));
     // The port line is printed on stdout so scripts using --port 0 can read it.
     println!(
         "{}",
@@ -65,6 +67,34 @@ fn main() -> ExitCode {
     server.wait();
     info!("kvtier stopped");
     ExitCode::SUCCESS
+}
+
+/// What a new operator needs to know of this server, once at start.
+fn settings_line(config: &Config, metrics: &str) -> String {
+    use kvtier_server::config::{auto_maxmemory, human_bytes};
+    let memory = match config.maxmemory {
+        0 => "no memory limit".to_string(),
+        n if n == auto_maxmemory() => format!(
+            "maxmemory {} (auto: 3/4 of this machine's memory; --maxmemory sets it, 0 for none)",
+            human_bytes(n)
+        ),
+        n => format!("maxmemory {}", human_bytes(n)),
+    };
+    let spill = config
+        .spill_dir
+        .as_ref()
+        .map_or("no spill tier".to_string(), |d| {
+            format!("spill to {}", d.display())
+        });
+    let tls = match config.tls_port {
+        0 => "no TLS port".to_string(),
+        p => format!("TLS on port {p}"),
+    };
+    format!(
+        "{memory}, policy {}; {spill}; {tls}; protected mode {}; metrics {metrics}",
+        config.maxmemory_policy,
+        if config.protected_mode { "yes" } else { "no" },
+    )
 }
 
 /// Why the metrics endpoint is not served.

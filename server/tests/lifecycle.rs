@@ -159,3 +159,49 @@ fn an_unknown_loglevel_or_log_format_is_refused_at_start() {
         assert!(stderr.contains(args[1]), "{stderr}");
     }
 }
+
+#[test]
+fn the_default_memory_limit_is_sized_from_the_machine_and_said_at_start() {
+    let server = Server::start(&[]);
+    let mut c = server.raw();
+    let reply = c.run("CONFIG GET maxmemory");
+    let limit: u64 = format!("{reply:?}")
+        .split(|ch: char| !ch.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .filter_map(|t| t.parse().ok())
+        .max()
+        .expect("a number");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kb: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse().ok())
+        .unwrap();
+    assert!(limit > 0 && limit <= total_kb * 1024 / 4 * 3, "{limit}");
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .log()
+            .contains("(auto: 3/4")),
+        "{}",
+        server.log()
+    );
+    for line in [
+        "policy prefix",
+        "no spill tier",
+        "no TLS port",
+        "protected mode yes",
+        "metrics off",
+    ] {
+        assert!(server.log().contains(line), "{line}: {}", server.log());
+    }
+    // 0 still means no limit.
+    let none = Server::start(&["--maxmemory", "0"]);
+    assert!(
+        eventually(Duration::from_secs(5), || none
+            .log()
+            .contains("no memory limit")),
+        "{}",
+        none.log()
+    );
+}

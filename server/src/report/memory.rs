@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
 use super::snapshot::{rss_bytes, sum, Info, ShardReport};
-use crate::config::human_bytes;
+use crate::config::{human_bytes, total_system_memory};
 use crate::shared::Shared;
 
 /// Memory charged, by shard.
@@ -183,14 +183,4 @@ pub fn export_node(e: &mut Exporter, shared: &Shared) {
         shared.config.maxmemory.load(Relaxed) as f64,
     );
     e.gauge(&RSS, Vec::new(), rss_bytes() as f64);
-}
-
-fn total_system_memory() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
