@@ -19,7 +19,7 @@
 #   QUICK=1 scripts/bench-compare.sh    # ~1-2 minutes: a smoke run
 #
 # Environment: QUICK (0), REPS (1), MAXMEMORY (4gb), THREADS (kvtier shards,
-# default: cores), CLIENT_THREADS (2), TRACE (../shared/traces/
+# default: cores), CLIENT_THREADS (2), TRACE (bench/traces/
 # mooncake_synthetic_trace.jsonl), OUT (docs/benchmarks.md; "-" to skip),
 # KEEP (keep the JSON of every run in this directory).
 #
@@ -35,7 +35,7 @@ REPS=${REPS:-1}
 MAXMEMORY=${MAXMEMORY:-4gb}
 THREADS=${THREADS:-$(nproc)}
 CLIENT_THREADS=${CLIENT_THREADS:-2}
-TRACE=${TRACE:-$ROOT/../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE=${TRACE:-$ROOT/bench/traces/mooncake_synthetic_trace.jsonl}
 OUT=${OUT:-docs/benchmarks.md}
 START=$(date +%s)
 

@@ -48,7 +48,7 @@ for t in $TRACES $SPILL_TRACES; do
     python3 bench/gen_traces.py standard --out-dir "$TRACE_DIR" --only "$t" >/dev/null
   fi
 done
-[[ -f $TRACE_DIR/synthetic.jsonl ]] || cp ../shared/traces/mooncake_synthetic_trace.jsonl "$TRACE_DIR/synthetic.jsonl"
+[[ -f $TRACE_DIR/synthetic.jsonl ]] || cp bench/traces/mooncake_synthetic_trace.jsonl "$TRACE_DIR/synthetic.jsonl"
 PID=""; TMP=$(mktemp -d)
 COST_PIDS=()
 trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; kill "${COST_PIDS[@]}" 2>/dev/null || true; rm -rf "$TMP"; wait 2>/dev/null || true' EXIT

@@ -21,7 +21,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
-TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE=${TRACE:-bench/traces/mooncake_synthetic_trace.jsonl}
 SPEED=${SPEED:-6}
 JOIN_AT=${JOIN_AT:-80}
 WINDOW=${WINDOW:-60}

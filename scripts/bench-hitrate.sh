@@ -16,7 +16,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
-TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE=${TRACE:-bench/traces/mooncake_synthetic_trace.jsonl}
 BLOCK=${BLOCK:-16384}
 PERCENTS=${PERCENTS:-"10 25 50"}
 POLICIES=${POLICIES:-"prefix allkeys-lru"}

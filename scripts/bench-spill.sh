@@ -26,7 +26,7 @@ PARTS=${PARTS:-"read p99 admit"}
 CONC=${CONC:-16}
 MAXMEM=${MAXMEM:-256}
 SECONDS_RUN=${SECONDS_RUN:-15}
-TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE=${TRACE:-bench/traces/mooncake_synthetic_trace.jsonl}
 ADMISSIONS=${ADMISSIONS:-"all 1 2"}
 # Background load of the p99 part, requests/s of 256 KiB (half SETs, half
 # GETs of cold blocks): 1600/s is ~200 MB/s written to and ~200 MB/s read

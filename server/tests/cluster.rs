@@ -1157,12 +1157,14 @@ fn old_owners_drop_the_slots_they_lost_after_the_hand_off_window() {
         assert_eq!(c.raw(0).run(&format!("SET {k} v")), ok());
     }
     let ports = c.join_a_node();
-    // The newcomer takes the four-node list once SETNODES reaches it: until
-    // then it reports the three nodes' map.
+    // Node 0 took the four-node list with SETNODES; the newcomer takes it once
+    // SETNODES reaches it (before that it may report its own start-up list,
+    // then the three nodes' map).
+    let owners = slot_owners(&mut c.raw(0), &ports);
+    assert!(owners.contains(&3));
     assert!(eventually(Duration::from_secs(10), || {
-        slot_owners(&mut c.raw(3), &ports).contains(&3)
+        slot_owners(&mut c.raw(3), &ports) == owners
     }));
-    let owners = slot_owners(&mut c.raw(3), &ports);
     let moved: Vec<u16> = keys
         .iter()
         .map(|k| kvtier_server::shard::slot::key_slot(k.as_bytes()))

@@ -43,13 +43,13 @@ pub fn server_bin() -> PathBuf {
     bin
 }
 
-/// The Mooncake trace: `$KVTIER_TRACE`, else
-/// `../shared/traces/mooncake_synthetic_trace.jsonl` relative to the
-/// workspace root. `None` (and a message) only when the file is absent.
+/// The Mooncake trace: `$KVTIER_TRACE`, else the copy the repository ships,
+/// `bench/traces/mooncake_synthetic_trace.jsonl`. `None` (and a message)
+/// only when the file is absent.
 pub fn trace_path() -> Option<PathBuf> {
     let path = match std::env::var_os("KVTIER_TRACE") {
         Some(p) => PathBuf::from(p),
-        None => workspace_root().join("../shared/traces/mooncake_synthetic_trace.jsonl"),
+        None => workspace_root().join("bench/traces/mooncake_synthetic_trace.jsonl"),
     };
     if path.is_file() {
         Some(path)
