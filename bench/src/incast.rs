@@ -23,7 +23,7 @@ use crate::common::{fail_on_error, Output};
 use crate::prefix::block;
 use crate::report::{self, Recorder};
 use crate::resp::Client;
-use crate::workload::parse_size;
+use crate::workload::{parse_size, value_size};
 
 /// Options of `kvtier-bench incast`.
 #[derive(Args, Debug, Clone)]
@@ -163,7 +163,9 @@ async fn fetcher(
 
 /// Runs the scenario.
 pub async fn run(a: IncastArgs) -> std::io::Result<()> {
-    let size = parse_size(&a.block_size).map_err(std::io::Error::other)?;
+    let size = parse_size(&a.block_size)
+        .and_then(|n| value_size(n, "--block-size"))
+        .map_err(std::io::Error::other)?;
     let keys: Arc<Vec<Bytes>> = Arc::new(
         (0..a.blocks)
             .map(|i| Bytes::from(format!("incast:{i}")))

@@ -135,7 +135,7 @@ impl Plan {
                 .collect(),
             chooser,
             sizes,
-            pool: ValuePool::new(sizes.max),
+            pool: ValuePool::new(sizes.max, "--value-size").map_err(std::io::Error::other)?,
             weights,
             mget_keys: a.mget_keys.max(1),
             pipeline: a.pipeline.max(1),
@@ -180,7 +180,8 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
     let cpu_before = report::cpu_time();
     let shared = Arc::new(Mutex::new(Recorder::new(start)));
     let expected_secs = a.duration.unwrap_or(budget as f64 / 50_000.0);
-    let bar = report::progress(
+    let bar = report::Progress::new(
+        "ops",
         if a.duration.is_some() {
             expected_secs as u64
         } else {
@@ -204,19 +205,20 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
         let deadline = start + Duration::from_secs_f64(secs);
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            bar.set_position(start.elapsed().as_secs());
+            bar.set(start.elapsed().as_secs(), budget - remaining.load(Relaxed));
         }
         stop.store(true, Relaxed);
     } else {
         while !tasks.iter().all(|t| t.is_finished()) {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            bar.set_position(budget - remaining.load(Relaxed).min(budget));
+            let done = budget - remaining.load(Relaxed).min(budget);
+            bar.set(done, done);
         }
     }
     for t in tasks {
         t.await.map_err(std::io::Error::other)??;
     }
-    bar.finish_and_clear();
+    bar.finish();
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())

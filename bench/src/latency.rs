@@ -168,7 +168,8 @@ struct Conn {
 
 impl Conn {
     fn open(addr: &str) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr)?;
+        let stream = TcpStream::connect(addr)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot connect to {addr}: {e}")))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Conn {
@@ -462,7 +463,8 @@ fn raw_tcp(seconds: f64, room: usize) -> io::Result<f64> {
         }
         Ok(())
     });
-    let mut s = TcpStream::connect(addr)?;
+    let mut s = TcpStream::connect(addr)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot connect to {addr}: {e}")))?;
     let mut buf = vec![0u8; room];
     let mut at = 0;
     let start = Instant::now();

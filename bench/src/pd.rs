@@ -76,7 +76,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         require_dialect(&addr).await?;
     }
     let block = parse_size(&a.block_size).map_err(std::io::Error::other)?;
-    let pool = Arc::new(ValuePool::new(block));
+    let pool = Arc::new(ValuePool::new(block, "--block-size").map_err(std::io::Error::other)?);
     let run_id =
         std::process::id() as u64 * 1_000_003 + crate::workload::hash(addr.as_bytes()) % 1000;
     let start = Instant::now();
@@ -90,7 +90,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     // the hand-off latency then never includes time a chain spent queued
     // behind other chains on the client.
     let idle_decoders = Arc::new(tokio::sync::Semaphore::new(a.decode_workers.max(1)));
-    let bar = report::progress(a.chains as u64, a.chains as f64 / 50.0);
+    let bar = report::Progress::new("hand-offs", a.chains as u64, a.chains as f64 / 50.0);
     let mut decoders = Vec::new();
     for _ in 0..a.decode_workers.max(1) {
         let mut client = Client::connect(&addr).await?;
@@ -99,7 +99,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
             Arc::clone(&pool),
             Arc::clone(&shared),
             a.clone(),
-            bar.clone(),
+            Arc::clone(&bar),
         );
         decoders.push(tokio::spawn(async move {
             let mut rec = Recorder::new(start);
@@ -178,7 +178,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
     for d in decoders {
         d.await.map_err(std::io::Error::other)??;
     }
-    bar.finish_and_clear();
+    bar.finish();
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())

@@ -15,6 +15,7 @@ use hdrhistogram::Histogram;
 use kvtier_protocol::Reply;
 
 use crate::resp::{args, Client};
+use crate::workload::value_size;
 
 /// Options of `kvtier-bench prefix`.
 #[derive(Args, Debug, Clone)]
@@ -78,6 +79,8 @@ fn check(v: &Reply, what: &str) -> std::io::Result<()> {
 
 /// Runs both scenarios and prints the table.
 pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
+    value_size(a.block_bytes, "--block-bytes").map_err(std::io::Error::other)?;
+    value_size(a.lookup_value_bytes, "--lookup-value-bytes").map_err(std::io::Error::other)?;
     let chain_keys: Vec<Bytes> = (0..a.chain)
         .map(|i| Bytes::from(format!("bench:lookup:{i:04}:{:016x}", i * 7919)))
         .collect();

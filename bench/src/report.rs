@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,9 @@ impl Recorder {
     /// Adds `n` to counter `name`.
     pub fn add(&mut self, name: &'static str, n: u64) {
         *self.counts.entry(name).or_insert(0) += n;
+        if PROBLEMS.contains(&name) {
+            PROBLEMS_SEEN.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Adds `n` to counter `name` and to its count for this second (the
@@ -284,17 +288,92 @@ pub fn plot(path: &Path, title: &str, rec: &Recorder) -> Result<(), String> {
     root.present().map_err(|e| e.to_string())
 }
 
-/// A progress bar on stderr for runs expected to last more than a few
-/// seconds (hidden when stderr is not a terminal).
-pub fn progress(total: u64, seconds_expected: f64) -> indicatif::ProgressBar {
-    if seconds_expected < 3.0 {
-        return indicatif::ProgressBar::hidden();
+/// Counters that say something went wrong: the progress line shows their
+/// sum while the run goes on (workers merge their recorders only at the end).
+const PROBLEMS: [&str; 3] = ["errors", "verify_failures", "timeouts"];
+static PROBLEMS_SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// How often a run's progress is printed as a line when stderr is not a
+/// terminal (a log, CI).
+const LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// Progress of a run expected to last more than a few seconds, on stderr:
+/// a bar with the rate and the errors so far on a terminal, else a line
+/// every [`LINE_EVERY`] (count, rate, errors), so a log shows a run moving.
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+    /// What one unit of work is called (`ops`, `requests`, `hand-offs`).
+    unit: &'static str,
+    /// Units done, when the bar's position is something else (seconds).
+    done: AtomicU64,
+    start: Instant,
+    /// Lines instead of a bar, and when the last was printed.
+    lines: Option<Mutex<Instant>>,
+}
+
+impl Progress {
+    /// A bar of `length` steps for work of `unit`s; silent when the run
+    /// should be over in under three seconds.
+    pub fn new(unit: &'static str, length: u64, seconds_expected: f64) -> Arc<Progress> {
+        use std::io::IsTerminal;
+        let now = Instant::now();
+        let shown = seconds_expected >= 3.0;
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if shown && terminal {
+            let bar = indicatif::ProgressBar::new(length);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Arc::new(Progress {
+            bar,
+            unit,
+            done: AtomicU64::new(0),
+            start: now,
+            lines: (shown && !terminal).then(|| Mutex::new(now)),
+        })
     }
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
-    ) {
-        bar.set_style(style);
+
+    /// Moves the bar to `pos`, with `done` units of work finished.
+    pub fn set(&self, pos: u64, done: u64) {
+        self.bar.set_position(pos);
+        self.done.store(done, Ordering::Relaxed);
+        self.tick();
     }
-    bar
+
+    /// Counts `n` more units done (the bar counts units).
+    pub fn inc(&self, n: u64) {
+        self.bar.inc(n);
+        self.done.fetch_add(n, Ordering::Relaxed);
+        self.tick();
+    }
+
+    /// The rate and errors so far, as the bar's message or a line when due.
+    fn tick(&self) {
+        let secs = self.start.elapsed().as_secs_f64();
+        let done = self.done.load(Ordering::Relaxed);
+        let rate = done as f64 / secs.max(1e-3);
+        let problems = PROBLEMS_SEEN.load(Ordering::Relaxed);
+        let text = format!("{done} {}, {rate:.0}/s, {problems} errors", self.unit);
+        match &self.lines {
+            None => self.bar.set_message(text),
+            Some(last) => {
+                let Ok(mut last) = last.lock() else { return };
+                if last.elapsed() >= LINE_EVERY {
+                    *last = Instant::now();
+                    eprintln!("progress: {secs:.0} s, {text}");
+                }
+            }
+        }
+    }
+
+    /// Clears the bar (nothing to clear for lines).
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }

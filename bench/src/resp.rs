@@ -23,7 +23,9 @@ pub struct Client {
 impl Client {
     /// Connects (TCP_NODELAY on).
     pub async fn connect(addr: &str) -> io::Result<Client> {
-        let stream = TcpStream::connect(addr).await?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot connect to {addr}: {e}")))?;
         stream.set_nodelay(true)?;
         Ok(Client {
             stream,

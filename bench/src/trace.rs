@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::common::{check_verified, fail_on_error, flag_name, require_dialect, Output};
 use crate::report::{self, Recorder};
 use crate::resp::Client;
-use crate::workload::{parse_size, ValuePool};
+use crate::workload::{parse_size, value_size, ValuePool};
 
 /// How the client talks to the server.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,7 +133,12 @@ pub fn ends_partial(r: &TraceRequest, block_tokens: usize) -> bool {
 
 /// Reads a Mooncake JSONL trace.
 pub fn load(path: &PathBuf, limit: Option<usize>) -> std::io::Result<Vec<TraceRequest>> {
-    let text = std::fs::read_to_string(path)?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot read trace {}: {e}", path.display()),
+        )
+    })?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -211,7 +216,11 @@ struct Flood {
 }
 
 impl Replay {
-    fn new(a: &TraceArgs, requests: Vec<TraceRequest>, block_bytes: usize) -> Replay {
+    fn new(
+        a: &TraceArgs,
+        requests: Vec<TraceRequest>,
+        block_bytes: usize,
+    ) -> Result<Replay, String> {
         let mut interned: std::collections::HashMap<u64, Bytes> = Default::default();
         let keys = requests
             .iter()
@@ -228,8 +237,8 @@ impl Replay {
             })
             .collect();
         let longest = requests.iter().map(|r| r.hash_ids.len()).max().unwrap_or(0);
-        Replay {
-            pool: ValuePool::new(block_bytes),
+        Ok(Replay {
+            pool: ValuePool::new(block_bytes, "the trace's block size")?,
             keys,
             numbers: (0..=longest.max(FLOOD_CHAIN))
                 .map(|n| Bytes::from(n.to_string()))
@@ -244,7 +253,7 @@ impl Replay {
             next: AtomicUsize::new(0),
             flood_ratio: a.flood_ratio.max(0.0),
             flood_prefix: a.flood_prefix.clone(),
-        }
+        })
     }
 }
 
@@ -263,16 +272,21 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
                 .map(Model::bytes_per_token)
                 .or(a.bytes_per_token)
                 .unwrap_or(128);
-            a.block_tokens * per_token
+            a.block_tokens.saturating_mul(per_token)
         }
     };
+    value_size(
+        block_bytes,
+        "--block-tokens × --bytes-per-token (or --block-bytes)",
+    )
+    .map_err(std::io::Error::other)?;
     let ideal = ideal_hit_rate(&requests);
-    let replay = Arc::new(Replay::new(&a, requests, block_bytes));
+    let replay = Arc::new(Replay::new(&a, requests, block_bytes).map_err(std::io::Error::other)?);
     let start = Instant::now();
     let cpu_before = report::cpu_time();
     let shared = Arc::new(Mutex::new(Recorder::new(start)));
     let total = replay.requests.len() as u64;
-    let bar = report::progress(total, total as f64 / 200.0);
+    let bar = report::Progress::new("requests", total, total as f64 / 200.0);
     let mut tasks = Vec::new();
     for i in 0..a.concurrency.max(1) {
         let client = Client::connect(&a.out.addr_for(i)).await?;
@@ -283,12 +297,13 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
     }
     while !tasks.iter().all(|t| t.is_finished()) {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        bar.set_position(replay.next.load(Relaxed).min(total as usize) as u64);
+        let started = replay.next.load(Relaxed).min(total as usize) as u64;
+        bar.set(started, started);
     }
     for t in tasks {
         t.await.map_err(std::io::Error::other)??;
     }
-    bar.finish_and_clear();
+    bar.finish();
     let rec = Arc::try_unwrap(shared)
         .ok()
         .and_then(|m| m.into_inner().ok())

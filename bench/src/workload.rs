@@ -53,9 +53,29 @@ pub struct ValuePool {
     pool: Bytes,
 }
 
+/// The largest value a benchmark makes: a server's default
+/// `proto-max-bulk-len` (Redis's and kvtier's), so a size past it is a
+/// mistake in the flags, refused before anything is allocated.
+pub const MAX_VALUE: usize = 512 << 20;
+
+/// `len` if a value of that size can be sent, else what is wrong with it
+/// (`what` names where the size came from).
+pub fn value_size(len: usize, what: &str) -> Result<usize, String> {
+    if len > MAX_VALUE {
+        return Err(format!(
+            "{what}: a value of {len} bytes is over {} MiB, the most a server takes \
+             (proto-max-bulk-len)",
+            MAX_VALUE >> 20
+        ));
+    }
+    Ok(len)
+}
+
 impl ValuePool {
-    /// A pool able to serve values of up to `max_len` bytes.
-    pub fn new(max_len: usize) -> ValuePool {
+    /// A pool able to serve values of up to `max_len` bytes (`Err` when no
+    /// server would take a value that long, [`value_size`]).
+    pub fn new(max_len: usize, what: &str) -> Result<ValuePool, String> {
+        let max_len = value_size(max_len, what)?;
         let len = max_len + 4 * 1024 * 1024;
         let mut v = vec![0u8; len];
         let mut rng = Rng::new(0x6b76_7469_6572);
@@ -63,9 +83,9 @@ impl ValuePool {
             let bytes = rng.next_u64().to_le_bytes();
             chunk.copy_from_slice(&bytes[..chunk.len()]);
         }
-        ValuePool {
+        Ok(ValuePool {
             pool: Bytes::from(v),
-        }
+        })
     }
 
     /// The value stored under `key` when it is `len` bytes long.
@@ -255,7 +275,7 @@ mod tests {
 
     #[test]
     fn pool_values_verify_and_differ() {
-        let pool = ValuePool::new(1 << 16);
+        let pool = ValuePool::new(1 << 16, "test").unwrap();
         let a = pool.value(b"a", 1000);
         assert!(pool.verify(b"a", 1000, &a));
         assert!(!pool.verify(b"b", 1000, &a));
@@ -282,6 +302,11 @@ mod tests {
 
     #[test]
     fn sizes() {
+        assert!(ValuePool::new(MAX_VALUE + 1, "--value-size")
+            .err()
+            .is_some_and(
+                |e| e.starts_with("--value-size: a value of 536870913 bytes is over 512 MiB")
+            ));
         assert_eq!(parse_size("64").unwrap(), 64);
         assert_eq!(parse_size("64KiB").unwrap(), 65536);
         assert_eq!(parse_size("2m").unwrap(), 2 << 20);

@@ -238,6 +238,15 @@ impl RequestParser {
                     };
                     let len = match parse_len(&line[1..]) {
                         Some(n) if n >= 0 && (n as u64) <= self.max_bulk as u64 => n as usize,
+                        // Redis's words, then the limit, so a client that
+                        // sent too much learns which setting refused it.
+                        Some(n) if n >= 0 => {
+                            return Err(ProtocolError::new(format!(
+                                "Protocol error: invalid bulk length ({n} bytes, over \
+                                 proto-max-bulk-len {})",
+                                self.max_bulk
+                            )))
+                        }
                         _ => return Err(ProtocolError::new("Protocol error: invalid bulk length")),
                     };
                     if self.unauthenticated && len > UNAUTH_MAX_BULK {
@@ -571,7 +580,8 @@ mod tests {
         assert_eq!(parse_all(b"*2147483647\r\n").unwrap(), strs(&[]));
         assert_eq!(
             err(b"*2\r\n$999999999999\r\n"),
-            "Protocol error: invalid bulk length"
+            "Protocol error: invalid bulk length (999999999999 bytes, over proto-max-bulk-len \
+             536870912)"
         );
         assert_eq!(
             err(b"SET \"unterminated\r\n"),
@@ -670,12 +680,12 @@ mod tests {
     }
 
     #[test]
-    fn max_bulk_is_enforced() {
+    fn max_bulk_is_enforced_and_named() {
         let mut parser = RequestParser::new(4);
         let mut buf = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$5\r\nhello\r\n"[..]);
         assert_eq!(
             parser.parse(&mut buf).unwrap_err().0,
-            "Protocol error: invalid bulk length"
+            "Protocol error: invalid bulk length (5 bytes, over proto-max-bulk-len 4)"
         );
     }
 

@@ -401,7 +401,13 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
         let mut merged = vec![args[0].clone()];
-        merged.extend(file_to_flags(&text)?);
+        for setting in file_settings(&text).map_err(|e| format!("{}{e}", path.display()))? {
+            setting
+                .check(&args[0])
+                .map_err(|e| format!("{} line {}: {e}", path.display(), setting.line))?;
+            merged.push(format!("--{}", setting.name));
+            merged.push(setting.value);
+        }
         merged.extend(args[1..].iter().cloned());
         Config::try_parse_from(&merged)
             .map_err(|e| e.to_string())?
@@ -641,31 +647,168 @@ pub fn tenant_patterns(tenants: &[TenantSpec], acl: &Acl) -> Result<Vec<Vec<KeyP
         .collect()
 }
 
-/// Turns config-file lines into `--name value` flags.
-fn file_to_flags(text: &str) -> Result<Vec<String>, String> {
-    let mut flags = Vec::new();
+/// One `name value` line of a config file.
+struct FileSetting {
+    /// Its line number, from 1.
+    line: usize,
+    /// The setting's name, lower case (a flag's long name).
+    name: String,
+    value: String,
+}
+
+/// The settings a config file's lines hold (`Err` names the line of one
+/// that is not `name value`, after a colon).
+fn file_settings(text: &str) -> Result<Vec<FileSetting>, String> {
+    let mut settings = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let words = kvtier_protocol::inline::split_inline_args(line.as_bytes())
-            .ok_or_else(|| format!("config file line {}: unbalanced quotes", n + 1))?;
+            .ok_or_else(|| format!(" line {}: unbalanced quotes", n + 1))?;
         let mut words = words
             .into_iter()
             .map(|w| String::from_utf8_lossy(&w).into_owned());
         let Some(name) = words.next() else { continue };
         let value: Vec<String> = words.collect();
-        if value.len() != 1 {
-            return Err(format!(
-                "config file line {}: expected `name value`, got {line:?}",
-                n + 1
-            ));
-        }
-        flags.push(format!("--{}", name.to_ascii_lowercase()));
-        flags.push(value.into_iter().next().unwrap_or_default());
+        let [value] = <[String; 1]>::try_from(value)
+            .map_err(|_| format!(" line {}: expected `name value`, got {line:?}", n + 1))?;
+        settings.push(FileSetting {
+            line: n + 1,
+            name: name.to_ascii_lowercase(),
+            value,
+        });
     }
-    Ok(flags)
+    Ok(settings)
+}
+
+/// Whether `name` is a flag of kvtier-server (and so a config-file setting).
+fn is_flag(name: &str) -> bool {
+    use clap::CommandFactory;
+    Config::command()
+        .get_arguments()
+        .any(|a| a.get_long() == Some(name))
+}
+
+/// A config file's text with `changed` settings in it: the first line of
+/// each replaced (later ones dropped), the others added at the end.
+fn rewritten(text: &str, changed: &[(String, String)]) -> String {
+    let line_of = |name: &str, value: &str| format!("{name} {}", quoted(value));
+    let mut done = vec![false; changed.len()];
+    let mut out = String::new();
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        let hit = (!first.starts_with('#'))
+            .then(|| {
+                changed
+                    .iter()
+                    .position(|(n, _)| n.eq_ignore_ascii_case(first))
+            })
+            .flatten();
+        match hit {
+            Some(i) if done[i] => continue,
+            Some(i) => {
+                done[i] = true;
+                out.push_str(&line_of(&changed[i].0, &changed[i].1));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    for (i, (name, value)) in changed.iter().enumerate() {
+        if !done[i] {
+            out.push_str(&line_of(name, value));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A value as a config-file word: in double quotes, with `\` and `"`
+/// escaped, when it is empty or holds a space, a quote or a backslash.
+fn quoted(value: &str) -> String {
+    let plain = !value.is_empty()
+        && !value
+            .chars()
+            .any(|c| c.is_whitespace() || c == '"' || c == '\'' || c == '\\');
+    if plain {
+        return value.to_string();
+    }
+    let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("\"{escaped}\"")
+}
+
+/// Settings of redis.conf that kvtier does not have, so that a line
+/// carried over from a Redis config is named as such.
+const REDIS_ONLY: &[&str] = &[
+    "activedefrag",
+    "activerehashing",
+    "always-show-logo",
+    "aof-use-rdb-preamble",
+    "appendfilename",
+    "appendfsync",
+    "appendonly",
+    "cluster-config-file",
+    "cluster-enabled",
+    "daemonize",
+    "databases",
+    "dbfilename",
+    "dir",
+    "dynamic-hz",
+    "io-threads",
+    "lazyfree-lazy-eviction",
+    "lazyfree-lazy-expire",
+    "lazyfree-lazy-server-del",
+    "logfile",
+    "lua-time-limit",
+    "notify-keyspace-events",
+    "pidfile",
+    "rdbchecksum",
+    "rdbcompression",
+    "replica-read-only",
+    "replicaof",
+    "save",
+    "slaveof",
+    "stop-writes-on-bgsave-error",
+    "supervised",
+    "syslog-enabled",
+    "tcp-backlog",
+    "unixsocket",
+];
+
+impl FileSetting {
+    /// Whether kvtier has the setting and takes its value, alone: `Err`
+    /// says which is wrong, in the file's words.
+    fn check(&self, program: &str) -> Result<(), String> {
+        if !is_flag(&self.name) {
+            return Err(if REDIS_ONLY.contains(&self.name.as_str()) {
+                format!(
+                    "`{}` is a Redis setting that kvtier does not have; remove the line \
+                     (kvtier-server --help lists kvtier's settings)",
+                    self.name
+                )
+            } else {
+                format!(
+                    "unknown setting `{}` (kvtier-server --help lists the settings)",
+                    self.name
+                )
+            });
+        }
+        let flag = format!("--{}", self.name);
+        Config::try_parse_from([program, flag.as_str(), self.value.as_str()])
+            .map(|_| ())
+            .map_err(|e| {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                format!(
+                    "`{} {}`: {}",
+                    self.name,
+                    self.value,
+                    first.trim_start_matches("error: ")
+                )
+            })
+    }
 }
 
 /// Parses a memory size the way redis.conf does: `1000`, `1k` (1000),
@@ -886,6 +1029,10 @@ pub struct LiveConfig {
     pub save: RwLock<String>,
     /// Settings fixed at start, reported by CONFIG GET.
     pub fixed: Vec<(&'static str, String)>,
+    /// The settings CONFIG REWRITE may write, as they were at start.
+    started: Vec<(String, String)>,
+    /// The config file the server started with, if any.
+    config_file: Option<PathBuf>,
     /// Transparent huge pages for the arena.
     pub hugepages: bool,
     /// Arena mapped and locked at start.
@@ -1024,7 +1171,9 @@ impl LiveConfig {
     ) -> LiveConfig {
         let output = parse_output_limits(&config.client_output_buffer_limit)
             .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
-        LiveConfig {
+        let mut live = LiveConfig {
+            started: Vec::new(),
+            config_file: config.config_file.clone(),
             maxmemory: AtomicU64::new(config.maxmemory),
             policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
             maxmemory_samples: AtomicU64::new(config.maxmemory_samples),
@@ -1159,7 +1308,47 @@ impl LiveConfig {
                         .unwrap_or_default(),
                 ),
             ],
-        }
+        };
+        live.started = live.rewritable();
+        live
+    }
+
+    /// The settings CONFIG REWRITE may write and their values: those
+    /// CONFIG SET changes that are also flags (so the file they are
+    /// written to starts the server).
+    fn rewritable(&self) -> Vec<(String, String)> {
+        PARAMS
+            .iter()
+            .map(|p| (p.name.to_string(), (p.get)(self)))
+            .chain(self.tls.iter().flat_map(|t| t.params()))
+            .filter(|(name, _)| is_flag(name))
+            .collect()
+    }
+
+    /// CONFIG REWRITE: the settings changed since start written into the
+    /// config file the server started with (the line of each replaced,
+    /// else one added; comments and other lines kept), atomically.
+    pub fn rewrite(&self) -> Result<(), String> {
+        let Some(path) = &self.config_file else {
+            return Err("The server is running without a config file".into());
+        };
+        let changed: Vec<(String, String)> = self
+            .rewritable()
+            .into_iter()
+            .filter(|setting| !self.started.contains(setting))
+            .collect();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let written = rewritten(&text, &changed);
+        let tmp = path.with_extension("rewrite.tmp");
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(written.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
     /// Reads the user and password this node logs in to its peers with
@@ -1641,8 +1830,82 @@ mod tests {
         );
         let c = Config::load_from(args(&["--port", "7001"])).unwrap();
         assert_eq!(c.port, 7001);
-        std::fs::write(&path, "bogus-option 1\n").unwrap();
-        assert!(Config::load_from(args(&[])).is_err());
+        let refused = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load_from(args(&[])).unwrap_err()
+        };
+        let at = |line: usize| format!("{} line {line}: ", path.display());
+        assert_eq!(
+            refused("port 7000\nbogus-option 1\n"),
+            format!(
+                "{}unknown setting `bogus-option` (kvtier-server --help lists the settings)",
+                at(2)
+            )
+        );
+        assert_eq!(
+            refused("# from redis.conf\n\nappendonly no\n"),
+            format!(
+                "{}`appendonly` is a Redis setting that kvtier does not have; remove the line \
+                 (kvtier-server --help lists kvtier's settings)",
+                at(3)
+            )
+        );
+        let e = refused("maxmemory lots\n");
+        assert!(
+            e.starts_with(&format!("{}`maxmemory lots`: invalid value 'lots'", at(1))),
+            "{e}"
+        );
+        let e = refused("port 7000 7001\n");
+        assert!(
+            e.starts_with(&format!("{}expected `name value`", at(1))),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_rewrite_replaces_each_changed_line_and_adds_the_others() {
+        let text = "# kept\nport 7000\nmaxmemory 1gb\n# maxmemory 5gb\nmaxmemory 2gb\n";
+        let changed = [
+            ("maxmemory".to_string(), "3221225472".to_string()),
+            ("requirepass".to_string(), "a \"b\\".to_string()),
+            ("masterauth".to_string(), String::new()),
+        ];
+        let out = rewritten(text, &changed);
+        assert_eq!(
+            out,
+            "# kept\nport 7000\nmaxmemory 3221225472\n# maxmemory 5gb\n\
+             requirepass \"a \\\"b\\\\\"\nmasterauth \"\"\n"
+        );
+        let settings = file_settings(&out).unwrap();
+        let values: Vec<(&str, &str)> = settings
+            .iter()
+            .map(|s| (s.name.as_str(), s.value.as_str()))
+            .collect();
+        assert_eq!(
+            values,
+            [
+                ("port", "7000"),
+                ("maxmemory", "3221225472"),
+                ("requirepass", "a \"b\\"),
+                ("masterauth", ""),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_setting_config_set_changes_is_a_flag_or_said_not_to_be() {
+        // CONFIG REWRITE writes only flags: a parameter that is not one
+        // would be silently left out, so the list of those is explicit.
+        let not_flags: Vec<&str> = PARAMS
+            .iter()
+            .map(|p| p.name)
+            .filter(|n| !is_flag(n))
+            .collect();
+        assert_eq!(
+            not_flags,
+            ["save"],
+            "parameters CONFIG REWRITE cannot write"
+        );
     }
 
     #[test]

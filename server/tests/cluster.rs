@@ -306,8 +306,8 @@ fn the_dialect_across_nodes() {
         assert_eq!(r.run(&format!("PREFIXLEN 24 {list}")), int(9));
         assert_eq!(r.run(&format!("MGETPREFIX 24 {list}")).items().len(), 9);
     }
-    // HOLD reaches every owner: each holds its own keys of the prefix (no
-    // maxmemory, so no limit) until they are read.
+    // HOLD reaches every owner: each holds its own keys of the prefix (the hold
+    // limits are far above a few keys) until they are read.
     assert_eq!(
         c.raw(0)
             .run(&format!("PREFIXLEN 9 {} HOLD 60000", keys[..9].join(" "))),

@@ -205,3 +205,67 @@ fn the_default_memory_limit_is_sized_from_the_machine_and_said_at_start() {
         none.log()
     );
 }
+
+#[test]
+fn config_rewrite_writes_what_config_set_changed_into_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("kvtier-rewrite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kvtier.conf");
+    std::fs::write(
+        &path,
+        "# my settings\nmaxmemory 64mb\n\nmaxmemory-policy allkeys-lru\n",
+    )
+    .unwrap();
+    let file = path.display().to_string();
+    {
+        let server = Server::start(&[&file]);
+        let mut c = server.raw();
+        assert_eq!(c.run("CONFIG SET maxmemory 100mb timeout 30"), ok());
+        assert_eq!(c.run("CONFIG REWRITE"), ok());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "# my settings\nmaxmemory 104857600\n\nmaxmemory-policy allkeys-lru\ntimeout 30\n"
+    );
+    // The file starts the next server with them.
+    let server = Server::start(&[&file]);
+    let mut c = server.raw();
+    assert_eq!(
+        c.run("CONFIG GET maxmemory"),
+        bulks(&["maxmemory", "104857600"])
+    );
+    assert_eq!(c.run("CONFIG GET timeout"), bulks(&["timeout", "30"]));
+    // Nothing changed: the file stays as it is.
+    assert_eq!(c.run("CONFIG REWRITE"), ok());
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .ends_with("timeout 30\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Without a config file, Redis's answer.
+    assert_eq!(
+        Server::start(&[]).raw().run("CONFIG REWRITE"),
+        err("ERR The server is running without a config file")
+    );
+}
+
+#[test]
+fn a_config_file_error_names_the_file_the_line_and_the_setting() {
+    let dir = std::env::temp_dir().join(format!("kvtier-conf-error-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("redis.conf");
+    std::fs::write(&path, "port 7000\nappendonly no\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier-server"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{} line 2: `appendonly` is a Redis setting that kvtier does not have",
+            path.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

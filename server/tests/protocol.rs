@@ -157,9 +157,17 @@ fn malformed_requests_get_redis_errors_and_close() {
         (b"*1\r\n$ 4\r\nPING\r\n", bulk_len),
         (b"*1\r\n$+4\r\nPING\r\n", bulk_len),
         (b"*1\r\n$04\r\nPING\r\n", bulk_len),
-        (b"*2\r\n$999999999999\r\n", bulk_len),
+        (
+            b"*2\r\n$999999999999\r\n",
+            "ERR Protocol error: invalid bulk length (999999999999 bytes, over \
+             proto-max-bulk-len 536870912)",
+        ),
         (b"*2\r\n$99999999999999999999999\r\n", bulk_len),
-        (b"*2\r\n$536870913\r\n", bulk_len),
+        (
+            b"*2\r\n$536870913\r\n",
+            "ERR Protocol error: invalid bulk length (536870913 bytes, over \
+             proto-max-bulk-len 536870912)",
+        ),
         (b"*abc\r\n", multibulk_len),
         (b"*01\r\n$4\r\nPING\r\n", multibulk_len),
         (b"*2147483648\r\n", multibulk_len),
@@ -283,14 +291,14 @@ fn proto_max_bulk_len_is_enforced() {
     assert_protocol_error(
         &server,
         b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1048577\r\n",
-        "ERR Protocol error: invalid bulk length",
+        "ERR Protocol error: invalid bulk length (1048577 bytes, over proto-max-bulk-len 1048576)",
     );
     // A whole over-long request in one write fails the same way.
     let over = vec![b'x'; (1 << 20) + 1];
     assert_protocol_error(
         &server,
         &encode(&[b"SET", b"k", &over]),
-        "ERR Protocol error: invalid bulk length",
+        "ERR Protocol error: invalid bulk length (1048577 bytes, over proto-max-bulk-len 1048576)",
     );
     // Raised at run time, it applies to new requests.
     assert_eq!(c.run("CONFIG SET proto-max-bulk-len 2mb"), ok());
@@ -305,10 +313,10 @@ fn resp3_replies_on_the_wire() {
     assert!(matches!(c.run("HELLO 3"), Resp::Map(_)));
     assert_eq!(c.run("GET nokey"), Resp::Null);
     assert_eq!(c.run("SET k v"), ok());
-    let Resp::Map(pairs) = c.run("CONFIG GET maxmemory") else {
+    let Resp::Map(pairs) = c.run("CONFIG GET maxmemory-policy") else {
         panic!("CONFIG GET is a map in RESP3")
     };
-    assert_eq!(pairs, vec![(bulk("maxmemory"), bulk("0"))]);
+    assert_eq!(pairs, vec![(bulk("maxmemory-policy"), bulk("prefix"))]);
     let Resp::Verbatim(format, text) = c.run("INFO server") else {
         panic!("INFO is verbatim text in RESP3")
     };

@@ -93,10 +93,16 @@ fn a_write_that_cannot_fit_is_refused_before_anything_is_evicted() {
     // Forty bytes that would build a 400 MB or 512 MB string.
     assert_eq!(c.run("SETRANGE big 400000000 x"), err(OOM));
     assert_eq!(c.run("SETBIT big 4294967295 1"), err(OOM));
-    // A value larger than a shard's share, sent whole.
+    // A value larger than a shard's share, sent whole: the error says so.
     let huge = vec![b'x'; 9 << 20];
-    assert_eq!(c.cmd(&[b"SET", b"big", &huge]), err(OOM));
-    assert_eq!(c.cmd(&[b"APPEND", b"key:0", &huge]), err(OOM));
+    let too_large = "OOM a value of 9437184 bytes is larger than one shard's share of \
+                     maxmemory (8.00M: maxmemory 16.00M over 2 shards); raise maxmemory";
+    assert_eq!(c.cmd(&[b"SET", b"big", &huge]), err(too_large));
+    assert_eq!(c.cmd(&[b"APPEND", b"key:0", &huge]), err(too_large));
+    assert_eq!(
+        c.cmd(&[b"MSET", b"small", b"v", b"big", &huge]),
+        err(too_large)
+    );
     // MSETBLOCK says so per block: -1, not stored.
     assert_eq!(
         c.cmd(&[b"MSETBLOCK", b"1", b"block:huge", &huge]),

@@ -145,6 +145,34 @@ def test_errors_carry_the_servers_text(server: Server) -> None:
     assert c.execute("PING") == b"PONG"  # the connection survived
 
 
+def test_a_refused_request_raises_the_servers_error_not_a_broken_pipe(tmp_path: Path) -> None:
+    """A value over the server's proto-max-bulk-len: the server answers with
+    an error naming the limit and closes while the client is still sending
+    (more than it drains); both clients raise that error, not the pipe."""
+    from conftest import start_kvtier
+
+    s = start_kvtier(tmp_path / "limit.log", "--proto-max-bulk-len", "1mb")
+    says = r"invalid bulk length \(%d bytes, over proto-max-bulk-len 1048576\)" % (96 << 20)
+    try:
+        c = s.client()
+        big = bytes(96 << 20)
+        with pytest.raises(kvtier.ResponseError, match=says):
+            c.put_chain(["small", "big"], [b"v", big])
+        with pytest.raises(kvtier.ResponseError, match=says):
+            c.execute("SET", "big", big)
+        assert c.execute("PING") == b"PONG"
+
+        async def run() -> None:
+            async with kvtier.AsyncClient(s.addr) as a:
+                with pytest.raises(kvtier.ResponseError, match=says):
+                    await a.put_chain(["big"], [big])
+                assert await a.execute("PING") == b"PONG"
+
+        asyncio.run(run())
+    finally:
+        s.stop()
+
+
 def test_block_waits_for_a_writer(server: Server) -> None:
     c = server.client(socket_timeout=1.0)  # the wait is longer than the socket timeout
     threading.Timer(1.5, lambda: server.client().put_chain(["p", "q"], [b"P", b"Q"])).start()
@@ -508,6 +536,8 @@ def test_tls_urls_and_keywords(tls_url: str, certs: Path) -> None:
             assert await a.prefix_len(["tls-async"]) == 1
 
     asyncio.run(run())
+    with pytest.raises(kvtier.ResponseError, match="this port speaks TLS"):
+        kvtier.Client("kvtier://127.0.0.1:%d" % port).prefix_len(["a"])
     no_client_cert = "kvtiers://127.0.0.1:%d?ssl_ca_certs=%s" % (port, certs / "ca.crt")
     with pytest.raises(kvtier.ConnectionError):
         kvtier.Client(no_client_cert, connect_timeout=2).prefix_len(["a"])

@@ -100,6 +100,20 @@ def test_client_certificates_are_required(certs: Path, tls_server: tuple[Server,
     assert "PONG" not in out.stdout, out
 
 
+def test_a_plain_client_on_the_tls_port_is_told_so(certs: Path, tls_server: tuple[Server, int]) -> None:
+    """redis-cli and redis-py without TLS read an error that names the
+    cause; TLS clients on the same port still work."""
+    server, port = tls_server
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True, timeout=30
+    )
+    assert "this port speaks TLS" in out.stdout + out.stderr, out
+    with pytest.raises(redis.exceptions.ResponseError, match="this port speaks TLS"):
+        redis.Redis(port=port, socket_timeout=10).ping()
+    assert _py(certs, port).ping() is True
+    assert redis.Redis(port=server.port).ping() is True
+
+
 def test_redis_py_ssl_large_values_and_the_dialect(certs: Path, tls_server: tuple[Server, int]) -> None:
     _, port = tls_server
     for protocol in (2, 3):

@@ -225,7 +225,7 @@ impl Drop for Server {
 }
 
 /// A port nobody listens on right now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind an ephemeral port")

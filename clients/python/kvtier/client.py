@@ -449,9 +449,16 @@ class Client:
                 conn.disconnect()
                 raise TimeoutError(str(e)) from None
             except (redis.exceptions.ConnectionError, OSError) as e:
+                # A server that refuses a request (a value over its
+                # proto-max-bulk-len) answers with an error and closes while
+                # the rest is still being sent: its error, not the broken
+                # pipe, is the cause.
+                refused = _error_before_close(conn)
+                conn.disconnect()
+                if refused is not None:
+                    raise ResponseError(refused) from None
                 # Nothing was answered: safe to send it again elsewhere (a
                 # stale pooled connection, a node that went away).
-                conn.disconnect()
                 raise _Retry(e) from None
             sock: Optional[socket.socket] = getattr(conn, "_sock", None)
             if sock is None:
@@ -523,8 +530,14 @@ def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryvi
     if sock is None:
         conn.connect()
         sock = getattr(conn, "_sock", None)
-    if sock is None or not hasattr(sock, "sendmsg") or isinstance(sock, ssl.SSLSocket):
+    if sock is None:
         conn.send_packed_command(buffers, check_health=False)
+        return
+    if not hasattr(sock, "sendmsg") or isinstance(sock, ssl.SSLSocket):
+        # Raw sends, not redis-py's (which close the socket on a failure):
+        # the error the server closed with stays readable.
+        for b in buffers:
+            sock.sendall(b)
         return
     views = [memoryview(b) for b in buffers]
     i = 0
@@ -547,6 +560,32 @@ def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryvi
                 sent = 0
         while i < len(views) and views[i].nbytes == 0:
             i += 1
+
+
+#: How long a failed send waits for the error reply the server closed with.
+ERROR_BEFORE_CLOSE_WAIT = 1.0
+
+
+def _error_before_close(conn: redis.Connection) -> Optional[str]:
+    """The error reply waiting on a connection whose send failed, if the
+    server sent one before closing (it is the first reply: a connection
+    carries one command at a time); None if it just went away."""
+    sock: Optional[socket.socket] = getattr(conn, "_sock", None)
+    if sock is None:
+        return None
+    data = b""
+    try:
+        sock.settimeout(ERROR_BEFORE_CLOSE_WAIT)
+        while b"\r\n" not in data and len(data) < 64 << 10:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    if data.startswith(b"-") and b"\r\n" in data:
+        return data[1 : data.index(b"\r\n")].decode("utf-8", "replace")
+    return None
 
 
 def _moved(message: str) -> Optional[Node]:

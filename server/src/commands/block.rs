@@ -57,7 +57,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         key_use: KeyUse::Write,
         option_key: Some(parent_key),
         arity: -4,
-        flags: WRITE | DENYOOM,
+        flags: WRITE | DENYOOM | OOM_PER_KEY,
         keys: KeySpec::counted(1, 2),
         summary: "Stores KV-cache blocks; with CHAIN, records parent links and publishes in chain order.",
         complexity: "O(N) where N is the number of blocks.",

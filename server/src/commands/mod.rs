@@ -358,6 +358,9 @@ pub mod flags {
     /// Empties the keyspace: in a cluster, the hot-key copies this node
     /// made elsewhere and the ones it holds go too.
     pub const FLUSH: u32 = 1 << 18;
+    /// Answers a write that does not fit per key (MSETBLOCK's `-1`), so
+    /// one value too large for memory does not refuse the whole command.
+    pub const OOM_PER_KEY: u32 = 1 << 19;
 
     /// Names reported by COMMAND INFO, in Redis's order.
     pub const NAMES: [(u32, &str); 12] = [
@@ -793,6 +796,31 @@ pub fn not_integer() -> Reply {
 /// The OOM error of a write refused under `noeviction`.
 pub fn oom_error() -> Reply {
     Reply::error("OOM command not allowed when used memory > 'maxmemory'.")
+}
+
+/// The OOM error of a write with an argument larger than a shard's whole
+/// share of `maxmemory`, which no eviction can make room for: it says so,
+/// where Redis's words would blame the memory in use.
+pub fn too_large_for_a_shard(client: &Client, args: &[Bytes]) -> Option<Reply> {
+    let shared = &client.shard.shared;
+    let budget = crate::shard::shard_budget(&shared.config, shared.shards) as u64;
+    let longest = args.iter().skip(1).map(|a| a.len() as u64).max()?;
+    if budget == 0 || longest <= budget {
+        return None;
+    }
+    let human = crate::config::human_bytes;
+    Some(Reply::error(format!(
+        "OOM a value of {longest} bytes is larger than one shard's share of maxmemory \
+         ({}: maxmemory {} over {} shards); raise maxmemory",
+        human(budget),
+        human(
+            shared
+                .config
+                .maxmemory
+                .load(std::sync::atomic::Ordering::Relaxed)
+        ),
+        shared.shards
+    )))
 }
 
 /// `ERR unknown subcommand '<sub>'. Try <PARENT> HELP.`

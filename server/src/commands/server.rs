@@ -151,6 +151,14 @@ pub const COMMANDS: &[CommandSpec] = &[
                 ..SUB
             },
             CommandSpec {
+                name: "config|rewrite",
+                since: "2.8.0",
+                flags: ADMIN | NOSCRIPT | LOADING | STALE,
+                summary: "Persists the effective configuration to file.",
+                handler: Handler::Sync(config_rewrite),
+                ..SUB
+            },
+            CommandSpec {
                 name: "config|help",
                 since: "5.0.0",
                 summary: "Returns helpful text about the different subcommands.",
@@ -611,6 +619,13 @@ fn config_resetstat(client: &mut Client, _args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
+fn config_rewrite(client: &mut Client, _args: &[Bytes]) -> Reply {
+    match client.shard.shared.config.rewrite() {
+        Ok(()) => Reply::ok(),
+        Err(e) => Reply::error(format!("ERR {e}")),
+    }
+}
+
 fn config_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
     help_reply(
         "CONFIG",
@@ -621,6 +636,8 @@ fn config_help(_client: &mut Client, _args: &[Bytes]) -> Reply {
             "    Set the configuration <directive> to <value>.",
             "RESETSTAT",
             "    Reset statistics reported by the INFO command.",
+            "REWRITE",
+            "    Rewrite the configuration file.",
         ],
     )
 }

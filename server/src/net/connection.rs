@@ -116,6 +116,17 @@ pub async fn accept(
     match shard.shared.config.tls.as_ref().filter(|_| tls) {
         None => serve(shard, tcp, peer, local, fd, seat).await,
         Some(config) => {
+            if !starts_a_tls_handshake(&tcp).await {
+                // A plain RESP client on the TLS port: say so in its own
+                // language instead of a handshake failure it cannot read.
+                let mut tcp = tcp;
+                let said = kvtier_timer::timeout(LINGER, tcp.write_all(NOT_TLS_ERROR)).await;
+                if let Ok(Ok(())) = said {
+                    linger(&mut tcp, 64 * 1024).await;
+                }
+                debug!("{peer} spoke plain text to the TLS port");
+                return;
+            }
             let acceptor = tokio_rustls::TlsAcceptor::from(config.server_config());
             match kvtier_timer::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => serve(shard, Box::new(s), peer, local, fd, seat).await,
@@ -124,6 +135,22 @@ pub async fn accept(
             }
         }
     }
+}
+
+/// What a client that is not speaking TLS reads from the TLS port.
+const NOT_TLS_ERROR: &[u8] = b"-ERR this port speaks TLS: connect with TLS (kvtiers://, \
+rediss://, redis-cli --tls) or to the server's plain port\r\n";
+
+/// Whether the first byte a client sends opens a TLS record of the
+/// handshake type (every ClientHello does); false for a plain RESP
+/// request, a client that closes, or one that sends nothing in time.
+async fn starts_a_tls_handshake(tcp: &TcpStream) -> bool {
+    const HANDSHAKE: u8 = 0x16;
+    let mut first = [0u8; 1];
+    matches!(
+        kvtier_timer::timeout(TLS_HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0] == HANDSHAKE
+    )
 }
 
 /// How long a connection closed after an error reads what its client
@@ -827,6 +854,14 @@ impl<S: ClientIo> Connection<S> {
         self.client.info.borrow_mut().last_cmd = spec.name;
         if spec.has(flags::DENYOOM) {
             self.wait_for_spill(batch).await;
+            let whole = !spec.has(flags::OOM_PER_KEY);
+            if let Some(refusal) = whole
+                .then(|| crate::commands::too_large_for_a_shard(&self.client, &args))
+                .flatten()
+            {
+                let resp3 = self.client.resp3;
+                return self.ready(batch, refusal, resp3);
+            }
         }
         let Some((body, args)) = self.plan(id, spec, args, through, batch) else {
             return;
