@@ -57,11 +57,14 @@ fn main() -> ExitCode {
         }
     }
     info!("{}", settings_line(&config, &metrics));
-    // The port line is printed on stdout so scripts using --port 0 can read it.
-    println!(
-        "{}",
-        kvtier_server::logging::port_line(&server.local_addr().to_string(), config.log_format)
-    );
+    // The port line is printed on stdout so scripts using --port 0 can read
+    // it; on a terminal the log's listening line already says it.
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        println!(
+            "{}",
+            kvtier_server::logging::port_line(&server.local_addr().to_string(), config.log_format)
+        );
+    }
     let shared = std::sync::Arc::clone(server.shared());
     std::thread::spawn(move || signals.wait(shared));
     server.wait();

@@ -1,23 +1,35 @@
-"""The README's shell examples that start servers run as written: the
-"Three nodes on one machine" block, with its ``target/release/kvtier-server``
-pointed at the binary under test (``KVTIER_BIN``), in a process group of its
-own that the test stops. (Several servers on one host: each serves its
-metrics at its port + 3000, issue 54.)"""
+"""The shell examples of README.md and the redis-cli transcripts of
+docs/commands.md run as written:
+
+* the quick start's ``redis-cli`` lines, twice in a row, against a server on
+  the port the text names (each ``# → ...`` comment is the reply);
+* the "Three nodes on one machine" block, with its
+  ``target/release/kvtier-server`` pointed at the binary under test
+  (``KVTIER_BIN``), in a process group of its own that the test stops
+  (several servers on one host: each serves its metrics at its port + 3000);
+* every ``127.0.0.1:6379>`` / ``>`` transcript of docs/commands.md, in order,
+  through ``redis-cli`` against a server started as that page starts one
+  (its ``users.acl`` and ``kvtier-server --maxmemory ... --tenant ...``
+  block): each reply line as printed."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from conftest import ROOT, kvtier_binary
+import pytest
+
+from conftest import ROOT, _free_port, kvtier_binary
 
 
 def example(after: str) -> str:
-    """The first ```sh block after the line containing ``after``."""
+    """The first ```sh block of the README after the line containing ``after``."""
     text = (ROOT / "README.md").read_text()
     start = text.index(after)
     m = re.compile(r"^```sh\n(.*?)^```$", re.S | re.M).search(text, start)
@@ -52,3 +64,111 @@ def test_three_nodes_on_one_machine_as_written(tmp_path: Path) -> None:
         finally:
             os.killpg(p.pid, signal.SIGTERM)
             p.wait(20)
+
+
+@pytest.fixture
+def port_6379() -> Iterator[int]:
+    """A kvtier on a free port, standing in for the examples' 6379."""
+    port = _free_port()
+    p = subprocess.Popen(
+        [str(kvtier_binary()), "--port", str(port), "--metrics-addr", "none"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for(port)
+        yield port
+    finally:
+        p.terminate()
+        p.wait(20)
+
+
+def _wait_for(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
+        if ping.stdout.strip() == "PONG":
+            return
+        time.sleep(0.1)
+    raise AssertionError("no kvtier on port %d" % port)
+
+
+def test_the_quick_start_commands_twice_as_written(port_6379: int) -> None:
+    block = example("Then use any Redis client")
+    assert block.count("redis-cli -p 6379") == 4, block
+    for _ in range(2):
+        for line in block.splitlines():
+            command, _, reply = line.partition("# →")
+            out = subprocess.run(
+                ["bash", "-c", command.replace("-p 6379", "-p %d" % port_6379)],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            assert out.returncode == 0 and "ERR" not in out.stdout, (line, out)
+            if reply:
+                assert out.stdout.split() == reply.split(), (line, out.stdout)
+
+
+COMMANDS_MD = ROOT / "docs" / "commands.md"
+PROMPT = re.compile(r"^(?:127\.0\.0\.1:6379)?> (.*)$")
+
+
+def transcripts() -> list[tuple[int, list[tuple[str, list[str]]]]]:
+    """docs/commands.md's redis-cli transcripts: for each plain ``` block (by
+    its first line's number) that shows prompts, its commands and the lines
+    each prints."""
+    found = []
+    block: list[str] | None = None
+    opened = 0
+    for n, line in enumerate(COMMANDS_MD.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            if block is None:
+                block, opened = ([] if line == "```" else None), n
+                if block is None:  # a ```lang block: skipped to its end
+                    block = ["\0"]
+            else:
+                steps: list[tuple[str, list[str]]] = []
+                for text in block:
+                    prompt = PROMPT.match(text)
+                    if prompt:
+                        steps.append((prompt.group(1), []))
+                    elif steps:
+                        steps[-1][1].append(text)
+                if steps and block[:1] != ["\0"]:
+                    found.append((opened + 1, steps))
+                block = None
+        elif block is not None:
+            block.append(line)
+    return found
+
+
+def test_the_commands_transcripts_as_written(tmp_path: Path) -> None:
+    found = transcripts()
+    assert len(found) >= 5, "the dialect's and the tenants' transcripts"
+    # The server the page starts for its tenant examples, in a folder of its own.
+    text = COMMANDS_MD.read_text()
+    opened = text.index("\n```sh\necho 'user batch") + 7
+    start = text[opened : text.index("\n```", opened)].strip()
+    assert "\nkvtier-server " in start, start
+    port = _free_port()
+    script = start.replace("\nkvtier-server ", "\nexec %s " % kvtier_binary()) + " --port %d --metrics-addr none" % port
+    server = subprocess.Popen(
+        ["bash", "-c", script], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for(port)
+        for line, steps in found:
+            for command, want in steps:
+                args = shlex.split(command, comments=True)
+                got = subprocess.run(
+                    ["redis-cli", "--no-raw", "-p", str(port), *args], capture_output=True, text=True, timeout=30
+                )
+                where = "docs/commands.md:%d %s" % (line, command)
+                if want:
+                    assert got.stdout.splitlines() == want, (where, got)
+                else:  # a command shown without its reply: it must not fail
+                    assert got.returncode == 0 and "(error)" not in got.stdout, (where, got)
+    finally:
+        server.terminate()
+        server.wait(20)
