@@ -388,7 +388,15 @@ pub const MAX_PACK_BELOW: u64 = 1000;
 impl Config {
     /// Parses the process arguments, reading the config file if one is named.
     pub fn load() -> Result<Config, String> {
-        Self::load_from(std::env::args().collect())
+        let args: Vec<String> = std::env::args().collect();
+        if let Err(e) = Config::try_parse_from(&args) {
+            // --help and --version print on stdout and exit 0, as clap does.
+            use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+            if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+                e.exit();
+            }
+        }
+        Self::load_from(args)
     }
 
     /// Parses `args` (program name first), reading the config file if named.

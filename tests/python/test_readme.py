@@ -172,3 +172,19 @@ def test_the_commands_transcripts_as_written(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(20)
+
+
+def test_the_flag_table_lists_every_flag_of_help() -> None:
+    """README's configuration table and ``kvtier-server --help`` name the
+    same flags (a row may name several: ``--tls-cert-file``, ``--tls-key-file``)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Configuration") : text.index("## Commands")]
+    table = set()
+    for row in section.splitlines():
+        if row.startswith("| `--"):
+            table.update(re.findall(r"`(--[a-z0-9-]+)`", row.split("|")[1]))
+    helped = subprocess.run([str(kvtier_binary()), "--help"], capture_output=True, text=True, timeout=30)
+    assert helped.returncode == 0 and helped.stderr == "", "--help prints on stdout and exits 0"
+    flags = set(re.findall(r"^\s+(--[a-z0-9-]+)", helped.stdout, re.M)) - {"--help", "--version"}
+    assert flags - table == set(), "flags missing from README's table"
+    assert table - flags == set(), "README's table names flags the server does not have"
