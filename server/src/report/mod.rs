@@ -171,6 +171,41 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_metrics_table_names_exactly_the_declared_metrics() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("\n## Metrics")
+            .expect("README has a Metrics section");
+        let section = &readme[start + 1..];
+        let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+        let mut documented: Vec<&str> = section
+            .lines()
+            .filter(|l| l.starts_with("| `kvtier_"))
+            .flat_map(|l| l.split('|').nth(1).unwrap_or_default().split('`'))
+            .filter(|w| w.starts_with("kvtier_"))
+            .collect();
+        documented.sort_unstable();
+        let mut declared: Vec<&str> = all_metrics().map(|m| m.name).collect();
+        declared.sort_unstable();
+        let missing: Vec<&&str> = declared
+            .iter()
+            .filter(|d| !documented.contains(d))
+            .collect();
+        let unknown: Vec<&&str> = documented
+            .iter()
+            .filter(|d| !declared.contains(d))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "declared but not in README's table: {missing:?}"
+        );
+        assert!(
+            unknown.is_empty(),
+            "in README's table but not declared: {unknown:?}"
+        );
+    }
+
+    #[test]
     fn sections_are_asked_for_by_name() {
         let args = |s: &[&str]| -> Vec<bytes::Bytes> {
             s.iter()
