@@ -18,7 +18,7 @@ import pytest
 from make_model import make_lora, make_model
 from test_vllm import block_keys, keyspace_hits, loadable, prompt, wait_stored
 
-from kvtier import _header
+from kvtier import _codec
 
 from conftest import BLOCK, HIDDEN, KV_HEADS, LAYERS, Engine, Server, kv_config, start_kvtier
 
@@ -54,7 +54,7 @@ def test_kv_computed_over_a_failed_load_is_never_stored(
     # The third block names another key: its load fails, and the blocks
     # after it are computed again.
     bogus = bytearray(reference[2])
-    bogus[24:32] = _header.key_digest("another key")
+    bogus[24:32] = _codec.key_digest("another key")
     assert c.put_chain(keys[2:3], [bytes(bogus)], replace=True) == [1]
 
     fresh = Engine(model, tmp_path / "fresh.log", kv_config(kvtier_server.url))

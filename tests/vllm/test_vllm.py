@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 import kvtier
-from kvtier import _header
+from kvtier import _codec
 from kvtier.vllm import DEFAULTS, IN_FLIGHT_S, MAGIC, block_key, chain_root, extend_chain, tail_hash
 
 from conftest import BLOCK, Engine, Server, kv_config, start_kvtier
@@ -157,8 +157,8 @@ def test_same_tokens_as_the_example_connector_and_the_engines_own_kv_bytes(
     layers = sorted(folder.iterdir(), key=lambda f: int(f.name.split(".")[2]))
     own = [load_file(str(f))["kv_cache"] for f in layers]  # [tokens, heads, 2 * head_size] each
     for b, value in enumerate(values):
-        head = _header.unpack(value)
-        assert head.magic == MAGIC and head.digest == _header.key_digest(keys[b])
+        head = _codec.unpack(value)
+        assert head.magic == MAGIC and head.digest == _codec.key_digest(keys[b])
         payload = torch.frombuffer(bytearray(value[head.header_len :]), dtype=torch.bfloat16)
         per_layer = payload.reshape(len(own), -1)
         for layer, ref in zip(per_layer, own):
@@ -288,7 +288,7 @@ def test_faults_cost_recomputation_never_wrong_tokens(model: Path, tmp_path: Pat
         engine.generate([p])  # stores the prompt again
         keys = block_keys(server, p)
         bogus = bytearray(c.get_prefix(keys[:1])[0])
-        bogus[24:32] = _header.key_digest("another key")
+        bogus[24:32] = _codec.key_digest("another key")
         assert c.put_chain(keys[:1], [bytes(bogus)], replace=True) == [1]
         (damaged,) = engine.generate([p])
         assert damaged["tokens"] == computed["tokens"]

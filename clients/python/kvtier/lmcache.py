@@ -45,9 +45,8 @@ import asyncio
 import hashlib
 import struct
 import threading
-import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from lmcache.logging import init_logger
@@ -62,8 +61,8 @@ from lmcache.v1.storage_backend.connector import (
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from . import _commands as cmd
-from . import _header
 from ._buffers import writable_view
+from ._codec import FIXED, CheckedSink, Codec, Header, Views
 from ._identity import identity_tag, serving_identity
 from ._plugin import truthy
 from .aio import AsyncClient
@@ -75,10 +74,6 @@ logger = init_logger(__name__)
 SYNC_LOOKUPS_KEPT = 4096
 
 MAGIC = b"KVTL"
-#: magic, header length, payload length, crc32, flags, key digest (kvtier._header)
-_FIXED = _header.FIXED
-FLAG_CRC = _header.FLAG_CRC
-key_digest = _header.key_digest
 
 
 def glob_escape(text: str) -> str:
@@ -166,65 +161,53 @@ def plugin_options(extra_config: dict[str, Any], plugin: str) -> dict[str, Any]:
 
 
 class ChunkCodec:
-    """Packs a chunk's header and checks a header read back."""
+    """A chunk's value: kvtier's header (:mod:`kvtier._codec`) with LMCache's
+    ``RemoteMetadata`` as the plugin's part, then the KV bytes. The key
+    names the model's identity (``KvtierConnector.name``): a chunk copied
+    under another key, or another model's, is a miss."""
 
     def __init__(self, connector: KvtierConnector) -> None:
         self.meta_bytes: int = connector.remote_metadata_bytes
-        self.header_len = _FIXED.size + self.meta_bytes
+        self.codec = Codec(MAGIC, self.meta_bytes, connector.options["checksum"], logger)
         self.shapes = [list(s) for s in connector.meta_shapes]
         self.dtypes = list(connector.meta_dtypes)
         self.fmt: MemoryFormat = connector.meta_fmt
-        self.checksum: bool = connector.options["checksum"]
-
-    @staticmethod
-    def digest(key: str) -> bytes:
-        # The key names the model's identity (KvtierConnector.name): a chunk
-        # copied under another key, or another model's, is a miss.
-        return key_digest(key)
 
     def header(self, key: str, obj: MemoryObj, payload: memoryview) -> bytearray:
         meta = RemoteMetadata(payload.nbytes, obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
-        crc, flags = (zlib.crc32(payload), FLAG_CRC) if self.checksum else (0, 0)
-        head = bytearray(self.header_len)
-        _FIXED.pack_into(head, 0, MAGIC, self.header_len, payload.nbytes, crc, flags, self.digest(key))
-        meta.serialize_into(memoryview(head)[_FIXED.size :])
-        return head
+        extra = bytearray(self.meta_bytes)
+        meta.serialize_into(memoryview(extra))
+        return self.codec.header(key, [payload], extra)
 
-    def check(
-        self, key: str, head: Union[bytes, bytearray], total: int
-    ) -> Optional[tuple[RemoteMetadata, int, int]]:
-        """``(metadata, crc, flags)`` when the header fits this key, this value's
-        size and the engine's layout, else None (logged)."""
+    def metadata(self, key: str, h: Header, head: bytearray) -> Optional[RemoteMetadata]:
+        """The chunk's metadata (the header's plugin part) when it fits the
+        engine's layout and the payload's size, else None (logged)."""
+        miss = self.codec.miss
         try:
-            magic, hlen, plen, crc, flags, digest = _FIXED.unpack_from(head, 0)
-        except struct.error:
-            return self._bad(key, "short header")
-        if magic != MAGIC or hlen != self.header_len:
-            return self._bad(key, "not a kvtier chunk of this layout")
-        if plen != total - hlen:
-            return self._bad(key, "value is %d bytes, header says %d" % (total, hlen + plen))
-        if digest != self.digest(key):
-            return self._bad(key, "value was stored under another key or by another model")
-        try:
-            meta = RemoteMetadata.deserialize(bytes(head[_FIXED.size :]))
+            meta = RemoteMetadata.deserialize(bytes(head[FIXED.size :]))
         except (ValueError, KeyError, struct.error) as e:
-            return self._bad(key, "unreadable metadata (%s)" % e)
-        if meta.length != plen or meta.fmt != self.fmt or list(meta.dtypes) != self.dtypes:
-            return self._bad(key, "metadata does not match the engine's format")
+            miss(key, "unreadable metadata (%s)" % e)
+            return None
+        if meta.length != h.payload_len or meta.fmt != self.fmt or list(meta.dtypes) != self.dtypes:
+            miss(key, "metadata does not match the engine's format")
+            return None
         if len(meta.shapes) != len(self.shapes):
-            return self._bad(key, "wrong number of KV groups")
+            miss(key, "wrong number of KV groups")
+            return None
         size = 0
         for got, want, dtype in zip(meta.shapes, self.shapes, meta.dtypes):
             got = list(got)
             if not self._shape_fits(got, want):
-                return self._bad(key, "shape %s does not fit %s" % (got, want))
+                miss(key, "shape %s does not fit %s" % (got, want))
+                return None
             n = 1
             for d in got:
                 n *= d
             size += n * dtype.itemsize
-        if size != plen:
-            return self._bad(key, "shapes describe %d bytes, payload is %d" % (size, plen))
-        return meta, crc, flags
+        if size != h.payload_len:
+            miss(key, "shapes describe %d bytes, payload is %d" % (size, h.payload_len))
+            return None
+        return meta
 
     @staticmethod
     def _shape_fits(got: list[int], want: list[int]) -> bool:
@@ -240,86 +223,47 @@ class ChunkCodec:
                 return False
         return True
 
-    @staticmethod
-    def _bad(key: str, why: str) -> None:
-        logger.warning("kvtier: treating %s as a miss: %s", key, why)
-        return None
-
 
 class _ChunkSink:
-    """Receives an ``MGETPREFIX`` reply into freshly allocated MemoryObjs.
-
-    For value ``i`` it first takes the header, checks it, allocates a
-    MemoryObj of the stored shapes and then hands out that object's buffer,
-    so the KV bytes go from the socket straight into LMCache's memory. The
-    first value that fails a check, or that no memory can be allocated for,
-    ends the prefix: later values are read and dropped. Values may arrive
-    out of order (one reply per cluster node) and again (a retry).
-    """
+    """Receives an ``MGETPREFIX`` reply into freshly allocated MemoryObjs: a
+    :class:`~kvtier._codec.CheckedSink` whose values go, once their header
+    and metadata are checked, into a MemoryObj of the stored shapes, so the
+    KV bytes go from the socket straight into LMCache's memory. A value no
+    memory can be allocated for ends the prefix too."""
 
     def __init__(self, connector: KvtierConnector, keys: list[str]) -> None:
         self.connector = connector
-        self.codec = connector.codec
+        self.chunks = connector.codec
         self.keys = keys
-        self.lock = threading.Lock()  # stripes may arrive on several threads
         self.objs: dict[int, MemoryObj] = {}
-        self.crcs: dict[int, tuple[int, int]] = {}
-        self.first_bad = len(keys)
+        self.checked = CheckedSink(self.chunks.codec, keys, self._place, self._forget)
 
-    def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
+    def _forget(self, index: int) -> None:
         old = self.objs.pop(index, None)
         if old is not None:  # the same value again (a retry)
             old.ref_count_down()
-        if index >= self.first_bad:
-            return ()
-        return self._fill(index, length)
 
-    def _broken(self, index: int) -> None:
-        with self.lock:
-            self.first_bad = min(self.first_bad, index)
-
-    def _fill(self, index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
-        codec = self.codec
-        if length < codec.header_len:
-            codec._bad(self.keys[index], "value of %d bytes is shorter than a header" % length)
-            self._broken(index)
-            return
-        head = bytearray(codec.header_len)
-        yield head
-        checked = codec.check(self.keys[index], head, length)
-        if checked is None:
-            self._broken(index)
-            return
-        meta, crc, flags = checked
+    def _place(self, index: int, h: Header, head: bytearray) -> Optional[Views]:
+        key = self.keys[index]
+        meta = self.chunks.metadata(key, h, head)
+        if meta is None:
+            return None
         obj = self.connector._allocate(meta)
         if obj is None:
-            logger.warning("kvtier: no memory for %s; the prefix ends before it", self.keys[index])
-            self._broken(index)
-            return
+            logger.warning("kvtier: no memory for %s; the prefix ends before it", key)
+            return None
         view = writable_view(obj.byte_array)
         if view.nbytes < meta.length:
             obj.ref_count_down()
-            codec._bad(self.keys[index], "allocated buffer is smaller than the chunk")
-            self._broken(index)
-            return
+            self.chunks.codec.miss(key, "allocated buffer is smaller than the chunk")
+            return None
         self.objs[index] = obj
-        self.crcs[index] = (crc, flags)
-        yield view[: meta.length]
+        return [view[: meta.length]]
 
     def result(self, lengths: Sequence[int]) -> list[MemoryObj]:
         """The verified leading run; everything else is freed."""
-        good: list[MemoryObj] = []
-        for i in range(min(len(lengths), self.first_bad)):
-            obj = self.objs.get(i)
-            if obj is None:
-                break
-            crc, flags = self.crcs[i]
-            if flags & FLAG_CRC:
-                payload = writable_view(obj.byte_array)[: lengths[i] - self.codec.header_len]
-                if zlib.crc32(payload) != crc:
-                    self.codec._bad(self.keys[i], "CRC32 mismatch")
-                    break
-            good.append(obj)
+        self.checked.verify()
+        good = [self.objs[i] for i in range(self.checked.prefix(len(lengths)))]
         kept = {id(o) for o in good}
         for obj in self.objs.values():
             if id(obj) not in kept:
@@ -499,9 +443,9 @@ class KvtierConnector(RemoteConnector):
         sink = _ChunkSink(self, names)
         try:
             if self.threads:
-                lengths = await asyncio.to_thread(self.client.get_prefix, names, into=sink)
+                lengths = await asyncio.to_thread(self.client.get_prefix, names, into=sink.checked)
             else:
-                lengths = await self.aclient.get_prefix(names, into=sink)
+                lengths = await self.aclient.get_prefix(names, into=sink.checked)
         except BaseException:
             sink.release()
             raise

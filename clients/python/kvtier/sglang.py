@@ -57,10 +57,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import threading
 import time
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -73,8 +71,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from . import _header
 from ._buffers import writable_view
+from ._codec import CheckedSink, Codec, Header, Place, Views
 from ._identity import identity_tag, serving_identity
 from ._plugin import Health, truthy
 from .client import Client
@@ -83,10 +81,6 @@ from .errors import KvtierError
 logger = logging.getLogger(__name__)
 
 MAGIC = b"KVTS"
-#: magic, header length, payload length, crc32, flags, key digest (kvtier._header)
-_HEADER = _header.FIXED
-FLAG_CRC = _header.FLAG_CRC
-_digest = _header.key_digest
 
 #: Defaults of the options in the backend's extra config.
 DEFAULTS: dict[str, Any] = {
@@ -186,7 +180,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             connect_timeout=float(options["connect_timeout"]),
             stripes=int(options["stripes"]),
         )
-        self.checksum = truthy(options["checksum"])
+        self.codec = Codec(MAGIC, 0, truthy(options["checksum"]), logger)
         self.ttl = int(options["ttl"]) or None
         self.health = Health(float(options["retry_after"]), logger)
         # The served name and a digest of the model's identity (weights,
@@ -261,28 +255,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
             for i in range(len(keys))
         ]
 
-    def _header(self, key: str, pieces: Sequence[memoryview]) -> bytes:
-        length = sum(p.nbytes for p in pieces)
-        crc, flags = 0, 0
-        if self.checksum:
-            for p in pieces:
-                crc = zlib.crc32(p, crc)
-            flags = FLAG_CRC
-        return _HEADER.pack(MAGIC, _HEADER.size, length, crc, flags, _digest(key))
-
-    def _check(self, key: str, head: bytes, length: int, expect: int) -> Optional[tuple[int, int]]:
-        magic, hlen, plen, crc, flags, digest = _HEADER.unpack(head)
-        if magic != MAGIC or hlen != _HEADER.size:
-            why = "not a kvtier page"
-        elif plen != length - hlen or plen != expect:
-            why = "value holds %d bytes, the page has %d" % (length - hlen, expect)
-        elif digest != _digest(key):
-            why = "value was stored under another key"
-        else:
-            return crc, flags
-        logger.warning("kvtier: treating %s as a miss: %s", key, why)
-        return None
-
     # -- failures ------------------------------------------------------------------
 
     def _usable(self) -> bool:
@@ -327,23 +299,38 @@ class KvtierHiCacheStorage(HiCacheStorage):
         that fails a check is deleted, so it is written again."""
         if not self._usable():
             return 0
-        sink = _PageSink(self, names, pages)
+        sink = CheckedSink(self.codec, names, self._page_place(names, pages))
         try:
             lengths = self.client.get_prefix(names, into=sink)
         except (KvtierError, OSError) as e:
             self.health.failed("read", e)
             return 0
-        n = sink.verified(lengths)
+        sink.verify()
+        n = sink.prefix(len(lengths))
         self.gets += len(names)
         self.hits += n
-        if sink.damaged:
-            damaged = [names[i] for i in sorted(sink.damaged)]
+        if sink.bad:
+            damaged = [names[i] for i in sorted(sink.bad)]
             self.damaged += len(damaged)
             try:
                 self.client.execute("DEL", *damaged)
             except (KvtierError, OSError) as e:
                 self.health.failed("delete of damaged pages", e)
         return n
+
+    def _page_place(self, names: list[str], pages: list[list[memoryview]]) -> Place:
+        """Where value ``i`` goes: page ``i``'s buffers, when it is a page's size."""
+
+        def place(index: int, h: Header, _head: bytearray) -> Optional[Views]:
+            expect = sum(v.nbytes for v in pages[index])
+            if h.payload_len != expect:
+                self.codec.miss(
+                    names[index], "value holds %d bytes, the page has %d" % (h.payload_len, expect)
+                )
+                return None
+            return list(pages[index])
+
+        return place
 
     def _write_pages(
         self, names: list[str], pages: list[list[memoryview]], parent: Optional[str]
@@ -357,8 +344,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             # pages again later either; lookups find nothing either way.
             self.dropped += len(names)
             return [True] * len(names)
-        values: list[list[Union[bytes, memoryview]]] = [
-            [self._header(n, p), *p] for n, p in zip(names, pages)
+        values: list[list[Union[bytes, bytearray, memoryview]]] = [
+            [self.codec.header(n, p), *p] for n, p in zip(names, pages)
         ]
         try:
             codes = self.client.put_chain(names, values, parent=parent, ex=self.ttl)
@@ -540,61 +527,3 @@ def _tensor_view(t: Any) -> memoryview:
             raise ValueError("pages must be contiguous CPU tensors")
         return _memory_at(t.data_ptr(), t.numel() * t.element_size())
     return writable_view(t)
-
-
-class _PageSink:
-    """Receives value ``i`` into page ``i``'s buffers after checking its header
-    (values may arrive out of order, one reply per cluster node, and again
-    on a retry)."""
-
-    def __init__(self, owner: KvtierHiCacheStorage, keys: list[str], pages: list[list[memoryview]]) -> None:
-        self.owner = owner
-        self.keys = keys
-        self.pages = pages
-        self.crcs: dict[int, tuple[int, int]] = {}
-        self.first_bad = len(keys)
-        #: Pages whose value failed a check (to be deleted).
-        self.damaged: set[int] = set()
-        self.lock = threading.Lock()  # stripes arrive on several threads
-
-    def _broken(self, index: int) -> None:
-        with self.lock:
-            self.first_bad = min(self.first_bad, index)
-            self.damaged.add(index)
-
-    def __call__(self, index: int, length: int) -> Iterable[Union[memoryview, bytearray, None]]:
-        self.crcs.pop(index, None)
-        if index >= self.first_bad:
-            return ()
-        return self._fill(index, length)
-
-    def _fill(self, index: int, length: int) -> Iterator[Union[memoryview, bytearray, None]]:
-        expect = sum(v.nbytes for v in self.pages[index])
-        if length < _HEADER.size:
-            logger.warning("kvtier: treating %s as a miss: %d-byte value", self.keys[index], length)
-            self._broken(index)
-            return
-        head = bytearray(_HEADER.size)
-        yield head
-        checked = self.owner._check(self.keys[index], bytes(head), length, expect)
-        if checked is None:
-            self._broken(index)
-            return
-        self.crcs[index] = checked
-        yield from self.pages[index]
-
-    def verified(self, lengths: Sequence[int]) -> int:
-        """How many leading pages arrived whole and passed their CRC."""
-        for i in range(min(len(lengths), self.first_bad)):
-            if i not in self.crcs:
-                return i
-            crc, flags = self.crcs[i]
-            if flags & FLAG_CRC:
-                got = 0
-                for v in self.pages[i]:
-                    got = zlib.crc32(v, got)
-                if got != crc:
-                    logger.warning("kvtier: treating %s as a miss: CRC32 mismatch", self.keys[i])
-                    self.damaged.add(i)
-                    return i
-        return min(len(lengths), self.first_bad)

@@ -43,7 +43,7 @@ stores its heads) and ``<hash>`` chains the block's tokens to its prefix
 (blake2b of the parent's hash, the token ids and what vLLM's own prefix
 cache adds per block: LoRA name and path, cache salt, multimodal inputs at
 their positions, prompt embeddings). A value is the 32-byte header of
-``kvtier._header`` (magic ``KVTV``), a 16-byte layout digest, then the
+``kvtier._codec`` (magic ``KVTV``), a 16-byte layout digest, then the
 block's bytes of every layer, in layer order. A value whose header does not
 match its key or the layout is a miss: the block and the ones after it are
 recomputed, never loaded.
@@ -81,9 +81,8 @@ import logging
 import queue
 import threading
 import time
-import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -97,7 +96,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from . import _header
+from . import _codec
+from ._codec import CheckedSink, Codec, Header, Views
 from ._identity import attention_layout, model_fingerprint
 from ._plugin import Health, truthy
 from ._staging import Staged, StagingPool, block_regions, physical_layout
@@ -253,7 +253,7 @@ class Options:
 
 
 #: The part of a value's header after the fixed one: the layout digest.
-HEADER_LEN = _header.FIXED.size + 16
+HEADER_LEN = _codec.FIXED.size + 16
 
 
 class KeyScheme:
@@ -1196,6 +1196,7 @@ class WorkerSide:
             o.url, socket_timeout=o.socket_timeout, connect_timeout=o.connect_timeout, stripes=o.stripes
         )
         self.health = Health(o.retry_after, logger)
+        self.codec = Codec(MAGIC, HEADER_LEN - _codec.FIXED.size, o.checksum, logger)
         self.cache: Optional[_KvCache] = None
         #: The header's layout digest: the key's layout, where the bytes are
         #: in the cache and the attention backend the engine runs (register).
@@ -1272,62 +1273,23 @@ class WorkerSide:
     # -- values ----------------------------------------------------------------
 
     def _header(self, key: str, views: Sequence[memoryview]) -> bytearray:
-        assert self.cache is not None
-        crc, flags = 0, 0
-        if self.options.checksum:
-            for v in views:
-                crc = zlib.crc32(v, crc)
-            flags = _header.FLAG_CRC
-        head = bytearray(HEADER_LEN)
-        _header.pack_into(head, MAGIC, HEADER_LEN, self.cache.block_bytes, crc, flags, key)
-        head[_header.FIXED.size :] = self.layout_digest
-        return head
+        return self.codec.header(key, views, self.layout_digest)
 
-    def _sink(self, keys: list[str], blocks: _Blocks, bad: list[int]) -> Any:
-        """Puts value ``i`` into ``blocks.views(i)`` after checking its
-        header; ``bad`` collects the indexes of values that did not fit."""
+    def _sink(self, keys: list[str], blocks: _Blocks) -> CheckedSink:
+        """A sink that puts value ``i`` into ``blocks.views(i)`` once its
+        header says it is a block of this layout (the sink's ``bad`` has
+        those that are not)."""
         assert self.cache is not None
-        cache = self.cache
-        layout = self.layout_digest
-        crcs: dict[int, int] = {}
+        block_bytes, layout = self.cache.block_bytes, self.layout_digest
 
-        def fill(index: int, length: int) -> Iterator[Union[memoryview, bytearray, list[memoryview], None]]:
-            if index >= len(keys) or length != HEADER_LEN + cache.block_bytes:
-                bad.append(index)
-                return
-            head = bytearray(HEADER_LEN)
-            yield head
-            try:
-                h = _header.unpack(head)
-            except Exception:
-                bad.append(index)
-                return
-            if (
-                h.magic != MAGIC
-                or h.header_len != HEADER_LEN
-                or h.payload_len != cache.block_bytes
-                or h.digest != _header.key_digest(keys[index])
-                or head[_header.FIXED.size :] != layout
-            ):
-                logger.warning("kvtier: %s is not a block of this layout: recomputed", keys[index])
-                bad.append(index)
-                return
-            if h.flags & _header.FLAG_CRC:
-                crcs[index] = h.crc
+        def place(index: int, h: Header, head: bytearray) -> Optional[Views]:
+            if h.payload_len != block_bytes or head[_codec.FIXED.size :] != layout:
+                self.codec.miss(keys[index], "not a block of this layout: recomputed")
+                return None
             # One list: the block's layer regions are filled together.
-            yield blocks.views(index)
+            return list(blocks.views(index))
 
-        def check() -> None:
-            for index, crc in crcs.items():
-                got = 0
-                for v in blocks.views(index):
-                    got = zlib.crc32(v, got)
-                if got != crc:
-                    logger.warning("kvtier: %s failed its CRC32: recomputed", keys[index])
-                    bad.append(index)
-
-        fill.check = check  # type: ignore[attr-defined]
-        return fill
+        return CheckedSink(self.codec, keys, place)
 
     # -- loads -----------------------------------------------------------------
 
@@ -1446,11 +1408,11 @@ class WorkerSide:
         if blocks is None:
             return 0, True
         try:
-            part: list[int] = []
-            sink = self._sink(keys[first:end], blocks, part)
+            sink = self._sink(keys[first:end], blocks)
             n = len(self.client.get_prefix(keys[first:end], into=sink, **read))
-            sink.check()
-            good = min([n, *part])
+            sink.verify()
+            part = sorted(sink.bad)
+            good = sink.prefix(n)
             blocks.commit(good)
             if blocks.staged is not None:
                 self.counters.add(staging_bytes=good * self.cache.block_bytes)
