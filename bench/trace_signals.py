@@ -23,7 +23,8 @@ a request's hits are the leading run of its blocks that are present):
    with queues by use count, evicting the queue head whose (uses, age)
    class returns least).
 
-Used for the synthetic-trace study in docs/decisions.md ("Eviction").
+Used for the synthetic-trace study in docs/research/eviction-study.md
+("Why the synthetic goal stays out of reach").
 """
 
 from __future__ import annotations

@@ -282,7 +282,8 @@ pub fn format_list(list: &NodeList) -> String {
 /// The least a join or a departure leaves any node with, as a share of
 /// the fair share then (numerator, denominator): 9/10. A higher floor
 /// balances better but cuts the newcomer's share from more nodes (more
-/// ranges); docs/decisions.md has the trade.
+/// ranges); docs/decisions/0026-cluster-placement-history-replayed.md has
+/// the trade.
 pub const FLOOR: (usize, usize) = (9, 10);
 
 /// Stripes of the ring that repeat one layout: a node holds the same share

@@ -36,9 +36,9 @@ pub mod tls;
 /// `mem_allocator`). mimalloc frees a block another thread allocated
 /// without a lock: a shard running another shard's pipelined commands frees
 /// their request buffers, where glibc's malloc took the allocating thread's
-/// arena lock and the two shards slept on it (docs/decisions.md, "The heap
-/// allocator: mimalloc"). The fuzz targets build without the feature, so
-/// their address sanitizer sees every allocation.
+/// arena lock and the two shards slept on it
+/// (docs/decisions/0035-heap-allocator-mimalloc.md). The fuzz targets build
+/// without the feature, so their address sanitizer sees every allocation.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

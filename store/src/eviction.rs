@@ -169,8 +169,8 @@ pub fn score(entry: &Entry, policy: EvictionPolicy, now_ms: u64, tick: u32) -> u
 pub(crate) const LEVELS: usize = 8;
 
 /// The `prefix` policy's parameters (the defaults are what the policy
-/// study in docs/decisions.md chose; the policy simulator, bench/src/sim.rs,
-/// varies them).
+/// study in docs/research/eviction-study.md chose; the policy simulator,
+/// bench/src/sim.rs, varies them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefixTuning {
     /// Levels in use (1..=8): a block's level is min(log2(uses), levels-1).
@@ -237,9 +237,9 @@ impl PrefixTuning {
 /// remembered for about as many evictions as there are slots. A set is 16
 /// bytes of one cache line: one memory access per eviction and per write
 /// of a new key (why a set and not a map or one slot per key:
-/// docs/decisions.md, "Why the ghost list"). The hash has a fixed seed, so a
-/// replay through the server makes the policy simulator's (bench/src/sim.rs)
-/// choices; keys crafted
+/// docs/research/eviction-study.md, "Why the ghost list"). The hash has a
+/// fixed seed, so a replay through the server makes the policy
+/// simulator's (bench/src/sim.rs) choices; keys crafted
 /// to meet in one set can only make the policy forget other ghosts. A tag
 /// collision (about one in 16 million lookups that meet a filled slot)
 /// gives a block the uses of another.
@@ -703,7 +703,7 @@ impl Store {
     /// three; a compare on every read and write. (Compacting after every
     /// `3 × queued` pushes, stale or not, walked all the queues once per
     /// three DRAMs' worth of writes to random keys, about one cache miss
-    /// per write: decisions.md.)
+    /// per write: docs/research/eviction-study.md.)
     pub(crate) fn compact_queues_if_stale(&mut self) {
         if self.recency.pushed > self.meta.queued + 1024 {
             self.recency.pushed = 0;

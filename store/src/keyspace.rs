@@ -381,7 +381,8 @@ impl Store {
         entry.class = new.class;
         // Its place in the queues, set before the index counts it (a cold
         // block that was remembered with uses goes to the front of level 1:
-        // last of level 0's turn, first of level 1's; decisions.md).
+        // last of level 0's turn, first of level 1's;
+        // docs/research/eviction-study.md).
         let level = self.queues_on().then(|| self.recency.place(&mut entry));
         let tick = entry.tick;
         let (stored_key, old) = match self.maps[index].entry(Bytes::copy_from_slice(key)) {

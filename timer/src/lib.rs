@@ -4,12 +4,13 @@
 //! waiting client is once per request, and tokio's time driver walks its
 //! timer wheel, takes its lock and reads the clock at every park, whether
 //! any timer is set or not: about 7% of a GET's instructions (callgrind,
-//! one client; docs/decisions.md). So the shard runtimes run
-//! without a time driver, and their few timers (a blocked MGETPREFIX's
-//! timeout, a client slow to take its replies, connect and hand-off
-//! timeouts) are served by one thread, `kvtier-timer`, whose runtime has
-//! one. A [`Sleep`] is a task spawned there and awaited through its join
-//! handle, which any runtime can await; dropping it aborts the task.
+//! one client; docs/decisions/0013-shard-runtimes-without-time-driver.md).
+//! So the shard runtimes run without a time driver, and their few timers
+//! (a blocked MGETPREFIX's timeout, a client slow to take its replies,
+//! connect and hand-off timeouts) are served by one thread, `kvtier-timer`,
+//! whose runtime has one. A [`Sleep`] is a task spawned there and awaited
+//! through its join handle, which any runtime can await; dropping it aborts
+//! the task.
 //!
 //! A sleep therefore costs a task and a wake-up of another thread: nothing
 //! on a request's common path may use one (idle clients are found by the

@@ -189,7 +189,8 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("spill_direct_io", dir.direct() as u8);
     o.field("spill_io_threads", tier.pool.threads());
     // Reads and writes are pread/pwritev on the I/O threads; io_uring was
-    // measured and did not beat them (docs/decisions.md).
+    // measured and did not beat them
+    // (docs/decisions/0025-spill-reads-on-pread-threads.md).
     o.field("spill_io_engine", "pread");
     o.field(
         "spill_admission",

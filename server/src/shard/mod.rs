@@ -807,8 +807,8 @@ const SETTLE_YIELDS: usize = 16;
 /// step of a long command), the shard's connections get a turn first if
 /// more are queued. Not by time: on busy cores a stretch of short jobs is
 /// often long only because the thread was preempted, and yielding then
-/// costs writes throughput (docs/decisions.md, "A shard's mailbox yields
-/// after a long command's step").
+/// costs writes throughput
+/// (docs/decisions/0016-mailbox-yields-after-long-step.md).
 pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
     while let Some(job) = rx.recv().await {
         job(&shard);

@@ -35,8 +35,9 @@ use record::ALIGN;
 use crate::latency::SharedLatency;
 
 /// Segment files grow to this size before a new one starts (see
-/// docs/decisions.md: large enough that reclaim is rare and batches stay
-/// sequential, small enough that reclaiming one frees space quickly).
+/// docs/decisions/0021-spill-tier-checksummed-log.md: large enough that
+/// reclaim is rare and batches stay sequential, small enough that
+/// reclaiming one frees space quickly).
 pub const SEGMENT_SIZE: u64 = 64 << 20;
 /// A shard flushes its write batch when it reaches this size.
 pub const BATCH_SIZE: usize = 1 << 20;
