@@ -472,3 +472,20 @@ def test_adapter_urls() -> None:
         {"remote_storage_plugin.kvtier.url": "kvtier://x:1", "kvtier.checksum": "yes"}, "kvtier"
     )
     assert opts["url"] == "kvtier://x:1" and opts["checksum"] is True
+    # The same rules as the other plugins (kvtier._plugin.read_options): a
+    # misspelt option is refused, LMCache's own keys pass, values take the
+    # defaults' types.
+    with pytest.raises(ValueError, match=r"unknown kvtier plugin option\(s\): chekcsum"):
+        plugin_options({"remote_storage_plugin.kvtier.chekcsum": True}, "kvtier")
+    opts = plugin_options(
+        {
+            "remote_storage_plugin.kvtier.module_path": "kvtier.lmcache",
+            "remote_storage_plugin.kvtier.class_name": "KvtierConnectorAdapter",
+            "remote_storage_plugin.kvtier.stripes": "3",
+            "chunk_size": 256,
+        },
+        "kvtier",
+    )
+    assert opts["stripes"] == 3
+    with pytest.raises(ValueError, match="kvtier plugin option stripes: 'many' is not a int"):
+        plugin_options({"kvtier.stripes": "many"}, "kvtier")

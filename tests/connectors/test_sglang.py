@@ -558,3 +558,13 @@ def test_striped_batches_are_byte_exact(server: Server) -> None:
     assert backend.batch_exists(keys) == 5
     stats = backend.get_stats()
     assert stats.prefetch_pgs == [8, 5] and stats.backup_pgs == [8]
+
+
+def test_options_are_read_as_the_other_plugins_read_theirs(server: Server) -> None:
+    """kvtier._plugin.read_options: a misspelt option is refused, SGLang's own
+    keys pass, values take the defaults' types."""
+    pool, _ = host_pool("page_first", False)
+    with pytest.raises(ValueError, match=r"unknown kvtier backend option\(s\): sokcet_timeout"):
+        make_backend(server.url, pool, sokcet_timeout=1)
+    b = make_backend(server.url, pool, stripes="2", checksum="yes", tp_lcm_size=None)
+    assert b.client.stripes == 2 and b.codec.checksum is True

@@ -1,10 +1,11 @@
 """What the serving-stack plugins (vLLM, LMCache, SGLang) share besides the
-value header: reading boolean options and backing off a server that failed."""
+value codec: reading their options and backing off a server that failed."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -14,6 +15,35 @@ def truthy(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
+
+
+def read_options(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], what: str, host: Iterable[str] = ()
+) -> dict[str, Any]:
+    """A plugin's options, read the same way by every plugin: each name of
+    ``defaults`` from ``given``, else its default, as its default's type (a
+    boolean by :func:`truthy`; a default of None takes the value as given).
+    Any other key of ``given`` is refused (a misspelt option is an error,
+    not silently the default), except the ``host`` project's own keys that
+    share the mapping. ``what`` names the plugin in the errors."""
+    unknown = sorted(set(given) - set(defaults) - set(host))
+    if unknown:
+        raise ValueError(
+            "unknown %s option(s): %s (it takes %s)" % (what, ", ".join(unknown), ", ".join(sorted(defaults)))
+        )
+    options: dict[str, Any] = {}
+    for name, default in defaults.items():
+        value = given.get(name, default)
+        if value is not None and default is not None:
+            kind = type(default)
+            try:
+                value = truthy(value) if kind is bool else kind(value)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "%s option %s: %r is not a %s" % (what, name, value, kind.__name__)
+                ) from None
+        options[name] = value
+    return options
 
 
 class Health:

@@ -64,7 +64,7 @@ from . import _commands as cmd
 from ._buffers import writable_view
 from ._codec import FIXED, CheckedSink, Codec, Header, Views
 from ._identity import identity_tag, serving_identity
-from ._plugin import truthy
+from ._plugin import read_options
 from .aio import AsyncClient
 from .client import Client
 
@@ -149,15 +149,13 @@ class KvtierConnectorAdapter(ConnectorAdapter):
 
 def plugin_options(extra_config: dict[str, Any], plugin: str) -> dict[str, Any]:
     """The plugin's options: ``remote_storage_plugin.<plugin>.<name>`` (also
-    read as ``kvtier.<name>``), else the defaults."""
-    options = dict(DEFAULTS)
-    for name in DEFAULTS:
-        for key in ("remote_storage_plugin.%s.%s" % (plugin, name), "kvtier.%s" % name):
-            if key in extra_config:
-                options[name] = extra_config[key]
-                break
-    options["checksum"] = truthy(options["checksum"])
-    return options
+    read as ``kvtier.<name>``), else the defaults. Any other key under those
+    prefixes is refused, but LMCache's own ``module_path`` and ``class_name``
+    of the plugin."""
+    given: dict[str, Any] = {}
+    for prefix in ("kvtier.", "remote_storage_plugin.%s." % plugin):  # the second wins
+        given.update((k[len(prefix) :], v) for k, v in extra_config.items() if k.startswith(prefix))
+    return read_options(given, DEFAULTS, "kvtier plugin", host=("module_path", "class_name"))
 
 
 class ChunkCodec:

@@ -74,7 +74,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ._buffers import writable_view
 from ._codec import CheckedSink, Codec, Header, Place, Views
 from ._identity import identity_tag, serving_identity
-from ._plugin import Health, truthy
+from ._plugin import Health, read_options, truthy
 from .client import Client
 from .errors import KvtierError
 
@@ -84,6 +84,8 @@ MAGIC = b"KVTS"
 
 #: Defaults of the options in the backend's extra config.
 DEFAULTS: dict[str, Any] = {
+    # kvtier://host:port[,host:port...] (required).
+    "url": None,
     "checksum": False,
     "ttl": 0,
     "stripes": 4,
@@ -93,6 +95,21 @@ DEFAULTS: dict[str, Any] = {
     "connect_timeout": 0.5,
     "retry_after": 2.0,
 }
+
+
+#: SGLang's own keys in a storage backend's extra config (which backend to
+#: load, and settings of its cache controller), beside the backend's options.
+SGLANG_KEYS = (
+    "backend_name",
+    "module_path",
+    "class_name",
+    "interface_v1",
+    "tp_lcm_size",
+    "prefetch_threshold",
+    "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys",
+)
 
 
 def _flatten(items: Sequence[Any]) -> list[int]:
@@ -161,7 +178,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if storage_config.extra_config is None:
             storage_config.extra_config = {}
         extra = storage_config.extra_config
-        url = extra.get("url")
+        options = read_options(extra, DEFAULTS, "kvtier backend", host=SGLANG_KEYS)
+        url = options["url"]
         if not url:
             raise ValueError('the kvtier backend needs "url": "kvtier://host:port" in its extra config')
         if getattr(storage_config, "should_split_heads", False):
@@ -172,17 +190,16 @@ class KvtierHiCacheStorage(HiCacheStorage):
             logger.warning("kvtier: interface_v1 is off: every page is copied through a flat tensor each way")
         else:
             extra["interface_v1"] = 1
-        options = {name: extra.get(name, default) for name, default in DEFAULTS.items()}
         self.storage_config = storage_config
         self.client = Client.from_url(
             str(url),
-            socket_timeout=float(options["socket_timeout"]),
-            connect_timeout=float(options["connect_timeout"]),
-            stripes=int(options["stripes"]),
+            socket_timeout=options["socket_timeout"],
+            connect_timeout=options["connect_timeout"],
+            stripes=options["stripes"],
         )
-        self.codec = Codec(MAGIC, 0, truthy(options["checksum"]), logger)
-        self.ttl = int(options["ttl"]) or None
-        self.health = Health(float(options["retry_after"]), logger)
+        self.codec = Codec(MAGIC, 0, options["checksum"], logger)
+        self.ttl = options["ttl"] or None
+        self.health = Health(options["retry_after"], logger)
         # The served name and a digest of the model's identity (weights,
         # revision, dtype, quantization, overrides, attention backend): two
         # checkpoints served under one name never share a page.
