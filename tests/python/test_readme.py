@@ -188,3 +188,16 @@ def test_the_flag_table_lists_every_flag_of_help() -> None:
     flags = set(re.findall(r"^\s+(--[a-z0-9-]+)", helped.stdout, re.M)) - {"--help", "--version"}
     assert flags - table == set(), "flags missing from README's table"
     assert table - flags == set(), "README's table names flags the server does not have"
+
+
+def test_every_decision_has_a_date_a_status_and_a_row_in_the_index() -> None:
+    folder = ROOT / "docs" / "decisions"
+    index = (folder / "README.md").read_text()
+    files = sorted(p for p in folder.glob("[0-9][0-9][0-9][0-9]-*.md"))
+    assert len(files) >= 50
+    for p in files:
+        head = p.read_text().splitlines()[:6]
+        assert head[0].startswith("# "), p.name
+        assert any(re.fullmatch(r"Date: \d{4}-\d{2}-\d{2}", line) for line in head), p.name
+        assert any(line.startswith("Status: ") for line in head), p.name
+        assert "(%s)" % p.name in index, "%s is not in docs/decisions/README.md" % p.name
