@@ -179,13 +179,7 @@ fn the_default_memory_limit_is_sized_from_the_machine_and_said_at_start() {
         .and_then(|kb| kb.parse().ok())
         .unwrap();
     assert!(limit > 0 && limit <= total_kb * 1024 / 4 * 3, "{limit}");
-    assert!(
-        eventually(Duration::from_secs(5), || server
-            .log()
-            .contains("(auto: 3/4")),
-        "{}",
-        server.log()
-    );
+    server.assert_log_shows("(auto: 3/4");
     for line in [
         "policy prefix",
         "no spill tier",
@@ -197,13 +191,7 @@ fn the_default_memory_limit_is_sized_from_the_machine_and_said_at_start() {
     }
     // 0 still means no limit.
     let none = Server::start(&["--maxmemory", "0"]);
-    assert!(
-        eventually(Duration::from_secs(5), || none
-            .log()
-            .contains("no memory limit")),
-        "{}",
-        none.log()
-    );
+    none.assert_log_shows("no memory limit");
 }
 
 #[test]

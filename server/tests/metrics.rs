@@ -463,13 +463,7 @@ fn a_taken_default_metrics_port_is_a_warning_a_given_one_an_exit() {
     let _taken = TcpListener::bind(("127.0.0.1", port + 3000)).unwrap();
     let server = Server::start_with_args(&["--port", &port.to_string(), "--threads", "2"]);
     assert_eq!(server.raw().run("PING"), status("PONG"));
-    assert!(
-        eventually(Duration::from_secs(5), || server
-            .log()
-            .contains("metrics not served")),
-        "{}",
-        server.log()
-    );
+    server.assert_log_shows("metrics not served");
     let given = format!("127.0.0.1:{}", port + 3000);
     let (exit, out) = run_to_exit(&["--port", "0", "--metrics-addr", &given]);
     assert!(!exit.success(), "{out}");

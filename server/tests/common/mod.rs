@@ -148,6 +148,15 @@ impl Server {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Panics with the log unless it shows `text` within 5 s.
+    pub fn assert_log_shows(&self, text: &str) {
+        assert!(
+            eventually(Duration::from_secs(5), || self.log().contains(text)),
+            "no {text:?} in the log:\n{}",
+            self.log()
+        );
+    }
+
     /// Waits up to `timeout` for the process to exit by itself.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
