@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Checks that kvtier-server's modules import one way (scripts/test.sh runs it).
+"""Checks that each crate's modules import one way (scripts/test.sh runs it).
 
-The layers, bottom to top, are the module names (a folder or a file under
-server/src); docs/architecture.md explains each. A module may use the
-modules of the layers below it and, among the leaves, any other leaf that
-does not use it back. Inside a folder the files import one way too: no two
-files of server/src import each other, however indirectly, and no command
-family (a file with `pub const COMMANDS`) imports another.
+Each crate has its layers, bottom to top: module names (a folder or a file
+under its src/). A module may use the modules of the layers below it and,
+among the leaves, any other leaf that does not use it back. Inside a folder
+the files import one way too: no two files import each other, however
+indirectly; in kvtier-server no command family (a file with `pub const
+COMMANDS`) imports another. A crate's root (lib.rs) only declares modules
+and re-exports: a module that imports an item of the root (`crate::Item`
+where Item is no module) imports upwards. docs/architecture.md explains
+kvtier-server's layers.
 
 What counts as an import: a `crate::name` path, a `super::name` path (a
 sibling file, or the folder's mod.rs), and in a mod.rs a path through one
@@ -14,7 +17,8 @@ of its own child modules, in code and tests alike (comments and string
 literals do not count). Exits 1 with each offending import (file, line, the
 path) and any import circle.
 
-    scripts/check-layers.py [SRC_DIR]      # default server/src
+    scripts/check-layers.py                # every crate below
+    scripts/check-layers.py server/src     # one crate
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import re
 import sys
 from pathlib import Path
 
-#: Bottom to top. A module of a layer may use those of the layers below.
+#: kvtier-server's layers, bottom to top. A module of a layer may use those
+#: of the layers below.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("leaves", ["glob", "clients", "stats", "acl", "tls", "logging"]),
+    ("leaves", ["about", "glob", "clients", "stats", "acl", "tls", "logging"]),
     ("config", ["config"]),
     ("shared", ["shared"]),
     ("shard", ["shard"]),
@@ -35,6 +40,30 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("net", ["net"]),
     ("server", ["server"]),
 ]
+#: Every crate with more than one module, by its source folder: its name
+#: and its layers, bottom to top. (kvtier-timer is one file; kvtier-store is
+#: not in layers yet: its modules import the Store type from its root.)
+CRATES: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {
+    "protocol/src": (
+        "kvtier-protocol",
+        [
+            ("leaves", ["integer", "inline", "stream"]),
+            ("reply", ["reply"]),
+            ("parsers", ["request", "reply_parser"]),
+        ],
+    ),
+    "cluster/src": (
+        "kvtier-cluster",
+        [
+            ("topology", ["topology"]),
+            ("peer", ["peer"]),
+            ("hot", ["hot"]),
+            ("membership", ["membership"]),
+            ("exchange", ["copies", "gossip"]),
+        ],
+    ),
+    "server/src": ("kvtier-server", LAYERS),
+}
 #: The crate root (declarations) and the binary (the top) are not layered.
 UNLAYERED = {"lib.rs", "main.rs"}
 
@@ -115,8 +144,17 @@ def group_heads(body: str) -> list[str]:
 
 
 def main() -> int:
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else "server/src")
+    if len(sys.argv) > 1:
+        name, layers = CRATES[sys.argv[1].rstrip("/")]
+        return check(Path(sys.argv[1]), name, layers)
+    return max(check(Path(src), name, layers) for src, (name, layers) in CRATES.items())
+
+
+def check(src: Path, crate: str, layers: list[tuple[str, list[str]]]) -> int:
+    """Checks one crate; prints what is wrong, or a line saying it holds."""
+    LAYERS = layers  # noqa: N806 (the name the messages below use)
     layer_of = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+    modules = {p.stem for p in src.glob("*.rs")} | {p.name for p in src.iterdir() if p.is_dir()}
     files = sorted(p for p in src.rglob("*.rs") if str(p.relative_to(src)) not in UNLAYERED)
     if not files:
         print("no Rust files under %s" % src)
@@ -151,8 +189,22 @@ def main() -> int:
             if target is not None and target != f:
                 file_edges.setdefault(f, set()).add(target)
 
-        for m in re.finditer(r"\bcrate::(\w+)((?:::\w+)?)", joined):
+        for m in re.finditer(r"\bcrate::(\{|\w+)((?:::\w+)?)", joined):
             line = joined.count("\n", 0, m.start()) + 1
+            if m.group(1) == "{":
+                depth, j = 1, m.end()
+                while j < len(joined) and depth:
+                    depth += {"{": 1, "}": -1}.get(joined[j], 0)
+                    j += 1
+                heads = group_heads(joined[m.end() : j - 1])
+            else:
+                heads = [m.group(1)]
+            for head in heads:
+                if head not in modules and head != "self":
+                    problems.append(
+                        "%s:%d: crate::%s is an item of the crate root (lib.rs only declares "
+                        "modules and re-exports: import it from its module)" % (rel, line, head)
+                    )
             target = m.group(1)
             if target not in layer_of:
                 continue
@@ -205,14 +257,14 @@ def main() -> int:
         {str(k.relative_to(src)): {str(t.relative_to(src)) for t in v} for k, v in file_edges.items()}, "file"
     )
     if problems:
-        print("kvtier-server's layers are broken:")
+        print("%s's layers are broken:" % crate)
         for p in problems:
             print("  " + p)
         return 1
     edges = sum(len(v) for v in file_edges.values())
     print(
-        "kvtier-server: %d files in %d layers, imports one way (%d module edges, %d file edges inside folders)"
-        % (len(files), len(LAYERS), sum(len(v) for v in module_edges.values()), edges)
+        "%s: %d files in %d layers, imports one way (%d module edges, %d file edges inside folders)"
+        % (crate, len(files), len(LAYERS), sum(len(v) for v in module_edges.values()), edges)
     )
     return 0
 

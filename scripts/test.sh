@@ -132,7 +132,7 @@ if [[ $FAILED -ne 0 ]]; then
     exit 1
 fi
 step "cargo fmt --check" 120 cargo fmt --all -- --check
-step "layers: kvtier-server imports one way" 60 python3 scripts/check-layers.py
+step "layers: each crate imports one way" 60 python3 scripts/check-layers.py
 step "cargo clippy" 1200 cargo clippy --all-targets -- -D warnings
 step "cargo test" 1800 cargo test --workspace
 step "cargo build kvtier-server" 1200 cargo build -p kvtier-server

@@ -16,9 +16,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::membership::{parse_announce, Cluster};
 use crate::peer::{dial, PeerStream};
 use crate::topology::{Endpoint, Node};
-use crate::{parse_announce, Cluster};
 
 /// Starts the gossip thread: every peer is pinged a few times per node
 /// timeout, each by its own task with its own connection, and liveness is

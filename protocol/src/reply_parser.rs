@@ -412,7 +412,7 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
 
 /// A length or count: a decimal integer, `-1` for null.
 fn length(line: &[u8]) -> Result<i64, ReplyError> {
-    crate::parse_i64_strict(line)
+    crate::integer::parse_i64_strict(line)
         .filter(|&n| n >= -1)
         .ok_or_else(|| ReplyError(format!("bad length {:?}", String::from_utf8_lossy(line))))
 }
@@ -424,7 +424,7 @@ impl BuildReply for Reply {
             b'+' => Reply::Status(text().into()),
             b'-' => Reply::Error(text().into()),
             b':' => Reply::Int(
-                crate::parse_i64_strict(line)
+                crate::integer::parse_i64_strict(line)
                     .ok_or_else(|| ReplyError(format!("bad integer {:?}", text())))?,
             ),
             b'_' => Reply::Nil,

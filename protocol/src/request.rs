@@ -445,7 +445,7 @@ fn header_line<'a>(
 /// no leading zeros (except "0"), no spaces, must fit an i64.
 pub fn parse_len(digits: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(digits).ok()?;
-    crate::parse_i64_strict(s.as_bytes())
+    crate::integer::parse_i64_strict(s.as_bytes())
 }
 
 /// An inline command at the front of `buf`: `Ok(None)` until its newline.

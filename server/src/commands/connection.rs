@@ -162,7 +162,10 @@ fn hello(client: &mut Client, args: &[Bytes]) -> Reply {
     let id = client.id();
     Reply::Map(vec![
         (Reply::bulk("server"), Reply::bulk("redis")),
-        (Reply::bulk("version"), Reply::bulk(crate::REDIS_VERSION)),
+        (
+            Reply::bulk("version"),
+            Reply::bulk(crate::about::REDIS_VERSION),
+        ),
         (
             Reply::bulk("proto"),
             Reply::Int(if client.resp3 { 3 } else { 2 }),

@@ -117,7 +117,7 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
             }
         ),
     );
-    o.field("mem_allocator", crate::mem_allocator());
+    o.field("mem_allocator", crate::about::mem_allocator());
     o.field("lazyfree_pending_objects", 0);
 }
 

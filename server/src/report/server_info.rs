@@ -11,7 +11,7 @@ pub fn server(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {
     let config = &shared.config;
     let uptime = shared.started.elapsed().as_secs();
     let now = kvtier_store::now_ms();
-    o.field("redis_version", crate::REDIS_VERSION);
+    o.field("redis_version", crate::about::REDIS_VERSION);
     o.field("redis_git_sha1", "00000000");
     o.field("redis_git_dirty", 0);
     o.field("redis_build_id", 0);
