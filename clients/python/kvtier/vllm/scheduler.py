@@ -9,15 +9,15 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from .._plugin import Health
 from ..client import Client
 from ..errors import KvtierError
-from .keys import BlockExtras, chain_root, tail_hash
+from .keys import BlockExtras, KeyScheme, chain_root, tail_hash
 from .metadata import KvtierMetadata, KvtierWorkerReport, LoadSpec, SaveSpec
 from .metrics import Counters
-from .options import IN_FLIGHT_S, IN_FLIGHT_WAIT_MS, LOOKUP_POLL_S, RECENT_SAVES_KEPT
+from .options import IN_FLIGHT_S, IN_FLIGHT_WAIT_MS, LOOKUP_POLL_S, RECENT_SAVES_KEPT, Options
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -25,11 +25,21 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from .connector import KvtierConnector
-
 
 # Under vLLM's logger, so that its handlers and level apply.
 logger = logging.getLogger("vllm.kvtier")
+
+
+class Connector(Protocol):
+    """What the scheduler's half reads of the connector it serves, at each
+    call (its options may be replaced while it runs)."""
+
+    options: Options
+    keys: KeyScheme
+    loads: bool
+    saves: bool
+    _kv_cache_manager: Any
+
 
 # -- the scheduler's half ---------------------------------------------------------------------
 
@@ -68,7 +78,7 @@ class _Tracked:
 
 
 class _SchedulerSide:
-    def __init__(self, connector: KvtierConnector) -> None:
+    def __init__(self, connector: Connector) -> None:
         self.c = connector
         o = connector.options
         self.keys = connector.keys
