@@ -14,6 +14,7 @@ import dataclasses
 import os
 from typing import Any, Optional
 
+import kvtier
 from kvtier.vllm import KvtierConnector as _Base
 
 __all__ = ["KvtierConnector"]
@@ -35,9 +36,12 @@ class KvtierConnector(_Base):
             self.options = options
         flood = int(params.get("test_flood_mb", 0))
         if flood and found[0] is not None:  # once the lookup answered
-            client = self._sched().client
+            # A client of its own: the scheduler's has the lookup's short
+            # timeout, and a flood that timed out on a loaded machine would
+            # kill the engine instead of testing it.
             junk = os.urandom(FLOOD_BLOCK)
-            for i in range(flood):
-                name = "flood:%s:%d" % (request.request_id, i)
-                client.put_chain([name], [junk], chain=False)
+            with kvtier.Client(self.options.url) as client:
+                for i in range(flood):
+                    name = "flood:%s:%d" % (request.request_id, i)
+                    client.put_chain([name], [junk], chain=False)
         return found

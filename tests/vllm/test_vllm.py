@@ -179,7 +179,13 @@ def test_a_second_engine_loads_a_shared_prefix(
     try:
         before = kvtier_server.commandstats()
         (b_out,) = other.generate([b_prompt])
+        # The save thread writes after the request's output is back: wait
+        # for its write (on a loaded machine it can come later).
+        deadline = time.monotonic() + 20
         calls = stats_delta(before, kvtier_server.commandstats())
+        while "msetblock" not in calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+            calls = stats_delta(before, kvtier_server.commandstats())
     finally:
         other.close()
     # 3,000 shared tokens: 23 whole blocks.

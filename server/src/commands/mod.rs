@@ -804,8 +804,11 @@ pub fn oom_error() -> Reply {
 pub fn too_large_for_a_shard(client: &Client, args: &[Bytes]) -> Option<Reply> {
     let shared = &client.shard.shared;
     let budget = crate::shard::shard_budget(&shared.config, shared.shards) as u64;
+    if budget == 0 {
+        return None;
+    }
     let longest = args.iter().skip(1).map(|a| a.len() as u64).max()?;
-    if budget == 0 || longest <= budget {
+    if longest <= budget {
         return None;
     }
     let human = crate::config::human_bytes;
