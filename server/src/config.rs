@@ -694,9 +694,16 @@ fn file_settings(text: &str) -> Result<Vec<FileSetting>, String> {
 /// Whether `name` is a flag of kvtier-server (and so a config-file setting).
 fn is_flag(name: &str) -> bool {
     use clap::CommandFactory;
-    Config::command()
-        .get_arguments()
-        .any(|a| a.get_long() == Some(name))
+    static FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    FLAGS
+        .get_or_init(|| {
+            Config::command()
+                .get_arguments()
+                .filter_map(|a| a.get_long().map(str::to_string))
+                .collect()
+        })
+        .iter()
+        .any(|f| f == name)
 }
 
 /// A config file's text with `changed` settings in it: the first line of

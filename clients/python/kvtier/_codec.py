@@ -150,7 +150,7 @@ class CheckedSink:
         self._lock = threading.Lock()
 
     def __call__(self, index: int, length: int) -> Iterator[Union[bytearray, Views]]:
-        if self._landed.pop(index, None) is not None or index in self._crcs:
+        if self._landed.pop(index, None) is not None:  # a retry
             self._crcs.pop(index, None)
             if self.forget is not None:
                 self.forget(index)

@@ -854,13 +854,11 @@ impl<S: ClientIo> Connection<S> {
         self.client.info.borrow_mut().last_cmd = spec.name;
         if spec.has(flags::DENYOOM) {
             self.wait_for_spill(batch).await;
-            let whole = !spec.has(flags::OOM_PER_KEY);
-            if let Some(refusal) = whole
-                .then(|| crate::commands::too_large_for_a_shard(&self.client, &args))
-                .flatten()
-            {
-                let resp3 = self.client.resp3;
-                return self.ready(batch, refusal, resp3);
+            if !spec.has(flags::OOM_PER_KEY) {
+                if let Some(refusal) = crate::commands::too_large_for_a_shard(&self.client, &args) {
+                    let resp3 = self.client.resp3;
+                    return self.ready(batch, refusal, resp3);
+                }
             }
         }
         let Some((body, args)) = self.plan(id, spec, args, through, batch) else {
