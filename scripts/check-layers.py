@@ -41,9 +41,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("server", ["server"]),
 ]
 #: Every crate with more than one module, by its source folder: its name
-#: and its layers, bottom to top. (kvtier-timer is one file; kvtier-store is
-#: not in layers yet: its modules import the Store type from its root.)
+#: and its layers, bottom to top (kvtier-timer is one file).
 CRATES: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {
+    "store/src": (
+        "kvtier-store",
+        [
+            (
+                "leaves",
+                ["clock", "errors", "latency", "slot", "slab", "spill", "entry", "tenants", "holds", "stats"],
+            ),
+            ("parts", ["links", "meta", "policy", "disk_index", "waiter"]),
+            ("store", ["store"]),
+        ],
+    ),
     "protocol/src": (
         "kvtier-protocol",
         [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command. On a fresh Debian machine it installs what is
 # missing (redis-server and redis-tools from apt, a Python venv in .venv) and
-# runs everything: rustfmt, the layer check of kvtier-server
+# runs everything: rustfmt, the layer check of every crate
 # (scripts/check-layers.py), clippy, the Rust tests, the Python tests (redis-py
 # and a differential run against a real redis-server) and the redis-cli /
 # redis-benchmark checks, and the Python connectors (the kvtier package, its

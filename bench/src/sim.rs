@@ -26,7 +26,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Args;
-use kvtier_store::links;
 use kvtier_store::slot::{key_slot, shard_slots, slot_shard};
 use kvtier_store::{
     BlockWrite, EvictReason, EvictionPolicy, InPrefix, PrefixStep, PrefixTuning, Store, WriteClass,
@@ -245,7 +244,7 @@ impl Shards {
     /// `Shard::deliver_links` does.
     fn deliver_links(&mut self) {
         let mut stores: Vec<&mut Store> = self.stores.iter_mut().collect();
-        links::deliver_all(&mut stores, |_| true);
+        kvtier_store::deliver_all(&mut stores, |_| true);
     }
 }
 

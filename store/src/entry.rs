@@ -6,8 +6,27 @@ use std::ops::Deref;
 
 use bytes::Bytes;
 
-use super::slab::SlotRef;
-use super::spill::DiskLoc;
+use crate::slab::SlotRef;
+use crate::spill::DiskLoc;
+
+/// Index bytes charged per key besides the key and value themselves: the
+/// hash-table slot (key handle + entry), control byte and allocator headers.
+pub const ENTRY_OVERHEAD: usize = 128;
+/// Extra bytes charged per key that has a time to live (expiry-set node).
+pub const EXPIRE_OVERHEAD: usize = 48;
+/// Values at least this long are stored in the slab arena.
+pub const SLAB_MIN: usize = 4096;
+/// Values at least this long that get a span of their own are kept in the
+/// buffer they arrived in rather than copied (the protocol reads every
+/// argument of 32 KiB or more into a buffer of its exact size: nothing else
+/// shares that allocation).
+pub const ADOPT_MIN: usize = 32 * 1024;
+
+/// Index bytes charged for one key (values in the slab are charged
+/// through the arena).
+pub fn charge(key_len: usize, value_len: usize, volatile: bool) -> usize {
+    key_len + value_len + ENTRY_OVERHEAD + if volatile { EXPIRE_OVERHEAD } else { 0 }
+}
 
 /// How a string is reported by OBJECT ENCODING.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,7 +340,7 @@ impl Entry {
     }
 
     fn index_charge(&self, key_len: usize, heap_value: usize) -> usize {
-        super::Store::charge(key_len, heap_value, self.expire_at != 0)
+        charge(key_len, heap_value, self.expire_at != 0)
             + self.parent.as_ref().map_or(0, |p| p.len())
     }
 

@@ -46,7 +46,7 @@ impl HoldLimits {
     };
 }
 
-/// Counters of the holds (INFO `# Stats`; kept in [`crate::StoreStats`]).
+/// Counters of the holds (INFO `# Stats`; kept in [`crate::stats::StoreStats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HoldStats {
     /// Keys a lookup held (or whose hold it extended).

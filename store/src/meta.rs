@@ -12,8 +12,9 @@ use hashbrown::HashMap;
 
 use crate::entry::{Entry, Queue};
 use crate::links::LinkEvent;
+use crate::spill;
+use crate::stats::StoreStats;
 use crate::tenants::{Cost, Tenants};
-use crate::{spill, StoreStats};
 
 /// Counts and indexes kept beside the maps, updated on every insert and
 /// removal (a separate struct so they can be borrowed beside a map entry).

@@ -764,7 +764,7 @@ impl AllStores<'_> {
     /// policy simulator's order (bench/src/sim.rs).
     pub fn deliver_links(&mut self) {
         let shard = self.shard;
-        kvtier_store::links::deliver_all(&mut self.guards, |e| shard.tracks(e));
+        kvtier_store::deliver_all(&mut self.guards, |e| shard.tracks(e));
     }
 }
 

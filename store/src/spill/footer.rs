@@ -156,7 +156,7 @@ pub fn footer_len(body: usize) -> usize {
 /// in memory (O_DIRECT).
 pub fn encode(at: u64, body: &[u8], entries: u64) -> BytesMut {
     let padded = body.len().div_ceil(ALIGN) * ALIGN;
-    let mut out = super::aligned(padded + TRAILER);
+    let mut out = super::dir::aligned(padded + TRAILER);
     out.clear();
     out.put_slice(body);
     out.resize(padded, 0);

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use hashbrown::HashSet;
 
+use super::dir::{aligned, DiskLoc, Segment, SpillDir};
 use super::footer::{self, TRAILER};
 use super::record::{self, ALIGN};
-use super::{aligned, DiskLoc, Segment, SpillDir};
 
 /// One record found by the warm restart.
 #[derive(Clone, Debug)]
@@ -134,7 +134,7 @@ pub fn recover(dir: &SpillDir) -> io::Result<Recovery> {
     let skipped_before = dir.counters.recovery_skipped.load(Relaxed);
     let mut seen = HashSet::new();
     let mut records = Vec::new();
-    while let Some(found) = loader.next(dir, crate::now_ms()) {
+    while let Some(found) = loader.next(dir, crate::clock::now_ms()) {
         for r in found? {
             if seen.insert(r.key.clone()) {
                 dir.add_live(&r.loc.segment, 1);
@@ -535,10 +535,10 @@ mod tests {
         assert_eq!(d.segment_count(), 1);
         assert_eq!(d.claim_oldest(), None, "no reclaim while loading");
         let mut loader = Loader::new(segments);
-        let found = loader.next(&d, crate::now_ms()).unwrap().unwrap();
+        let found = loader.next(&d, crate::clock::now_ms()).unwrap().unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(d.counters.footers_read.load(Relaxed), 1);
-        assert!(loader.next(&d, crate::now_ms()).is_none());
+        assert!(loader.next(&d, crate::clock::now_ms()).is_none());
         d.finish_loading();
         assert_eq!(d.segment_count(), 0, "nothing live: deleted once loaded");
         let _ = std::fs::remove_dir_all(&path);

@@ -8,16 +8,20 @@ use bytes::Bytes;
 use hashbrown::hash_map::Entry as MapEntry;
 use hashbrown::HashMap;
 
+use super::Store;
 use crate::entry::{Encoding, Entry, Queue, Value};
-use crate::eviction::{self, EvictionPolicy, WriteClass};
+use crate::entry::{EXPIRE_OVERHEAD, SLAB_MIN};
+use crate::errors::{OutOfMemory, Refusal};
 use crate::holds::{HoldLimits, Holds};
 use crate::links::LinkEvent;
 use crate::meta::{live, Meta};
+use crate::policy::prefix::Recency;
+use crate::policy::protect::Protect;
+use crate::policy::{self as eviction, EvictionPolicy, WriteClass};
 use crate::slot::key_slot;
+use crate::spill::fetch::InPrefix;
+use crate::stats::StoreStats;
 use crate::tenants::Tenants;
-use crate::{
-    InPrefix, OutOfMemory, Protect, Recency, Refusal, Store, StoreStats, EXPIRE_OVERHEAD, SLAB_MIN,
-};
 
 /// A value to store: its bytes, or (the policy simulator) only its size.
 #[derive(Clone, Copy)]

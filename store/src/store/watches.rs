@@ -5,18 +5,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 
-use crate::Store;
-
-/// A blocked reader (MGETPREFIX BLOCK) waiting for a key to be written.
-#[derive(Clone)]
-pub struct Waiter {
-    /// Identifies the waiter when it unregisters.
-    pub id: u64,
-    /// Woken on every write of a watched key.
-    pub wake: Arc<Notify>,
-}
+use super::Store;
+use crate::waiter::Waiter;
 
 impl Store {
     /// Wakes `waiter` whenever `key` is written, until [`Store::unwatch`].

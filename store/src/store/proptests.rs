@@ -25,8 +25,12 @@ use std::collections::{HashMap as StdMap, HashSet};
 use bytes::Bytes;
 use proptest::prelude::*;
 
+use super::keyspace::BlockWrite;
 use super::*;
+use crate::entry::{Encoding, Queue, EXPIRE_OVERHEAD, SLAB_MIN};
+use crate::errors::OutOfMemory;
 use crate::links::Route;
+use crate::policy::WriteClass;
 use crate::slot::key_slot;
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
