@@ -53,7 +53,7 @@ pub struct Config {
     /// polling has been measured to bring its client's requests sooner (a
     /// paced client is not polled for); one connection per shard polls at a
     /// time, and none while several clients of the shard are active.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=MAX_IDLE_POLL_US))]
+    #[arg(long, default_value_t = 50, value_parser = idle_poll_value)]
     pub idle_poll_us: u64,
 
     /// While the shard threads together use less than this percentage of
@@ -63,13 +63,13 @@ pub struct Config {
     /// points, the connections are spread over the shards again (0: never
     /// pack; the shard threads together can use up to 100 per core, so 1000
     /// packs whatever the load of up to ten).
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=MAX_PACK_BELOW))]
+    #[arg(long, default_value_t = 40, value_parser = pack_below_value)]
     pub pack_below: u64,
 
     /// Memory limit for keys and values, e.g. 4gb or 512mb (0: no limit;
     /// `auto`, the default: three quarters of this machine's memory, or of
     /// the container's limit when lower). Divided equally among the shards.
-    #[arg(long, default_value = "auto", value_parser = parse_maxmemory)]
+    #[arg(long, default_value = "auto", value_parser = maxmemory_value)]
     pub maxmemory: u64,
 
     /// What to do when maxmemory is reached: prefix (KV-cache blocks:
@@ -89,7 +89,7 @@ pub struct Config {
     pub prealloc: bool,
 
     /// Keys sampled per eviction choice.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = samples_value)]
     pub maxmemory_samples: u64,
 
     /// Password clients must send with AUTH (empty: none): the default
@@ -155,19 +155,19 @@ pub struct Config {
     pub enable_debug_command: String,
 
     /// Largest bulk argument accepted, e.g. 512mb.
-    #[arg(long, default_value = "512mb", value_parser = parse_memory)]
+    #[arg(long, default_value = "512mb", value_parser = memory_of_1mb_or_more)]
     pub proto_max_bulk_len: u64,
 
     /// Most memory one client's request may hold while it arrives (its
     /// arguments so far and the read buffer); a client over it is closed.
     /// Redis's name and default.
-    #[arg(long, default_value = "1gb", value_parser = parse_memory)]
+    #[arg(long, default_value = "1gb", value_parser = memory_of_1mb_or_more)]
     pub client_query_buffer_limit: u64,
 
     /// Most memory the requests still arriving on all connections may hold
     /// together (0: no limit); the client whose request takes the total
     /// over it is closed (INFO `evicted_clients`).
-    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    #[arg(long, default_value = "0", value_parser = memory_value)]
     pub maxmemory_clients: u64,
 
     /// Redis's `client-output-buffer-limit`: `normal HARD SOFT SECONDS`
@@ -178,11 +178,11 @@ pub struct Config {
     pub client_output_buffer_limit: String,
 
     /// Close clients idle for this many seconds (0: never).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = integer_value)]
     pub timeout: u64,
 
     /// Most simultaneous client connections.
-    #[arg(long, default_value_t = 10000)]
+    #[arg(long, default_value_t = 10000, value_parser = maxclients_value)]
     pub maxclients: u64,
 
     /// Prometheus metrics endpoint: HOST:PORT, `none` to disable, or `auto`
@@ -224,32 +224,32 @@ pub struct Config {
     pub log_format: LogFormat,
 
     /// Longest wait of a blocking read (MGETPREFIX ... BLOCK ms), in ms.
-    #[arg(long, default_value_t = 60000)]
+    #[arg(long, default_value_t = 60000, value_parser = at_least_one)]
     pub max_block_ms: u64,
 
     /// Most clients waiting in MGETPREFIX ... BLOCK at once; one more is
     /// refused at once (0: no limit).
-    #[arg(long, default_value_t = 10000)]
+    #[arg(long, default_value_t = 10000, value_parser = integer_value)]
     pub max_blocked_clients: u64,
 
     /// Longest hold of a lookup (PREFIXLEN ... HOLD ms), in ms: longer
     /// holds are cut to it.
-    #[arg(long, default_value_t = 10000)]
+    #[arg(long, default_value_t = 10000, value_parser = at_least_one)]
     pub max_hold_ms: u64,
 
     /// Most bytes of blocks that lookups may hold against eviction at once
     /// on this node, e.g. 1gb (0: a quarter of maxmemory). Divided equally
     /// among the shards.
-    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    #[arg(long, default_value = "0", value_parser = memory_value)]
     pub hold_max_memory: u64,
 
     /// Most bytes one client's lookups may hold at once (0: half of
     /// hold-max-memory). Divided equally among the shards.
-    #[arg(long, default_value = "0", value_parser = parse_memory)]
+    #[arg(long, default_value = "0", value_parser = memory_value)]
     pub hold_client_max_memory: u64,
 
     /// Background task frequency (active expiry runs `hz` times a second).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = hz_value)]
     pub hz: u64,
 
     /// Directory of the NVMe spill tier: blocks evicted from DRAM are
@@ -384,6 +384,194 @@ pub fn parse_yes_no(s: &str) -> Result<bool, String> {
 pub const MAX_IDLE_POLL_US: u64 = 10_000;
 /// The highest `--pack-below` (percent of one core).
 pub const MAX_PACK_BELOW: u64 = 1000;
+
+/// A number `CONFIG SET` can change. Each is declared once, in
+/// [`Num::spec`]: its name, how a value is read and checked (the same
+/// function is its flag's parser, so the command line, the config file and
+/// `CONFIG SET` accept and refuse the same values), how `CONFIG GET` shows
+/// it, and its value at start. [`LiveConfig::num`] reads the current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Num {
+    Maxmemory,
+    MaxmemorySamples,
+    ProtoMaxBulkLen,
+    ClientQueryBufferLimit,
+    MaxmemoryClients,
+    Timeout,
+    Maxclients,
+    Hz,
+    MaxBlockMs,
+    MaxBlockedClients,
+    MaxHoldMs,
+    HoldMaxMemory,
+    HoldClientMaxMemory,
+    IdlePollUs,
+    PackBelow,
+    SpillAdmission,
+}
+
+/// What [`Num::spec`] declares of a number.
+pub struct NumSpec {
+    /// The flag's, config file's and CONFIG's name.
+    pub name: &'static str,
+    /// Reads and checks a value as written (`4gb`, `60000`, `all`).
+    pub parse: fn(&str) -> Result<u64, String>,
+    /// How CONFIG GET and CONFIG REWRITE write it.
+    pub show: fn(u64) -> String,
+    /// Its value at start (the flag's, already parsed with `parse`).
+    pub start: fn(&Config) -> u64,
+}
+
+impl Num {
+    /// Every number, in [`LiveConfig`]'s order.
+    pub const ALL: [Num; 16] = [
+        Num::Maxmemory,
+        Num::MaxmemorySamples,
+        Num::ProtoMaxBulkLen,
+        Num::ClientQueryBufferLimit,
+        Num::MaxmemoryClients,
+        Num::Timeout,
+        Num::Maxclients,
+        Num::Hz,
+        Num::MaxBlockMs,
+        Num::MaxBlockedClients,
+        Num::MaxHoldMs,
+        Num::HoldMaxMemory,
+        Num::HoldClientMaxMemory,
+        Num::IdlePollUs,
+        Num::PackBelow,
+        Num::SpillAdmission,
+    ];
+
+    /// The number's declaration.
+    pub fn spec(self) -> NumSpec {
+        fn plain(
+            name: &'static str,
+            parse: fn(&str) -> Result<u64, String>,
+            start: fn(&Config) -> u64,
+        ) -> NumSpec {
+            NumSpec {
+                name,
+                parse,
+                show: |n| n.to_string(),
+                start,
+            }
+        }
+        match self {
+            Num::Maxmemory => plain("maxmemory", maxmemory_value, |c| c.maxmemory),
+            Num::MaxmemorySamples => {
+                plain("maxmemory-samples", samples_value, |c| c.maxmemory_samples)
+            }
+            Num::ProtoMaxBulkLen => plain("proto-max-bulk-len", memory_of_1mb_or_more, |c| {
+                c.proto_max_bulk_len
+            }),
+            Num::ClientQueryBufferLimit => {
+                plain("client-query-buffer-limit", memory_of_1mb_or_more, |c| {
+                    c.client_query_buffer_limit
+                })
+            }
+            Num::MaxmemoryClients => {
+                plain("maxmemory-clients", memory_value, |c| c.maxmemory_clients)
+            }
+            Num::Timeout => plain("timeout", integer_value, |c| c.timeout),
+            Num::Maxclients => plain("maxclients", maxclients_value, |c| c.maxclients),
+            Num::Hz => plain("hz", hz_value, |c| c.hz),
+            Num::MaxBlockMs => plain("max-block-ms", at_least_one, |c| c.max_block_ms),
+            Num::MaxBlockedClients => plain("max-blocked-clients", integer_value, |c| {
+                c.max_blocked_clients
+            }),
+            Num::MaxHoldMs => plain("max-hold-ms", at_least_one, |c| c.max_hold_ms),
+            Num::HoldMaxMemory => plain("hold-max-memory", memory_value, |c| c.hold_max_memory),
+            Num::HoldClientMaxMemory => plain("hold-client-max-memory", memory_value, |c| {
+                c.hold_client_max_memory
+            }),
+            Num::IdlePollUs => plain("idle-poll-us", idle_poll_value, |c| c.idle_poll_us),
+            Num::PackBelow => plain("pack-below", pack_below_value, |c| c.pack_below),
+            Num::SpillAdmission => NumSpec {
+                name: "spill-admission",
+                parse: parse_admission,
+                show: admission_name,
+                start: |c| c.spill_admission,
+            },
+        }
+    }
+
+    /// The number named `name` (case-insensitive).
+    pub fn named(name: &str) -> Option<Num> {
+        Num::ALL
+            .into_iter()
+            .find(|n| n.spec().name.eq_ignore_ascii_case(name))
+    }
+}
+
+/// A plain integer (Redis's error text).
+fn integer_value(s: &str) -> Result<u64, String> {
+    s.parse::<u64>()
+        .map_err(|_| "argument couldn't be parsed into an integer".into())
+}
+
+/// An integer of at least 1.
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match integer_value(s)? {
+        0 => Err("argument must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+fn samples_value(s: &str) -> Result<u64, String> {
+    match integer_value(s)? {
+        n @ 1..=64 => Ok(n),
+        _ => Err("argument must be between 1 and 64 inclusive".into()),
+    }
+}
+
+fn maxclients_value(s: &str) -> Result<u64, String> {
+    match integer_value(s)? {
+        0 => Err("argument must be between 1 and 4294967295 inclusive".into()),
+        n => Ok(n),
+    }
+}
+
+/// `hz`: as Redis, a value outside 1..=500 is taken as the nearest bound.
+fn hz_value(s: &str) -> Result<u64, String> {
+    integer_value(s).map(|n| n.clamp(1, 500))
+}
+
+fn idle_poll_value(s: &str) -> Result<u64, String> {
+    match integer_value(s)? {
+        n if n <= MAX_IDLE_POLL_US => Ok(n),
+        _ => Err(format!(
+            "argument must be between 0 and {MAX_IDLE_POLL_US} inclusive"
+        )),
+    }
+}
+
+fn pack_below_value(s: &str) -> Result<u64, String> {
+    match integer_value(s)? {
+        n if n <= MAX_PACK_BELOW => Ok(n),
+        _ => Err(format!(
+            "argument must be between 0 and {MAX_PACK_BELOW} inclusive"
+        )),
+    }
+}
+
+/// A memory value (`4gb`, `512mb`, bytes).
+fn memory_value(s: &str) -> Result<u64, String> {
+    parse_memory(s).map_err(|_| "argument must be a memory value".into())
+}
+
+/// `maxmemory`: a memory value, or `auto` ([`auto_maxmemory`]).
+fn maxmemory_value(s: &str) -> Result<u64, String> {
+    parse_maxmemory(s).map_err(|_| "argument must be a memory value".into())
+}
+
+/// A memory value of at least 1 MiB (the buffer and bulk limits).
+fn memory_of_1mb_or_more(s: &str) -> Result<u64, String> {
+    match memory_value(s)? {
+        n if n >= 1024 * 1024 => Ok(n),
+        _ => Err("argument must be a memory value of at least 1mb".into()),
+    }
+}
 
 impl Config {
     /// Parses the process arguments, reading the config file if one is named.
@@ -984,17 +1172,10 @@ pub fn is_loopback(ip: std::net::IpAddr) -> bool {
 
 /// Settings that CONFIG SET can change while the server runs.
 pub struct LiveConfig {
-    /// Total memory budget (0: none).
-    pub maxmemory: AtomicU64,
+    /// The numbers CONFIG SET changes, in [`Num::ALL`]'s order
+    /// ([`LiveConfig::num`]).
+    nums: [AtomicU64; Num::ALL.len()],
     policy: AtomicU8,
-    /// Keys sampled per eviction.
-    pub maxmemory_samples: AtomicU64,
-    /// Largest bulk argument.
-    pub proto_max_bulk_len: AtomicU64,
-    /// Most bytes one request may hold while it arrives.
-    pub client_query_buffer_limit: AtomicU64,
-    /// Most bytes all arriving requests may hold together (0: no limit).
-    pub maxmemory_clients: AtomicU64,
     /// The normal class's output limits: hard bytes, soft bytes, soft
     /// seconds (0: off).
     pub output_hard: AtomicU64,
@@ -1004,26 +1185,6 @@ pub struct LiveConfig {
     pub output_soft_secs: AtomicU64,
     /// `client-output-buffer-limit` as CONFIG GET shows it.
     pub output_limits: RwLock<String>,
-    /// Idle client timeout, seconds.
-    pub timeout: AtomicU64,
-    /// Most clients.
-    pub maxclients: AtomicU64,
-    /// Background frequency.
-    pub hz: AtomicU64,
-    /// Cap on blocking reads, ms.
-    pub max_block_ms: AtomicU64,
-    /// Most clients blocked at once.
-    pub max_blocked_clients: AtomicU64,
-    /// Cap on lookup holds, ms.
-    pub max_hold_ms: AtomicU64,
-    /// Bytes lookups may hold on the node (0: a quarter of maxmemory).
-    pub hold_max_memory: AtomicU64,
-    /// Bytes one client's lookups may hold (0: half of the node's).
-    pub hold_client_max_memory: AtomicU64,
-    /// Microseconds a connection polls its socket before its shard sleeps.
-    pub idle_poll_us: AtomicU64,
-    /// Percent of one core below which connections are packed on one shard.
-    pub pack_below: AtomicU64,
     /// `requirepass` as last set (the default user's password).
     pub requirepass: Arc<RwLock<String>>,
     /// The users and their rules.
@@ -1052,9 +1213,6 @@ pub struct LiveConfig {
     pub hugepages: bool,
     /// Arena mapped and locked at start.
     pub prealloc: bool,
-    /// Spill admission: 0 writes every evicted block, N only those read N
-    /// times.
-    pub spill_admission: AtomicU64,
     /// Write DRAM blocks to the spill tier on graceful shutdown.
     pub spill_on_shutdown: AtomicBool,
     /// The tenants (`--tenant`), fixed at start: a store's tenant slot
@@ -1067,6 +1225,11 @@ pub struct LiveConfig {
 }
 
 impl LiveConfig {
+    /// The current value of a number CONFIG SET changes.
+    pub fn num(&self, n: Num) -> u64 {
+        self.nums[n as usize].load(Relaxed)
+    }
+
     /// The name of tenant slot `slot` (0: `default`).
     pub fn tenant_name(&self, slot: usize) -> &str {
         match slot {
@@ -1157,15 +1320,15 @@ impl LiveConfig {
     /// `kvtier_store::holds`). No limit without maxmemory: nothing is
     /// evicted then.
     pub fn hold_limits(&self, shards: usize) -> kvtier_store::HoldLimits {
-        let maxmemory = self.maxmemory.load(Relaxed);
+        let maxmemory = self.num(Num::Maxmemory);
         if maxmemory == 0 {
             return kvtier_store::HoldLimits::NONE;
         }
-        let node = match self.hold_max_memory.load(Relaxed) {
+        let node = match self.num(Num::HoldMaxMemory) {
             0 => maxmemory / 4,
             n => n,
         };
-        let client = match self.hold_client_max_memory.load(Relaxed) {
+        let client = match self.num(Num::HoldClientMaxMemory) {
             0 => node / 2,
             n => n.min(node),
         };
@@ -1187,28 +1350,14 @@ impl LiveConfig {
         let output = parse_output_limits(&config.client_output_buffer_limit)
             .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
         let mut live = LiveConfig {
+            nums: Num::ALL.map(|n| AtomicU64::new((n.spec().start)(config))),
             started: Vec::new(),
             config_file: config.config_file.clone(),
-            maxmemory: AtomicU64::new(config.maxmemory),
             policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
-            maxmemory_samples: AtomicU64::new(config.maxmemory_samples),
-            proto_max_bulk_len: AtomicU64::new(config.proto_max_bulk_len),
-            client_query_buffer_limit: AtomicU64::new(config.client_query_buffer_limit),
-            maxmemory_clients: AtomicU64::new(config.maxmemory_clients),
             output_hard: AtomicU64::new(output.0 .0),
             output_soft: AtomicU64::new(output.0 .1),
             output_soft_secs: AtomicU64::new(output.0 .2),
             output_limits: RwLock::new(output.1),
-            timeout: AtomicU64::new(config.timeout),
-            maxclients: AtomicU64::new(config.maxclients),
-            hz: AtomicU64::new(config.hz.clamp(1, 500)),
-            max_block_ms: AtomicU64::new(config.max_block_ms.max(1)),
-            max_blocked_clients: AtomicU64::new(config.max_blocked_clients),
-            max_hold_ms: AtomicU64::new(config.max_hold_ms.max(1)),
-            hold_max_memory: AtomicU64::new(config.hold_max_memory),
-            hold_client_max_memory: AtomicU64::new(config.hold_client_max_memory),
-            idle_poll_us: AtomicU64::new(config.idle_poll_us),
-            pack_below: AtomicU64::new(config.pack_below),
             requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
             acl,
             tls,
@@ -1224,7 +1373,6 @@ impl LiveConfig {
             save: RwLock::new(String::new()),
             hugepages: config.hugepages,
             prealloc: config.prealloc,
-            spill_admission: AtomicU64::new(config.spill_admission),
             spill_on_shutdown: AtomicBool::new(config.spill_on_shutdown),
             tenants: config.tenants.clone(),
             tenant_limits: RwLock::new(config.tenants.iter().map(|t| t.limits).collect()),
@@ -1332,9 +1480,7 @@ impl LiveConfig {
     /// CONFIG SET changes that are also flags (so the file they are
     /// written to starts the server).
     fn rewritable(&self) -> Vec<(String, String)> {
-        PARAMS
-            .iter()
-            .map(|p| (p.name.to_string(), (p.get)(self)))
+        self.params()
             .chain(self.tls.iter().flat_map(|t| t.params()))
             .filter(|(name, _)| is_flag(name))
             .collect()
@@ -1415,15 +1561,26 @@ impl LiveConfig {
 
     /// Every parameter name and its current value, sorted by name.
     pub fn all(&self) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = PARAMS
-            .iter()
-            .map(|p| (p.name.to_string(), (p.get)(self)))
+        let mut out: Vec<(String, String)> = self
+            .params()
             .chain(self.fixed.iter().map(|(k, v)| (k.to_string(), v.clone())))
             .chain(self.tls.iter().flat_map(|t| t.params()))
             .chain([("tenant".to_string(), self.tenant_text())])
             .collect();
         out.sort();
         out
+    }
+
+    /// The settings CONFIG SET changes and their values: the numbers, then
+    /// the others.
+    fn params(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        Num::ALL
+            .into_iter()
+            .map(|n| {
+                let spec = n.spec();
+                (spec.name.to_string(), (spec.show)(self.num(n)))
+            })
+            .chain(PARAMS.iter().map(|p| (p.name.to_string(), (p.get)(self))))
     }
 
     /// CONFIG GET: parameters matching the glob `pattern` (case-insensitive).
@@ -1436,6 +1593,9 @@ impl LiveConfig {
 
     /// Validates `value` for parameter `name` without applying it.
     pub fn check(&self, name: &str, value: &str) -> Result<(), String> {
+        if let Some(n) = Num::named(name) {
+            return (n.spec().parse)(value).map(|_| ());
+        }
         match PARAMS.iter().find(|p| p.name.eq_ignore_ascii_case(name)) {
             Some(p) => (p.parse)(value).map(|_| ()),
             // Checked by loading them, when set.
@@ -1492,6 +1652,11 @@ impl LiveConfig {
             *limits = self.tenant_limits_after(limits.clone(), value)?;
             return Ok(());
         }
+        if let Some(n) = Num::named(name) {
+            let v = (n.spec().parse)(value)?;
+            self.nums[n as usize].store(v, Relaxed);
+            return Ok(());
+        }
         let p = PARAMS
             .iter()
             .find(|p| p.name.eq_ignore_ascii_case(name))
@@ -1527,20 +1692,6 @@ fn number(s: &str) -> Result<Value, String> {
     s.parse::<u64>()
         .map(Value::Number)
         .map_err(|_| "argument couldn't be parsed into an integer".into())
-}
-
-/// A memory value of at least 1 MiB (the buffer and bulk limits).
-fn memory_of_1mb_or_more(s: &str) -> Result<Value, String> {
-    match memory(s)? {
-        Value::Number(n) if n >= 1024 * 1024 => Ok(Value::Number(n)),
-        _ => Err("argument must be a memory value of at least 1mb".into()),
-    }
-}
-
-fn memory(s: &str) -> Result<Value, String> {
-    parse_memory(s)
-        .map(Value::Number)
-        .map_err(|_| "argument must be a memory value".into())
 }
 
 fn text(s: &str) -> Result<Value, String> {
@@ -1593,12 +1744,6 @@ fn read_text(target: &RwLock<String>) -> String {
 
 const PARAMS: &[Param] = &[
     Param {
-        name: "maxmemory",
-        get: |c| c.maxmemory.load(Relaxed).to_string(),
-        parse: memory,
-        apply: |c, v| set_num(&c.maxmemory, v),
-    },
-    Param {
         name: "maxmemory-policy",
         get: |c| c.policy().name().to_string(),
         parse: |s| {
@@ -1611,33 +1756,6 @@ const PARAMS: &[Param] = &[
                 c.policy.store(n as u8, Relaxed);
             }
         },
-    },
-    Param {
-        name: "maxmemory-samples",
-        get: |c| c.maxmemory_samples.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if (1..=64).contains(&n) => Ok(Value::Number(n)),
-            _ => Err("argument must be between 1 and 64 inclusive".into()),
-        },
-        apply: |c, v| set_num(&c.maxmemory_samples, v),
-    },
-    Param {
-        name: "proto-max-bulk-len",
-        get: |c| c.proto_max_bulk_len.load(Relaxed).to_string(),
-        parse: memory_of_1mb_or_more,
-        apply: |c, v| set_num(&c.proto_max_bulk_len, v),
-    },
-    Param {
-        name: "client-query-buffer-limit",
-        get: |c| c.client_query_buffer_limit.load(Relaxed).to_string(),
-        parse: memory_of_1mb_or_more,
-        apply: |c, v| set_num(&c.client_query_buffer_limit, v),
-    },
-    Param {
-        name: "maxmemory-clients",
-        get: |c| c.maxmemory_clients.load(Relaxed).to_string(),
-        parse: memory,
-        apply: |c, v| set_num(&c.maxmemory_clients, v),
     },
     Param {
         name: "client-output-buffer-limit",
@@ -1653,94 +1771,6 @@ const PARAMS: &[Param] = &[
                 set_text(&c.output_limits, Value::Text(shown));
             }
         },
-    },
-    Param {
-        name: "timeout",
-        get: |c| c.timeout.load(Relaxed).to_string(),
-        parse: number,
-        apply: |c, v| set_num(&c.timeout, v),
-    },
-    Param {
-        name: "maxclients",
-        get: |c| c.maxclients.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
-            _ => Err("argument must be between 1 and 4294967295 inclusive".into()),
-        },
-        apply: |c, v| set_num(&c.maxclients, v),
-    },
-    Param {
-        name: "hz",
-        get: |c| c.hz.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) => Ok(Value::Number(n.clamp(1, 500))),
-            other => Ok(other),
-        },
-        apply: |c, v| set_num(&c.hz, v),
-    },
-    Param {
-        name: "max-block-ms",
-        get: |c| c.max_block_ms.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
-            _ => Err("argument must be at least 1".into()),
-        },
-        apply: |c, v| set_num(&c.max_block_ms, v),
-    },
-    Param {
-        name: "max-hold-ms",
-        get: |c| c.max_hold_ms.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if n >= 1 => Ok(Value::Number(n)),
-            _ => Err("argument must be at least 1".into()),
-        },
-        apply: |c, v| set_num(&c.max_hold_ms, v),
-    },
-    Param {
-        name: "hold-max-memory",
-        get: |c| c.hold_max_memory.load(Relaxed).to_string(),
-        parse: memory,
-        apply: |c, v| set_num(&c.hold_max_memory, v),
-    },
-    Param {
-        name: "hold-client-max-memory",
-        get: |c| c.hold_client_max_memory.load(Relaxed).to_string(),
-        parse: memory,
-        apply: |c, v| set_num(&c.hold_client_max_memory, v),
-    },
-    Param {
-        name: "max-blocked-clients",
-        get: |c| c.max_blocked_clients.load(Relaxed).to_string(),
-        parse: number,
-        apply: |c, v| set_num(&c.max_blocked_clients, v),
-    },
-    Param {
-        name: "idle-poll-us",
-        get: |c| c.idle_poll_us.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if n <= MAX_IDLE_POLL_US => Ok(Value::Number(n)),
-            _ => Err(format!(
-                "argument must be between 0 and {MAX_IDLE_POLL_US} inclusive"
-            )),
-        },
-        apply: |c, v| set_num(&c.idle_poll_us, v),
-    },
-    Param {
-        name: "pack-below",
-        get: |c| c.pack_below.load(Relaxed).to_string(),
-        parse: |s| match number(s)? {
-            Value::Number(n) if n <= MAX_PACK_BELOW => Ok(Value::Number(n)),
-            _ => Err(format!(
-                "argument must be between 0 and {MAX_PACK_BELOW} inclusive"
-            )),
-        },
-        apply: |c, v| set_num(&c.pack_below, v),
-    },
-    Param {
-        name: "spill-admission",
-        get: |c| admission_name(c.spill_admission.load(Relaxed)),
-        parse: |s| parse_admission(s).map(Value::Number),
-        apply: |c, v| set_num(&c.spill_admission, v),
     },
     Param {
         name: "spill-on-shutdown",
@@ -1932,11 +1962,48 @@ mod tests {
         let got = live.get(b"maxmemory*");
         assert_eq!(got.len(), 4, "maxmemory, -clients, -policy, -samples");
         live.set("maxmemory", "10mb").unwrap();
-        assert_eq!(live.maxmemory.load(Relaxed), 10 << 20);
+        assert_eq!(live.num(Num::Maxmemory), 10 << 20);
         assert!(live.check("maxmemory-policy", "bogus").is_err());
         assert!(live.check("port", "1").is_err());
         assert!(live.check("save", "900 1").is_err());
         live.set("maxmemory-policy", "allkeys-lru").unwrap();
         assert_eq!(live.policy(), EvictionPolicy::AllKeysLru);
+    }
+
+    /// Every number CONFIG SET changes is read by one function at start
+    /// and at CONFIG SET: a value is refused by both or taken by both as
+    /// the same number.
+    #[test]
+    fn start_and_config_set_agree_on_every_number() {
+        let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
+        let values = [
+            "0", "1", "7", "64", "65", "500", "501", "10000", "10001", "1kb", "1mb", "2gb", "all",
+            "auto", "-1", "x", "",
+        ];
+        for n in Num::ALL {
+            let spec = n.spec();
+            for v in values {
+                let flag = format!("--{}", spec.name);
+                let started = Config::load_from(vec!["kvtier-server".into(), flag, v.into()]);
+                let live = LiveConfig::new(
+                    &Config::load_from(vec!["kvtier-server".into()]).unwrap(),
+                    Acl::new(catalog, "", None).unwrap(),
+                    None,
+                    1,
+                    6379,
+                );
+                let set = live.set(spec.name, v);
+                assert_eq!(
+                    started.is_ok(),
+                    set.is_ok(),
+                    "{} {v:?}: {started:?} vs {set:?}",
+                    spec.name
+                );
+                if let Ok(c) = started {
+                    assert_eq!((spec.start)(&c), live.num(n), "{} {v:?}", spec.name);
+                }
+            }
+            assert_eq!(Num::named(&spec.name.to_uppercase()), Some(n));
+        }
     }
 }

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::acl::Acl;
 use crate::config::Config;
+use crate::config::Num;
 use crate::net::connection::{accept, send_socket};
 use crate::net::packing::Packer;
 use crate::report::{Exporter, ShardReport};
@@ -327,7 +328,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener, tls: bool) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let max = shared.config.maxclients.load(Relaxed) as usize;
+                    let max = shared.config.num(Num::Maxclients) as usize;
                     let before = shared.connected.fetch_add(1, Relaxed);
                     if before >= max {
                         shared.connected.fetch_sub(1, Relaxed);
@@ -387,7 +388,7 @@ fn start_ticker(shared: Arc<Shared>, set: Arc<ShardSet>) -> io::Result<JoinHandl
             move || {
                 let (mut packer, mut seated) = (Packer::default(), Vec::new());
                 while !shared.shutting_down() {
-                    let hz = shared.config.hz.load(Relaxed).clamp(1, 500);
+                    let hz = shared.config.num(Num::Hz).clamp(1, 500);
                     let period = if shared.connected.load(Relaxed) == 0 {
                         Duration::from_secs(1)
                     } else {
@@ -420,7 +421,7 @@ fn place_connections(shared: &Shared, packer: &mut Packer, seated: &mut Vec<usiz
         kvtier_store::mono_ns(),
         cpu,
         seated,
-        shared.config.pack_below.load(Relaxed),
+        shared.config.num(Num::PackBelow),
         shared.placement(),
     );
     shared.set_placement(now);
@@ -554,7 +555,7 @@ async fn cron(shard: Rc<Shard>) {
         }
         shard.deliver_links();
         shared.shard_cpu_ns[shard.id].store(kvtier_store::thread_cpu_ns(), Relaxed);
-        let timeout = shared.config.timeout.load(Relaxed);
+        let timeout = shared.config.num(Num::Timeout);
         if timeout > 0 {
             shard
                 .clients

@@ -35,6 +35,7 @@ use super::{
 };
 use super::{expire_at_from, fan_out};
 use crate::acl::{category, KeyUse};
+use crate::config::Num;
 use crate::shard::Access;
 use crate::shard::{AfterLinks, AllStores, Shard, ShardGone};
 
@@ -685,7 +686,7 @@ fn mgetprefix(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
                         "ERR max number of blocked clients reached (max-blocked-clients)",
                     );
                 };
-                let cap = shard.shared.config.max_block_ms.load(Relaxed).max(1);
+                let cap = shard.shared.config.num(Num::MaxBlockMs).max(1);
                 blocking_read(&shard, &keys, min, Duration::from_millis(ms.min(cap))).await
             }
         };
@@ -751,7 +752,7 @@ struct BlockedSeat(Arc<crate::shared::Shared>);
 impl BlockedSeat {
     /// A seat, unless every one is taken.
     fn take(shared: &Arc<crate::shared::Shared>) -> Option<BlockedSeat> {
-        let max = shared.config.max_blocked_clients.load(Relaxed);
+        let max = shared.config.num(Num::MaxBlockedClients);
         let before = shared.blocked.fetch_add(1, Relaxed);
         if max > 0 && before >= max {
             shared.blocked.fetch_sub(1, Relaxed);
@@ -807,7 +808,7 @@ fn prefixlen(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
         let shard = &client.shard;
         let config = &shard.shared.config;
         let hold = hold_ms.map(|ms| {
-            let ms = ms.min(config.max_hold_ms.load(Relaxed).max(1));
+            let ms = ms.min(config.num(Num::MaxHoldMs).max(1));
             (now_ms() + ms, config.hold_limits(shard.count()))
         });
         let holder = client.id();

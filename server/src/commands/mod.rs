@@ -49,6 +49,7 @@ use kvtier_store::{now_ms, Encoding, Entry, Fetched, Store};
 
 use crate::acl::{Acl, Catalog, KeyUse};
 use crate::clients::ClientInfo;
+use crate::config::Num;
 use crate::shard::slot::key_slot;
 use crate::shard::watching::Watching;
 use crate::shard::{Access, Shard, ShardGone};
@@ -816,12 +817,7 @@ pub fn too_large_for_a_shard(client: &Client, args: &[Bytes]) -> Option<Reply> {
         "OOM a value of {longest} bytes is larger than one shard's share of maxmemory \
          ({}: maxmemory {} over {} shards); raise maxmemory",
         human(budget),
-        human(
-            shared
-                .config
-                .maxmemory
-                .load(std::sync::atomic::Ordering::Relaxed)
-        ),
+        human(shared.config.num(Num::Maxmemory)),
         shared.shards
     )))
 }

@@ -37,6 +37,7 @@ use crate::commands::{
     arity_error, flags, unknown_command, unknown_subcommand, Args, AsyncFn, Client, CommandSpec,
     Handler, LocalBoxFuture, Plan, ShardOp,
 };
+use crate::config::Num;
 use crate::coordination::{self, Routed, Through};
 use crate::shard::watching::Watching;
 use crate::shard::{Access, Shard, ShardGone};
@@ -379,7 +380,7 @@ impl<S: ClientIo> Connection<S> {
         let id = info.id;
         let info = Rc::new(RefCell::new(info));
         shard.clients.borrow_mut().add(Rc::clone(&info));
-        let parser = RequestParser::new(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+        let parser = RequestParser::new(shared.config.num(Num::ProtoMaxBulkLen) as usize);
         Connection {
             stream,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
@@ -562,7 +563,7 @@ impl<S: ClientIo> Connection<S> {
     fn start_batch(&mut self, batch: &mut Batch) {
         let shared = &self.client.shard.shared;
         self.parser
-            .set_max_bulk(shared.config.proto_max_bulk_len.load(Relaxed) as usize);
+            .set_max_bulk(shared.config.num(Num::ProtoMaxBulkLen) as usize);
         batch.rounds_from = self.client.shard.round_mark();
         self.clock = mono_ns();
         self.poll_plan.arrived(self.clock);
@@ -678,12 +679,12 @@ impl<S: ClientIo> Connection<S> {
         }
         let config = &shared.config;
         let (id, addr) = (self.client.id(), self.client.info.borrow().addr);
-        if held as u64 > config.client_query_buffer_limit.load(Relaxed) {
+        if held as u64 > config.num(Num::ClientQueryBufferLimit) {
             warn!("closing client {id} ({addr}): its request reached client-query-buffer-limit ({held} bytes)");
             self.client.shard.stats.borrow_mut().query_buffer_closed += 1;
             return false;
         }
-        let all = config.maxmemory_clients.load(Relaxed);
+        let all = config.num(Num::MaxmemoryClients);
         let exempt = self.client.info.borrow().no_evict;
         if all > 0 && total > all && grew && !exempt {
             warn!("evicting client {id} ({addr}): requests being received hold {total} bytes, over maxmemory-clients");
@@ -707,7 +708,7 @@ impl<S: ClientIo> Connection<S> {
             config.output_soft.load(Relaxed) as usize,
             Duration::from_secs(config.output_soft_secs.load(Relaxed)),
         );
-        let idle = config.timeout.load(Relaxed);
+        let idle = config.num(Num::Timeout);
         let mut over_soft_since: Option<Instant> = None;
         let mut waited = false;
         while !self.out.is_empty() {
@@ -799,7 +800,7 @@ impl<S: ClientIo> Connection<S> {
     /// when the window passed (or polling is off, or another connection of
     /// this shard is polling).
     async fn idle_poll(&mut self) -> std::io::Result<Option<usize>> {
-        let window = self.client.shard.shared.config.idle_poll_us.load(Relaxed);
+        let window = self.client.shard.shared.config.num(Num::IdlePollUs);
         let shard = Rc::clone(&self.client.shard);
         let contended = self.clock < shard.last_reader.get().1;
         // A TLS record cannot be looked for without a read that may wait:

@@ -1,9 +1,8 @@
 //! `# Clients`, and the connection metrics.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use super::metric::{Exporter, Metric};
 use super::snapshot::{sum, Info, ShardReport};
+use crate::config::Num;
 use crate::shared::{Placement, Shared};
 
 /// Connections accepted.
@@ -22,13 +21,13 @@ pub const METRICS: &[&Metric] = &[&CONNECTIONS, &CONNECTED];
 pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("connected_clients", sum(reports, |r| r.clients as u64));
     o.field("cluster_connections", 0);
-    o.field("maxclients", shared.config.maxclients.load(Relaxed));
+    o.field("maxclients", shared.config.num(Num::Maxclients));
     o.field("client_recent_max_input_buffer", 0);
     o.field("client_recent_max_output_buffer", 0);
     o.field("blocked_clients", sum(reports, |r| r.blocked_clients));
     o.field(
         "max_blocked_clients",
-        shared.config.max_blocked_clients.load(Relaxed),
+        shared.config.num(Num::MaxBlockedClients),
     );
     o.field(
         "blocked_clients_refused",

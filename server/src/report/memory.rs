@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::metric::{Exporter, Metric};
 use super::snapshot::{rss_bytes, sum, Info, ShardReport};
+use crate::config::Num;
 use crate::config::{human_bytes, total_system_memory};
 use crate::shared::Shared;
 
@@ -65,7 +66,7 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     let used = sum(reports, |r| r.used_memory as u64);
     let peak = shared.memory_peak.fetch_max(used, Relaxed).max(used);
     let rss = rss_bytes();
-    let maxmemory = config.maxmemory.load(Relaxed);
+    let maxmemory = config.num(Num::Maxmemory);
     let keys = sum(reports, |r| r.keys as u64);
     let overhead = keys * kvtier_store::ENTRY_OVERHEAD as u64;
     let dataset = used.saturating_sub(overhead);
@@ -180,7 +181,7 @@ pub fn export_node(e: &mut Exporter, shared: &Shared) {
     e.gauge(
         &MAXMEMORY,
         Vec::new(),
-        shared.config.maxmemory.load(Relaxed) as f64,
+        shared.config.num(Num::Maxmemory) as f64,
     );
     e.gauge(&RSS, Vec::new(), rss_bytes() as f64);
 }

@@ -1,9 +1,8 @@
 //! INFO's sections that are about the process rather than the data:
 //! Server, Persistence, Replication, CPU, Modules. No metrics.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use super::snapshot::{Info, ShardReport};
+use crate::config::Num;
 use crate::shared::Shared;
 
 /// `# Server`
@@ -30,8 +29,8 @@ pub fn server(o: &mut Info, shared: &Shared, _reports: &[ShardReport]) {
     o.field("server_time_usec", now * 1000);
     o.field("uptime_in_seconds", uptime);
     o.field("uptime_in_days", uptime / 86400);
-    o.field("hz", config.hz.load(Relaxed));
-    o.field("configured_hz", config.hz.load(Relaxed));
+    o.field("hz", config.num(Num::Hz));
+    o.field("configured_hz", config.num(Num::Hz));
     o.field("lru_clock", (now / 1000) & 0xff_ffff);
     o.field("executable", &shared.executable);
     o.field("config_file", &shared.config_file);

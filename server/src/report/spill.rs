@@ -7,6 +7,7 @@ use kvtier_store::spill::{SpillCounters, SpillDrop};
 
 use super::metric::{CounterRow, Exporter, Metric};
 use super::snapshot::{Info, ShardReport};
+use crate::config::Num;
 use crate::config::{admission_name, human_bytes};
 use crate::shared::Shared;
 
@@ -194,7 +195,7 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("spill_io_engine", "pread");
     o.field(
         "spill_admission",
-        admission_name(shared.config.spill_admission.load(Relaxed)),
+        admission_name(shared.config.num(Num::SpillAdmission)),
     );
     o.field("spill_max_bytes", dir.max_bytes());
     o.field("spill_used_bytes", dir.used_bytes());

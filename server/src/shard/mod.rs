@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use kvtier_cluster::hot::{Copies, HotCounter};
@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clients::ClientRegistry;
 use crate::config::LiveConfig;
+use crate::config::Num;
 use crate::shared::Shared;
 use crate::stats::ShardStats;
 
@@ -825,8 +826,8 @@ pub async fn run_mailbox(shard: Rc<Shard>, mut rx: mpsc::UnboundedReceiver<Shard
 /// shares and caps.
 pub fn configure_store(store: &mut Store, config: &LiveConfig, shards: usize) {
     store.set_policy(config.policy());
-    store.set_samples(config.maxmemory_samples.load(Relaxed) as usize);
-    store.set_max_value_len(config.proto_max_bulk_len.load(Relaxed) as usize);
+    store.set_samples(config.num(Num::MaxmemorySamples) as usize);
+    store.set_max_value_len(config.num(Num::ProtoMaxBulkLen) as usize);
     store.set_budget(shard_budget(config, shards));
     store.set_spill_admission(spill_admission(config));
     store.set_tenant_limits(&config.tenant_limits());
@@ -834,12 +835,12 @@ pub fn configure_store(store: &mut Store, config: &LiveConfig, shards: usize) {
 
 /// A shard's share of `maxmemory`.
 pub fn shard_budget(config: &LiveConfig, shards: usize) -> usize {
-    (config.maxmemory.load(Relaxed) / shards as u64) as usize
+    (config.num(Num::Maxmemory) / shards as u64) as usize
 }
 
 /// Reads a block needs before the spill tier keeps it (`spill-admission`).
 pub fn spill_admission(config: &LiveConfig) -> u8 {
-    config.spill_admission.load(Relaxed).min(u8::MAX as u64) as u8
+    config.num(Num::SpillAdmission).min(u8::MAX as u64) as u8
 }
 
 /// Pins the calling thread to `core` (best effort: containers may forbid it).
