@@ -28,6 +28,7 @@ pub struct CommandStat {
 }
 
 /// A shard's counters.
+#[derive(Clone)]
 pub struct ShardStats {
     /// Per command id (the ids of the command catalog, `Shared::catalog`).
     pub commands: Vec<CommandStat>,

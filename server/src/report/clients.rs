@@ -24,14 +24,14 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     o.field("maxclients", shared.config.num(Num::Maxclients));
     o.field("client_recent_max_input_buffer", 0);
     o.field("client_recent_max_output_buffer", 0);
-    o.field("blocked_clients", sum(reports, |r| r.blocked_clients));
+    o.field("blocked_clients", sum(reports, |r| r.stats.blocked_clients));
     o.field(
         "max_blocked_clients",
         shared.config.num(Num::MaxBlockedClients),
     );
     o.field(
         "blocked_clients_refused",
-        sum(reports, |r| r.blocked_clients_refused),
+        sum(reports, |r| r.stats.blocked_clients_refused),
     );
     o.field("total_blocking_keys", sum(reports, |r| r.blocking_keys));
     o.field("tracking_clients", 0);
@@ -42,13 +42,16 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
             Placement::Stay | Placement::Spread => -1,
         },
     );
-    o.field("connections_moved", sum(reports, |r| r.connections_moved));
+    o.field(
+        "connections_moved",
+        sum(reports, |r| r.stats.connections_moved),
+    );
     o.field("clients_in_timeout_table", 0);
 }
 
 /// This shard's connection figures.
 pub fn export(e: &mut Exporter, r: &ShardReport) {
-    e.counter(&CONNECTIONS, 0, Vec::new, r.connections_received);
+    e.counter(&CONNECTIONS, 0, Vec::new, r.stats.connections_received);
     e.gauge(
         &CONNECTED,
         vec![("shard", r.id.to_string())],

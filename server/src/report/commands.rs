@@ -28,7 +28,7 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
     for (id, name) in shared.catalog.names.iter().enumerate() {
         let (mut calls, mut nanos, mut rejected, mut failed) = (0, 0, 0, 0);
         for r in reports {
-            let c = &r.command_stats[id];
+            let c = &r.stats.commands[id];
             calls += c.calls;
             nanos += c.nanos;
             rejected += c.rejected;
@@ -54,7 +54,7 @@ pub fn info(o: &mut Info, shared: &Shared, reports: &[ShardReport]) {
 
 /// This shard's command counters and latencies.
 pub fn export(e: &mut Exporter, shared: &Shared, r: &ShardReport) {
-    for (id, c) in r.command_stats.iter().enumerate() {
+    for (id, c) in r.stats.commands.iter().enumerate() {
         if c.calls + c.rejected == 0 {
             continue;
         }

@@ -108,7 +108,7 @@ pub fn render_info(shared: &Shared, sections: &[&str], reports: &[ShardReport]) 
 /// counts CONFIG RESETSTAT zeroes); shard 0 also hands the node's (`node`:
 /// the spill tier's and the cluster's counts, never reset).
 pub fn export(shard: &mut Exporter, node: &mut Exporter, shared: &Shared, report: &ShardReport) {
-    shard.counting_since(report.resets);
+    shard.counting_since(report.stats.resets);
     clients::export(shard, report);
     memory::export(shard, report);
     stats::export(shard, report);

@@ -8,7 +8,7 @@ use kvtier_store::slab::ArenaStats;
 use kvtier_store::StoreStats;
 
 use crate::shard::{Shard, ShardGone};
-use crate::stats::CommandStat;
+use crate::stats::ShardStats;
 
 /// One shard's figures at one moment.
 pub struct ShardReport {
@@ -38,50 +38,13 @@ pub struct ShardReport {
     pub holds: (usize, usize),
     /// Connections.
     pub clients: usize,
-    /// Clients in a blocking wait.
-    pub blocked_clients: u64,
-    /// Blocking reads refused by `max-blocked-clients`.
-    pub blocked_clients_refused: u64,
     /// Keys blocked clients wait for.
     pub blocking_keys: u64,
-    /// Commands executed.
-    pub commands: u64,
-    /// Connections accepted.
-    pub connections_received: u64,
-    /// Connections handed to another shard.
-    pub connections_moved: u64,
-    /// Connections refused.
-    pub rejected_connections: u64,
-    /// Clients closed by client-query-buffer-limit.
-    pub query_buffer_closed: u64,
-    /// Clients closed by maxmemory-clients.
-    pub evicted_clients: u64,
-    /// Clients closed by client-output-buffer-limit.
-    pub output_buffer_closed: u64,
-    /// Bytes in.
-    pub net_input: u64,
-    /// Bytes out.
-    pub net_output: u64,
+    /// The shard's own counters, whole (commands, connections, bytes,
+    /// errors, blocked clients, polling, resets).
+    pub stats: ShardStats,
     /// Commands per second, recent.
     pub ops_per_sec: u64,
-    /// Error replies by code.
-    pub errors: Vec<(String, u64)>,
-    /// Error replies.
-    pub error_replies: u64,
-    /// Per command (by statistics id).
-    pub command_stats: Vec<CommandStat>,
-    /// Reads of other shards' keys taken without waking their thread.
-    pub direct_reads: u64,
-    /// Chain writes over shards stored whole on this thread.
-    pub direct_writes: u64,
-    /// Jobs sent to other shards' mailboxes and awaited.
-    pub mailbox_calls: u64,
-    /// Microseconds connections spent polling before the thread slept.
-    pub idle_poll_us: u64,
-    /// Requests read while their connection was polling.
-    pub idle_poll_hits: u64,
-    /// CONFIG RESETSTAT calls so far (they zero the counts above).
-    pub resets: u64,
     /// What each tenant slot holds in this shard.
     pub tenants: [kvtier_store::tenants::TenantUse; kvtier_store::tenants::TENANT_SLOTS],
 }
@@ -106,28 +69,9 @@ impl ShardReport {
             spill_compact_keys: store.compact_disk_keys(),
             holds: (store.holds().len(), store.holds().bytes()),
             clients: shard.clients.borrow().len(),
-            blocked_clients: stats.blocked_clients,
-            blocked_clients_refused: stats.blocked_clients_refused,
             blocking_keys: store.watched_keys() as u64,
-            commands: stats.total_commands,
-            connections_received: stats.connections_received,
-            connections_moved: stats.connections_moved,
-            rejected_connections: stats.rejected_connections,
-            query_buffer_closed: stats.query_buffer_closed,
-            evicted_clients: stats.evicted_clients,
-            output_buffer_closed: stats.output_buffer_closed,
-            net_input: stats.net_input_bytes,
-            net_output: stats.net_output_bytes,
             ops_per_sec: stats.ops_per_sec(),
-            errors: stats.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            error_replies: stats.total_error_replies,
-            command_stats: stats.commands.clone(),
-            direct_reads: stats.direct_reads,
-            direct_writes: stats.direct_writes,
-            mailbox_calls: stats.mailbox_calls,
-            idle_poll_us: stats.idle_poll_us,
-            idle_poll_hits: stats.idle_poll_hits,
-            resets: stats.resets,
+            stats: (*stats).clone(),
             tenants: store.tenant_usage(),
         }
     }

@@ -102,24 +102,33 @@ pub const METRICS: &[&Metric] = &[
 pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     o.field(
         "total_connections_received",
-        sum(reports, |r| r.connections_received),
+        sum(reports, |r| r.stats.connections_received),
     );
-    o.field("total_commands_processed", sum(reports, |r| r.commands));
+    o.field(
+        "total_commands_processed",
+        sum(reports, |r| r.stats.total_commands),
+    );
     o.field("instantaneous_ops_per_sec", sum(reports, |r| r.ops_per_sec));
-    o.field("total_net_input_bytes", sum(reports, |r| r.net_input));
-    o.field("total_net_output_bytes", sum(reports, |r| r.net_output));
+    o.field(
+        "total_net_input_bytes",
+        sum(reports, |r| r.stats.net_input_bytes),
+    );
+    o.field(
+        "total_net_output_bytes",
+        sum(reports, |r| r.stats.net_output_bytes),
+    );
     o.field(
         "rejected_connections",
-        sum(reports, |r| r.rejected_connections),
+        sum(reports, |r| r.stats.rejected_connections),
     );
-    o.field("evicted_clients", sum(reports, |r| r.evicted_clients));
+    o.field("evicted_clients", sum(reports, |r| r.stats.evicted_clients));
     o.field(
         "client_query_buffer_limit_disconnections",
-        sum(reports, |r| r.query_buffer_closed),
+        sum(reports, |r| r.stats.query_buffer_closed),
     );
     o.field(
         "client_output_buffer_limit_disconnections",
-        sum(reports, |r| r.output_buffer_closed),
+        sum(reports, |r| r.stats.output_buffer_closed),
     );
     o.field("expired_keys", sum(reports, |r| r.store.expired_keys));
     o.field("evicted_keys", sum(reports, |r| r.store.evicted_keys));
@@ -149,16 +158,25 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     }
     o.field("pubsub_channels", 0);
     o.field("pubsub_patterns", 0);
-    o.field("total_error_replies", sum(reports, |r| r.error_replies));
-    o.field("total_reads_processed", sum(reports, |r| r.commands));
-    o.field("cross_shard_direct_reads", sum(reports, |r| r.direct_reads));
+    o.field(
+        "total_error_replies",
+        sum(reports, |r| r.stats.total_error_replies),
+    );
+    o.field(
+        "total_reads_processed",
+        sum(reports, |r| r.stats.total_commands),
+    );
+    o.field(
+        "cross_shard_direct_reads",
+        sum(reports, |r| r.stats.direct_reads),
+    );
     o.field(
         "cross_shard_direct_writes",
-        sum(reports, |r| r.direct_writes),
+        sum(reports, |r| r.stats.direct_writes),
     );
-    o.field("cross_shard_calls", sum(reports, |r| r.mailbox_calls));
-    o.field("idle_poll_us", sum(reports, |r| r.idle_poll_us));
-    o.field("idle_poll_hits", sum(reports, |r| r.idle_poll_hits));
+    o.field("cross_shard_calls", sum(reports, |r| r.stats.mailbox_calls));
+    o.field("idle_poll_us", sum(reports, |r| r.stats.idle_poll_us));
+    o.field("idle_poll_hits", sum(reports, |r| r.stats.idle_poll_hits));
 }
 
 /// A shard's lookup holds by outcome (INFO `lookup_holds_<outcome>`, the
@@ -177,7 +195,7 @@ fn hold_outcomes(h: &kvtier_store::HoldStats) -> [(&'static str, u64); 5] {
 pub fn errorstats(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
     let mut merged: BTreeMap<&str, u64> = BTreeMap::new();
     for r in reports {
-        for (code, n) in &r.errors {
+        for (code, n) in &r.stats.errors {
             *merged.entry(code).or_insert(0) += n;
         }
     }
@@ -188,16 +206,16 @@ pub fn errorstats(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
 
 /// This shard's traffic and keyspace counters.
 pub fn export(e: &mut Exporter, r: &ShardReport) {
-    e.counter(&NET_INPUT, 0, Vec::new, r.net_input);
-    e.counter(&NET_OUTPUT, 0, Vec::new, r.net_output);
+    e.counter(&NET_INPUT, 0, Vec::new, r.stats.net_input_bytes);
+    e.counter(&NET_OUTPUT, 0, Vec::new, r.stats.net_output_bytes);
     let shard = || vec![("shard", r.id.to_string())];
     e.counter(&EXPIRED, 0, shard, r.store.expired_keys);
     e.counter(&HITS, 0, shard, r.store.keyspace_hits);
     e.counter(&MISSES, 0, shard, r.store.keyspace_misses);
-    e.counter(&DIRECT_READS, 0, shard, r.direct_reads);
-    e.counter(&DIRECT_WRITES, 0, shard, r.direct_writes);
-    e.counter(&MAILBOX_CALLS, 0, shard, r.mailbox_calls);
-    e.counter(&IDLE_POLL_HITS, 0, shard, r.idle_poll_hits);
+    e.counter(&DIRECT_READS, 0, shard, r.stats.direct_reads);
+    e.counter(&DIRECT_WRITES, 0, shard, r.stats.direct_writes);
+    e.counter(&MAILBOX_CALLS, 0, shard, r.stats.mailbox_calls);
+    e.counter(&IDLE_POLL_HITS, 0, shard, r.stats.idle_poll_hits);
     e.gauge(&HELD_KEYS, shard(), r.holds.0 as f64);
     e.gauge(&HELD_BYTES, shard(), r.holds.1 as f64);
     for (i, (outcome, count)) in hold_outcomes(&r.store.holds).into_iter().enumerate() {
