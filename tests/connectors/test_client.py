@@ -259,6 +259,127 @@ def test_server_down_and_timeouts() -> None:
         listener.close()
 
 
+class FakeNode:
+    """A node that answers every command the same way: ``reply`` (raw RESP),
+    or ``None`` to close the connection once the command has arrived."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.reply = reply
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.commands = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            try:
+                while conn.recv(65536):
+                    self.commands += 1
+                    if self.reply is None:
+                        return
+                    conn.sendall(self.reply.replace(b"{addr}", self.addr.encode()))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_both_clients_decide_retries_alike_and_raise_the_same_errors() -> None:
+    """kvtier._retry: a MOVED loop ends, TRYAGAIN is retried then answered,
+    a node that drops every command is a ConnectionError naming it; the
+    sync and asyncio clients raise the same class with the same text."""
+
+    def both(addr: str, password: str | None = None) -> list[tuple[type, str]]:
+        seen: list[tuple[type, str]] = []
+        try:
+            kvtier.Client(addr, socket_timeout=5, password=password).prefix_len(["a"])
+        except kvtier.KvtierError as e:
+            seen.append((type(e), str(e)))
+
+        async def run() -> None:
+            a = kvtier.AsyncClient(addr, socket_timeout=5, password=password)
+            try:
+                await a.prefix_len(["a"])
+            except kvtier.KvtierError as e:
+                seen.append((type(e), str(e)))
+            finally:
+                await a.close()
+
+        asyncio.run(run())
+        assert len(seen) == 2, seen
+        assert seen[0] == seen[1], seen
+        return seen
+
+    from kvtier._retry import MOVED_HOPS, TRYAGAIN_TRIES
+
+    cases = [
+        (b"-MOVED 1 {addr}\r\n", kvtier.ResponseError, "MOVED 1 ", 2 * (MOVED_HOPS + 1)),
+        (b"-TRYAGAIN the slot's node is down\r\n", kvtier.ResponseError, "TRYAGAIN", 2 * TRYAGAIN_TRIES),
+        (None, kvtier.ConnectionError, "no kvtier node answered: 127.0.0.1:", 2),
+    ]
+    # A refused AUTH is the server's error, not a node down.
+    cases.append((b"-WRONGPASS invalid username-password pair\r\n", kvtier.ResponseError, "WRONGPASS", 2))
+    for reply, cls, text, commands in cases:
+        node = FakeNode(reply)
+        try:
+            password = "pw" if reply is not None and reply.startswith(b"-WRONGPASS") else None
+            (kind, message), _ = both(node.addr, password)
+            assert kind is cls and message.startswith(text), (reply, kind, message)
+            assert node.commands == commands, (reply, node.commands)
+        finally:
+            node.close()
+
+
+def test_retry_decisions_without_io() -> None:
+    """The decision alone (kvtier._retry.Attempts): no sockets, no sleeping."""
+    from kvtier._commands import parse_nodes
+    from kvtier._retry import TRYAGAIN_PAUSE, Attempts, NodeOrder
+
+    a, b, c = parse_nodes("h1:1,h2:2,h3:3")
+    order = NodeOrder((a, b, c))
+    tries = Attempts(order, first=b)
+    assert tries.next() == b
+    # MOVED: the named node at once.
+    assert tries.error_reply(b, "MOVED 7 h3:3") == 0.0
+    assert tries.next() == c
+    # TRYAGAIN: the same node after a pause.
+    assert tries.error_reply(c, "TRYAGAIN later") == TRYAGAIN_PAUSE
+    assert tries.next() == c
+    # Any other error is the answer.
+    assert tries.error_reply(c, "ERR wrong number of arguments") is None
+    # A pooled connection lost before the reply: the same node again; a
+    # fresh one: the node is skipped, the next tried, and marked down.
+    tries.lost_before_reply(c, kvtier.ConnectionError("closed"), pooled=True)
+    assert tries.next() == c
+    tries.lost_before_reply(c, TimeoutError("timed out"), pooled=False)
+    left = []
+    while (n := tries.next()) is not None:
+        left.append(n)
+        tries.no_connection(n, kvtier.ConnectionError("refused"))
+    # The nodes of the first order not yet tried (b was; c is tried again).
+    assert sorted(map(str, left)) == ["h1:1", "h3:3"]
+    err = tries.exhausted()
+    assert isinstance(err, kvtier.ConnectionError) and "h3:3: timed out" in str(err)
+    # Every node is now marked down: a new command still tries them all.
+    assert sorted(map(str, order.order())) == ["h1:1", "h2:2", "h3:3"]
+    # A last failure that timed out is a TimeoutError.
+    late = Attempts(NodeOrder((a,)))
+    late.no_connection(late.next() or a, kvtier.TimeoutError("connecting timed out"))
+    assert isinstance(late.exhausted(), kvtier.TimeoutError)
+
+
 def test_failover_to_a_live_node(server: Server) -> None:
     dead = "127.0.0.1:%d" % free_ports(1)[0]
     c = kvtier.Client([dead, server.addr], connect_timeout=1)
@@ -333,8 +454,8 @@ def test_clients_take_urls_and_name_bad_addresses(server: Server) -> None:
     # A URL's user and password are the client's unless given as keywords.
     c = kvtier.Client("kvtier://u:p%40ss@h1:1,h2:2")
     assert [str(n) for n in c.nodes] == ["h1:1", "h2:2"]
-    assert (c._options["username"], c._options["password"]) == ("u", "p@ss")
-    assert kvtier.Client("kvtier://u:p@h1:1", password="other")._options["password"] == "other"
+    assert (c.username, c.password) == ("u", "p@ss")
+    assert kvtier.Client("kvtier://u:p@h1:1", password="other").password == "other"
     for bad, says in [
         ("kvtier://h1:port", "bad port 'port'"),
         ("h1:70000", "bad port"),

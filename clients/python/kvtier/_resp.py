@@ -1,7 +1,7 @@
 """RESP without I/O: request encoding and a reply parser that lands bulk
 payloads in caller buffers.
 
-Both clients (``kvtier.Client`` over redis-py's sockets and
+Both clients (``kvtier.Client`` over its own sockets and
 ``kvtier.AsyncClient`` over an asyncio ``BufferedProtocol``) drive the same
 :class:`ReplyParser`; only the way bytes arrive differs::
 
@@ -138,6 +138,7 @@ class ReplyParser:
         self._end = 0  # end of received bytes in scratch
         self._stack: list[_Container] = []
         self._done = False
+        self._started = False
         self._value: object = None
         # A bulk string being received: bytes still due (payload + CRLF).
         self._bulk_left = 0
@@ -156,6 +157,11 @@ class ReplyParser:
     def done(self) -> bool:
         """True once a whole reply has been parsed."""
         return self._done
+
+    @property
+    def started(self) -> bool:
+        """True once any byte of the reply has been received."""
+        return self._started
 
     def buffer(self) -> memoryview:
         """Where the next received bytes should be written (never empty)."""
@@ -196,6 +202,7 @@ class ReplyParser:
         (or, in order, into the last :meth:`buffers`)."""
         if n <= 0:
             raise ValueError("advance needs a positive byte count")
+        self._started = True
         if self._bulk_left > 2 and self._target is not None:
             while n > 0 and self._target is not None:
                 step = min(n, self._target.nbytes)

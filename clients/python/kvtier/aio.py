@@ -11,7 +11,6 @@ directly in the caller's buffer, exactly as the sync client's does.
 from __future__ import annotations
 
 import asyncio
-import random
 import ssl as ssl_module
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from . import _commands as cmd
 from ._buffers import Buffer, BufferSink
 from ._commands import Key, Node, Value
 from ._resp import Arg, BulkSink, ReplyParser, encode_command
-from .client import NODE_RETRY_AFTER, TRYAGAIN_PAUSE, TRYAGAIN_TRIES, _moved
+from ._retry import Attempts, NodeOrder
 from .errors import ConnectionError, ProtocolError, ResponseError, TimeoutError
 
 #: Large buffers are handed to the transport in pieces of this size, waiting
@@ -227,8 +226,7 @@ class AsyncClient:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self._pools: dict[Node, _NodePool] = {n: _NodePool(n, self) for n in self.nodes}
-        self._down_until: dict[Node, float] = {}
-        self._turn = random.randrange(len(self.nodes))
+        self._order = NodeOrder(self.nodes)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> AsyncClient:
@@ -381,70 +379,53 @@ class AsyncClient:
                 self.connect_timeout,
             )
         except asyncio.TimeoutError as e:
-            raise ConnectionError("connecting to %s timed out" % node) from e
+            raise TimeoutError("connecting to %s timed out" % node) from e
         except OSError as e:
             raise ConnectionError("cannot connect to %s: %s" % (node, e)) from e
         if self.password is not None:
             auth: list[Arg] = (
                 ["AUTH", self.password] if self.username is None else ["AUTH", self.username, self.password]
             )
-            await conn.request(encode_command(auth), None, self.socket_timeout)
+            try:
+                await conn.request(encode_command(auth), None, self.socket_timeout)
+            except BaseException:
+                conn.close()
+                raise
         return conn
-
-    def _order(self) -> list[Node]:
-        start = self._turn
-        self._turn = (self._turn + 1) % len(self.nodes)
-        now = time.monotonic()
-        order = [self.nodes[(start + i) % len(self.nodes)] for i in range(len(self.nodes))]
-        return [n for n in order if self._down_until.get(n, 0) <= now] + [
-            n for n in order if self._down_until.get(n, 0) > now
-        ]
 
     async def _run(
         self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float, first: Optional[Node] = None
     ) -> object:
         buffers = encode_command(args)
-        errors: list[str] = []
-        targets = self._order()
-        if first is not None:
-            targets = [first, *(n for n in targets if n != first)]
-        tryagain = 0
-        while targets:
-            node = targets.pop(0)
+        attempts = Attempts(self._order, first)
+        while (node := attempts.next()) is not None:
             pool = self._pools.get(node)
             if pool is None:
                 pool = self._pools[node] = _NodePool(node, self)
             try:
-                conn, reused = await pool.acquire()
-            except ConnectionError as e:
-                errors.append(str(e))
-                self._down_until[node] = time.monotonic() + NODE_RETRY_AFTER
+                conn, pooled = await pool.acquire()
+            except (ConnectionError, TimeoutError) as e:
+                attempts.no_connection(node, e)
                 continue
             try:
                 reply = await conn.request(buffers, sink, self.socket_timeout + extra_timeout)
             except ResponseError as e:
                 pool.release(conn)
-                moved = _moved(str(e))
-                if moved is not None:
-                    targets.insert(0, moved)
-                    continue
-                if str(e).startswith("TRYAGAIN") and tryagain + 1 < TRYAGAIN_TRIES:
-                    tryagain += 1
-                    await asyncio.sleep(TRYAGAIN_PAUSE)
-                    targets.insert(0, node)
-                    continue
-                raise
-            except ConnectionError:
+                pause = attempts.error_reply(node, str(e))
+                if pause is None:
+                    raise
+                if pause:
+                    await asyncio.sleep(pause)
+                continue
+            except ConnectionError as e:
                 conn.close()
-                if reused and not conn.received:
-                    # An idle connection the server had closed: nothing was
-                    # answered, and every dialect command is idempotent.
-                    targets.insert(0, node)
-                    continue
-                raise
+                if conn.received:
+                    raise
+                attempts.lost_before_reply(node, e, pooled)
+                continue
             except BaseException:
                 conn.close()
                 raise
             pool.release(conn)
             return reply
-        raise ConnectionError("no kvtier node answered: " + "; ".join(errors))
+        raise attempts.exhausted()

@@ -1,47 +1,165 @@
-"""The synchronous client: the block dialect over redis-py's connections."""
+"""The synchronous client: the block dialect on its own sockets (redis-py for
+every other command, :attr:`Client.redis`)."""
 
 from __future__ import annotations
 
 import builtins
 import inspect
-import random
+import select
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from ssl import SSLContext
 from typing import Any, Optional, Union, overload
 
 import redis
 import redis.connection
-import redis.exceptions
-from redis._parsers import _RESP2Parser
 
 from . import _commands as cmd
 from ._buffers import Buffer, BufferSink
 from ._commands import Key, Node, Value
 from ._resp import Arg, BulkSink, ReplyParser, encode_command
+from ._retry import Attempts, NodeOrder
 from .errors import ConnectionError, ProtocolError, ResponseError, TimeoutError
 
-#: Seconds a node that refused a connection is skipped before it is tried again.
-NODE_RETRY_AFTER = 2.0
-#: How often a command that got ``TRYAGAIN`` (a cluster node died and is not
-#: yet detected) is sent again, and the pause between tries.
-TRYAGAIN_TRIES = 20
-TRYAGAIN_PAUSE = 0.1
 
+class _LostBeforeReply(Exception):
+    """Internal: the connection closed or broke before any byte of the
+    reply (:meth:`kvtier._retry.Attempts.lost_before_reply`)."""
 
-class _Retry(Exception):
-    """Internal: the command did not reach this node; try it elsewhere."""
-
-    def __init__(self, cause: BaseException, node: Optional[Node] = None) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+class _Connection:
+    """One connection to a node: a socket (TLS-wrapped for ``kvtiers://``),
+    authenticated, one command at a time."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self.sock = sock
+        self.timeout = timeout
+        self.closed = False
+
+    @classmethod
+    def open(cls, node: Node, client: Client) -> _Connection:
+        try:
+            sock = socket.create_connection((node.host, node.port), timeout=client.connect_timeout)
+        except builtins.TimeoutError as e:
+            raise TimeoutError("connecting to %s timed out" % node) from e
+        except OSError as e:
+            raise ConnectionError("cannot connect to %s: %s" % (node, e)) from e
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if client._tls is not None:
+                sock = client._tls.wrap_socket(sock, server_hostname=node.host)
+            sock.settimeout(client.socket_timeout)
+        except builtins.TimeoutError as e:
+            sock.close()
+            raise TimeoutError("TLS handshake with %s timed out" % node) from e
+        except OSError as e:
+            sock.close()
+            raise ConnectionError("cannot connect to %s: %s" % (node, e)) from e
+        conn = cls(sock, client.socket_timeout)
+        if client.password is not None:
+            auth: list[Arg] = (
+                ["AUTH", client.password]
+                if client.username is None
+                else ["AUTH", client.username, client.password]
+            )
+            try:
+                _send(conn.sock, encode_command(auth))
+                parser = ReplyParser(None)
+                if not _receive(conn.sock, parser):
+                    raise ConnectionError("%s closed the connection at AUTH" % node)
+                parser.result()  # WRONGPASS: a ResponseError, as AsyncClient's
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def idle_ok(self) -> bool:
+        """Whether a pooled connection is still open with nothing unread
+        (a server closes idle connections after its ``timeout``). Through
+        TLS a readable socket may hold only session tickets: a
+        non-blocking read tells."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
+                return True
+            self.sock.setblocking(False)
+            try:
+                self.sock.recv(1)  # data nobody asked for, or the end
+                return False
+            finally:
+                self.sock.settimeout(self.timeout)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _NodePool:
+    """Idle connections to one node, made on demand (thread-safe)."""
+
+    def __init__(self, node: Node, client: Client) -> None:
         self.node = node
+        self.client = client
+        self.idle: list[_Connection] = []
+        self.count = 0
+        self.lock = threading.Lock()
 
+    def acquire(self) -> tuple[_Connection, bool]:
+        """A connection, and whether it came from the idle list."""
+        while True:
+            with self.lock:
+                conn = self.idle.pop() if self.idle else None
+                if conn is None:
+                    limit = self.client.max_connections
+                    if limit is not None and self.count >= limit:
+                        raise ConnectionError("Too many connections")
+                    self.count += 1
+                    break
+            if conn.idle_ok():
+                return conn, True
+            self.discard(conn)
+        try:
+            conn = _Connection.open(self.node, self.client)
+        except BaseException:
+            with self.lock:
+                self.count -= 1
+            raise
+        return conn, False
 
-ConnectionPool = redis.connection.ConnectionPool
+    def release(self, conn: _Connection) -> None:
+        if conn.closed:
+            with self.lock:
+                self.count -= 1
+            return
+        with self.lock:
+            self.idle.append(conn)
+
+    def discard(self, conn: _Connection) -> None:
+        conn.close()
+        with self.lock:
+            self.count -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+            self.count -= len(idle)
+        for conn in idle:
+            conn.close()
 
 
 def _no_setinfo() -> dict[str, None]:
@@ -56,13 +174,6 @@ def _no_setinfo() -> dict[str, None]:
 
 
 _NO_SETINFO = _no_setinfo()
-
-
-def _get_connection(pool: ConnectionPool) -> redis.Connection:
-    try:
-        return pool.get_connection()  # type: ignore[call-arg,no-any-return]
-    except TypeError:  # redis-py < 5.3 wants a command name
-        return pool.get_connection("_")  # type: ignore[arg-type,no-any-return]
 
 
 class Client:
@@ -95,9 +206,12 @@ class Client:
     ``stripes`` commands over as many connections in parallel (one
     connection is served by one server thread), merged into one answer.
 
-    Connections come from one redis-py ``ConnectionPool`` per node (AUTH,
-    TLS, timeouts); :attr:`redis` is a plain ``redis.Redis`` for every other
-    command.
+    The dialect's connections are the client's own (a pool per node, at
+    most ``max_connections`` each; AUTH, TLS, timeouts), read straight into
+    the caller's buffers; :attr:`redis` is a plain ``redis.Redis`` on the
+    first node for every other command, with ``connection_kwargs`` passed
+    to its ``ConnectionPool``. Which node a command goes to when one fails
+    is :mod:`kvtier._retry`'s decision, the same as the asyncio client's.
     """
 
     def __init__(
@@ -140,28 +254,27 @@ class Client:
         self._not_cluster = False
         self._executor: Optional[ThreadPoolExecutor] = None
         self.socket_timeout = socket_timeout
-        # Through TLS, redis-py's own parser: with hiredis, "is there data on this
-        # pooled connection?" polls the raw socket, which a TLS 1.3 server's session
-        # tickets make readable with no data in it, so a fresh connection was taken
-        # for a dirty one, reconnected, and failed "Connection not ready" (32 of 300
-        # new connections on a loaded machine). The Python parser asks TLS itself.
-        # Only redis-py's reads use it (AUTH, ``Client.redis``); replies to the
-        # dialect are read by kvtier's own parser either way.
-        self._options: dict[str, Any] = dict(
+        self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
+        self.username = target.username
+        self.password = target.password
+        self._tls: Optional[SSLContext] = None if target.tls is None else target.tls.context()
+        # redis-py's pools, made when :attr:`redis` or :meth:`scan_keys`
+        # first needs one.
+        self._redis_options: dict[str, Any] = dict(
             username=target.username,
             password=target.password,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
             max_connections=max_connections,
             connection_class=redis.Connection if target.tls is None else redis.SSLConnection,
-            **({} if target.tls is None else dict(target.tls.redis_kwargs(), parser_class=_RESP2Parser)),
+            **({} if target.tls is None else target.tls.redis_kwargs()),
             **connection_kwargs,
         )
-        self._pools = [self._make_pool(n) for n in self.nodes]
-        self._down_until = [0.0] * len(self.nodes)
+        self._redis_pools: dict[Node, redis.ConnectionPool] = {}
+        self._order = NodeOrder(self.nodes)
         self._lock = threading.Lock()
-        self._turn = random.randrange(len(self.nodes))
-        self._extra: dict[Node, ConnectionPool] = {}
+        self._pools: dict[Node, _NodePool] = {n: _NodePool(n, self) for n in self.nodes}
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Client:
@@ -171,20 +284,29 @@ class Client:
             raise ValueError("from_url takes a kvtier:// or kvtiers:// URL, not %r" % (url,))
         return cls(url, **kwargs)
 
-    def _make_pool(self, node: Node) -> ConnectionPool:
-        opts = {k: v for k, v in self._options.items() if v is not None}
-        opts.update(_NO_SETINFO)
-        return redis.ConnectionPool(host=node.host, port=node.port, protocol=2, **opts)
+    def _redis_pool(self, node: Node) -> redis.ConnectionPool:
+        with self._lock:
+            pool = self._redis_pools.get(node)
+            if pool is None:
+                opts = {k: v for k, v in self._redis_options.items() if v is not None}
+                opts.update(_NO_SETINFO)
+                pool = redis.ConnectionPool(host=node.host, port=node.port, protocol=2, **opts)
+                self._redis_pools[node] = pool
+            return pool
 
     @property
     def redis(self) -> redis.Redis:
         """A redis-py client on the first node, for commands outside the dialect."""
-        return redis.Redis(connection_pool=self._pools[0])
+        return redis.Redis(connection_pool=self._redis_pool(self.nodes[0]))
 
     def close(self) -> None:
         """Closes every pooled connection."""
-        for pool in [*self._pools, *self._extra.values()]:
-            pool.disconnect()
+        with self._lock:
+            pools, redis_pools = list(self._pools.values()), list(self._redis_pools.values())
+        for pool in pools:
+            pool.close()
+        for rpool in redis_pools:
+            rpool.disconnect()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -357,9 +479,12 @@ class Client:
         """Every key matching ``pattern`` on every node (``SCAN`` is per node,
         as in Redis Cluster)."""
         found: list[str] = []
-        for pool in self._pools:
+        for node in self.nodes:
             found.extend(
-                k.decode() for k in redis.Redis(connection_pool=pool).scan_iter(match=pattern, count=count)
+                k.decode()
+                for k in redis.Redis(connection_pool=self._redis_pool(node)).scan_iter(
+                    match=pattern, count=count
+                )
             )
         return found
 
@@ -370,148 +495,117 @@ class Client:
 
     # -- plumbing ---------------------------------------------------------------
 
-    def _order(self) -> list[int]:
-        with self._lock:
-            start = self._turn
-            self._turn = (self._turn + 1) % len(self.nodes)
-        now = time.monotonic()
-        order = [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
-        up = [i for i in order if self._down_until[i] <= now]
-        down = [i for i in order if self._down_until[i] > now]
-        return up + down
-
-    def _pool_for(self, node: Node) -> ConnectionPool:
-        if node in self.nodes:
-            return self._pools[self.nodes.index(node)]
-        with self._lock:
-            if node not in self._extra:
-                self._extra[node] = self._make_pool(node)
-            return self._extra[node]
+    def _pool_for(self, node: Node) -> _NodePool:
+        pool = self._pools.get(node)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.setdefault(node, _NodePool(node, self))
+        return pool
 
     def _run(
         self, args: list[Arg], sink: Optional[BulkSink], extra_timeout: float, first: Optional[Node] = None
     ) -> object:
         buffers = encode_command(args)
-        errors: list[str] = []
-        timed_out = False
-        tryagain = 0
-        order = self._order()
-        targets: list[Union[int, Node]] = list(order)
-        if first is not None:
-            if first in self.nodes:
-                targets.remove(self.nodes.index(first))
-            targets.insert(0, first)
-        while targets:
-            target = targets.pop(0)
-            if isinstance(target, int):
-                pool, node = self._pools[target], self.nodes[target]
-            else:
-                pool, node = self._pool_for(target), target
+        attempts = Attempts(self._order, first)
+        while (node := attempts.next()) is not None:
+            pool = self._pool_for(node)
             try:
-                return self._run_on(pool, buffers, sink, extra_timeout)
-            except _Retry as r:
-                errors.append("%s: %s" % (node, r.cause))
-                timed_out = isinstance(r.cause, TimeoutError)
-                if r.node is not None:  # MOVED: the owner is elsewhere
-                    targets.insert(0, r.node)
-                    continue
-                if isinstance(r.cause, ResponseError):  # TRYAGAIN
-                    tryagain += 1
-                    if tryagain < TRYAGAIN_TRIES:
-                        time.sleep(TRYAGAIN_PAUSE)
-                        targets.insert(0, target)
-                        continue
-                    raise r.cause from None
-                if isinstance(target, int):
-                    self._down_until[target] = time.monotonic() + NODE_RETRY_AFTER
-        if timed_out:
-            raise TimeoutError("no kvtier node answered in time: " + "; ".join(errors))
-        raise ConnectionError("no kvtier node answered: " + "; ".join(errors))
-
-    def _run_on(
-        self,
-        pool: ConnectionPool,
-        buffers: list[Union[bytes, bytearray, memoryview]],
-        sink: Optional[BulkSink],
-        extra_timeout: float,
-    ) -> object:
-        try:
-            conn = _get_connection(pool)
-        except redis.exceptions.TimeoutError as e:
-            raise _Retry(TimeoutError("connecting: %s" % e)) from None
-        except (redis.exceptions.ConnectionError, OSError) as e:
-            raise _Retry(e) from None
-        received = False
-        try:
+                conn, pooled = pool.acquire()
+            except (ConnectionError, TimeoutError) as e:
+                attempts.no_connection(node, e)
+                continue
             try:
-                _send(conn, buffers)
-            except (builtins.TimeoutError, redis.exceptions.TimeoutError) as e:
-                conn.disconnect()
-                raise TimeoutError(str(e)) from None
-            except (redis.exceptions.ConnectionError, OSError) as e:
-                # A server that refuses a request (a value over its
-                # proto-max-bulk-len) answers with an error and closes while
-                # the rest is still being sent: its error, not the broken
-                # pipe, is the cause.
-                refused = _error_before_close(conn)
-                conn.disconnect()
-                if refused is not None:
-                    raise ResponseError(refused) from None
-                # Nothing was answered: safe to send it again elsewhere (a
-                # stale pooled connection, a node that went away).
-                raise _Retry(e) from None
-            sock: Optional[socket.socket] = getattr(conn, "_sock", None)
-            if sock is None:
-                raise ConnectionError("connection closed while sending")
-            if extra_timeout:
-                sock.settimeout(self.socket_timeout + extra_timeout)
-            parser = ReplyParser(sink)
-            scatter = hasattr(sock, "recvmsg_into") and not isinstance(sock, ssl.SSLSocket)
-            while not parser.done:
-                if scatter:
-                    views = parser.buffers()
-                    n = sock.recv_into(views[0]) if len(views) == 1 else sock.recvmsg_into(views)[0]
-                else:
-                    n = sock.recv_into(parser.buffer())
-                if n == 0:
-                    if not received:
-                        # Closed before any reply (an idle connection the
-                        # server timed out): every dialect command is
-                        # idempotent, so it is sent again on another one.
-                        conn.disconnect()
-                        raise _Retry(ConnectionError("the server closed the connection"))
-                    raise ConnectionError("the server closed the connection")
-                received = True
-                parser.advance(n)
-            if extra_timeout:
-                sock.settimeout(self.socket_timeout)
-        except builtins.TimeoutError:
-            conn.disconnect()
-            raise TimeoutError("no reply within %.1fs" % (self.socket_timeout + extra_timeout)) from None
-        except (ProtocolError, ConnectionError, _Retry):
-            conn.disconnect()
-            raise
-        except OSError as e:
-            conn.disconnect()
-            if not received and sink is None:
-                raise _Retry(e) from None
-            raise ConnectionError(str(e)) from e
-        except BaseException:
-            # Anything else mid-reply (a sink raising, KeyboardInterrupt):
-            # the connection is in an unknown state.
-            conn.disconnect()
-            raise
-        finally:
+                reply = _request(conn, buffers, sink, extra_timeout)
+            except _LostBeforeReply as e:
+                pool.discard(conn)
+                attempts.lost_before_reply(node, e.cause, pooled)
+                continue
+            except ResponseError as e:
+                pool.release(conn)
+                pause = attempts.error_reply(node, str(e))
+                if pause is None:
+                    raise
+                if pause:
+                    time.sleep(pause)
+                continue
+            except BaseException:
+                pool.discard(conn)
+                raise
             pool.release(conn)
-        try:
-            return parser.result()
-        except ResponseError as e:
-            moved = _moved(str(e))
-            if moved is not None:
-                raise _Retry(e, moved) from None
-            if str(e).startswith("TRYAGAIN"):
-                raise _Retry(e) from None
-            raise
+            return reply
+        raise attempts.exhausted()
+
+
+def _request(
+    conn: _Connection,
+    buffers: list[Union[bytes, bytearray, memoryview]],
+    sink: Optional[BulkSink],
+    extra_timeout: float,
+) -> object:
+    """Sends one command on ``conn`` and reads its whole reply (an error
+    reply raised as :class:`ResponseError` with the connection still
+    good). Any other failure closes the connection first; one before any
+    byte of the reply is :class:`_LostBeforeReply`."""
+    sock = conn.sock
+    try:
+        _send(sock, buffers)
+    except builtins.TimeoutError as e:
+        conn.close()
+        raise TimeoutError("sending: %s" % e) from None
+    except OSError as e:
+        # A server that refuses a request (a value over its
+        # proto-max-bulk-len) answers with an error and closes while the
+        # rest is still being sent: its error, not the broken pipe, is the
+        # cause.
+        refused = _error_before_close(sock)
+        conn.close()
+        if refused is not None:
+            raise ResponseError(refused) from None
+        raise _LostBeforeReply(e) from None
+    parser = ReplyParser(sink)
+    if extra_timeout:
+        sock.settimeout(conn.timeout + extra_timeout)
+    try:
+        if not _receive(sock, parser):
+            conn.close()
+            raise _LostBeforeReply(ConnectionError("the server closed the connection"))
+    except builtins.TimeoutError:
+        conn.close()
+        raise TimeoutError("no reply within %.1fs" % (conn.timeout + extra_timeout)) from None
+    except (_LostBeforeReply, ProtocolError, ConnectionError):
+        conn.close()
+        raise
+    except OSError as e:
+        conn.close()
+        if not parser.started and sink is None:
+            raise _LostBeforeReply(e) from None
+        raise ConnectionError(str(e)) from e
+    except BaseException:
+        # Anything else mid-reply (a sink raising, KeyboardInterrupt): the
+        # connection is in an unknown state.
+        conn.close()
+        raise
+    if extra_timeout:
+        sock.settimeout(conn.timeout)
+    return parser.result()
+
+
+def _receive(sock: socket.socket, parser: ReplyParser) -> bool:
+    """Reads one reply into ``parser`` (values straight into its sink's
+    buffers); False if the server closed before any byte of it."""
+    scatter = hasattr(sock, "recvmsg_into") and not isinstance(sock, ssl.SSLSocket)
+    while not parser.done:
+        if scatter:
+            views = parser.buffers()
+            n = sock.recv_into(views[0]) if len(views) == 1 else sock.recvmsg_into(views)[0]
+        else:
+            n = sock.recv_into(parser.buffer())
+        if n == 0:
+            if not parser.started:
+                return False
+            raise ConnectionError("the server closed the connection")
+        parser.advance(n)
+    return True
 
 
 #: Most buffers one ``sendmsg`` takes (Linux's IOV_MAX).
@@ -521,21 +615,12 @@ IOV_MAX = 1024
 SEND_WINDOW = 4 << 20
 
 
-def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryview]]) -> None:
+def _send(sock: socket.socket, buffers: list[Union[bytes, bytearray, memoryview]]) -> None:
     """Sends a command's buffers: on a plain socket with ``sendmsg``, many
     buffers per system call (a value gathered from many regions, a KV block
     of every layer, costs a few calls instead of one per region); through
     TLS, which has no ``sendmsg``, one ``sendall`` per buffer."""
-    sock = getattr(conn, "_sock", None)
-    if sock is None:
-        conn.connect()
-        sock = getattr(conn, "_sock", None)
-    if sock is None:
-        conn.send_packed_command(buffers, check_health=False)
-        return
     if not hasattr(sock, "sendmsg") or isinstance(sock, ssl.SSLSocket):
-        # Raw sends, not redis-py's (which close the socket on a failure):
-        # the error the server closed with stays readable.
         for b in buffers:
             sock.sendall(b)
         return
@@ -566,13 +651,10 @@ def _send(conn: redis.Connection, buffers: list[Union[bytes, bytearray, memoryvi
 ERROR_BEFORE_CLOSE_WAIT = 1.0
 
 
-def _error_before_close(conn: redis.Connection) -> Optional[str]:
+def _error_before_close(sock: socket.socket) -> Optional[str]:
     """The error reply waiting on a connection whose send failed, if the
     server sent one before closing (it is the first reply: a connection
     carries one command at a time); None if it just went away."""
-    sock: Optional[socket.socket] = getattr(conn, "_sock", None)
-    if sock is None:
-        return None
     data = b""
     try:
         sock.settimeout(ERROR_BEFORE_CLOSE_WAIT)
@@ -585,14 +667,6 @@ def _error_before_close(conn: redis.Connection) -> Optional[str]:
         pass
     if data.startswith(b"-") and b"\r\n" in data:
         return data[1 : data.index(b"\r\n")].decode("utf-8", "replace")
-    return None
-
-
-def _moved(message: str) -> Optional[Node]:
-    """The node of a ``MOVED slot host:port`` error, else None."""
-    parts = message.split()
-    if len(parts) == 3 and parts[0] == "MOVED":
-        return cmd.parse_nodes(parts[2])[0]
     return None
 
 
