@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("report", ["report"]),
     ("commands", ["commands"]),
     ("coordination", ["coordination"]),
+    ("admission", ["admission"]),
     ("net", ["net"]),
     ("server", ["server"]),
 ]

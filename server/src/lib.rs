@@ -19,6 +19,7 @@
 
 pub mod about;
 pub mod acl;
+pub mod admission;
 pub mod clients;
 pub mod commands;
 pub mod config;

@@ -31,7 +31,7 @@ use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 pub use multi_node::coordinate;
 
-use crate::commands::{flags, is, Args, Client, CommandSpec, Spread};
+use crate::commands::{flags, is, Args, Client, CommandSpec, LocalBoxFuture, Spread};
 
 /// Where a command runs in a cluster, as the connection needs to know.
 pub enum Routed {
@@ -61,6 +61,24 @@ pub enum Through {
     /// A write of keys in slots handed off to this node: run, then delete
     /// them on the previous owner, then reply.
     HandoffWrite,
+}
+
+impl Through {
+    /// Runs the command by this path.
+    pub fn start<'a>(
+        self,
+        client: &'a mut Client,
+        spec: &'static CommandSpec,
+        args: Args,
+    ) -> LocalBoxFuture<'a> {
+        match self {
+            Through::Coordinate => Box::pin(coordinate(client, spec, args)),
+            Through::WriteThrough => Box::pin(write_through(client, spec, args)),
+            Through::FlushThrough => Box::pin(flush_through(client, spec, args)),
+            Through::HandoffRead => Box::pin(handoff_read(client, spec, args)),
+            Through::HandoffWrite => Box::pin(handoff_write(client, spec, args)),
+        }
+    }
 }
 
 /// Where a command runs: here (by its own handler or a cluster path), or

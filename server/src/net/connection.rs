@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use kvtier_protocol::{Reply, ReplyBuf, Request, RequestParser};
 use kvtier_store::{mono_ns, now_ms};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -31,14 +31,14 @@ use tracing::{debug, warn};
 
 use super::idle_poll::PollPlan;
 use super::packing;
+use crate::admission::{self, Admitted, LastLookup};
 use crate::clients::ClientInfo;
 use crate::commands::registry::table;
 use crate::commands::{
-    arity_error, flags, unknown_command, unknown_subcommand, Args, AsyncFn, Client, CommandSpec,
-    Handler, LocalBoxFuture, Plan, ShardOp,
+    flags, unknown_subcommand, Args, AsyncFn, Client, CommandSpec, LocalBoxFuture, Plan, ShardOp,
 };
 use crate::config::Num;
-use crate::coordination::{self, Routed, Through};
+use crate::coordination::Through;
 use crate::shard::watching::Watching;
 use crate::shard::{Access, Shard, ShardGone};
 use crate::shared::ShardSeat;
@@ -277,7 +277,7 @@ struct Connection<S: ClientIo> {
     /// read once for a few commands, not once per command.
     untimed: Vec<(usize, bool)>,
     /// The last command looked up, by its name as sent.
-    last_lookup: Option<(Bytes, usize, &'static CommandSpec)>,
+    last_lookup: LastLookup,
     /// Unix milliseconds for the commands of the current batch.
     now_ms: u64,
     /// This connection's share of `Shared::client_query_bytes`.
@@ -308,21 +308,7 @@ impl Awaited {
     ) -> LocalBoxFuture<'a> {
         match self {
             Awaited::Command(f) => f(client, args),
-            Awaited::Through(Through::Coordinate) => {
-                Box::pin(coordination::coordinate(client, spec, args))
-            }
-            Awaited::Through(Through::WriteThrough) => {
-                Box::pin(coordination::write_through(client, spec, args))
-            }
-            Awaited::Through(Through::FlushThrough) => {
-                Box::pin(coordination::flush_through(client, spec, args))
-            }
-            Awaited::Through(Through::HandoffRead) => {
-                Box::pin(coordination::handoff_read(client, spec, args))
-            }
-            Awaited::Through(Through::HandoffWrite) => {
-                Box::pin(coordination::handoff_write(client, spec, args))
-            }
+            Awaited::Through(t) => t.start(client, spec, args),
         }
     }
 }
@@ -403,7 +389,7 @@ impl<S: ClientIo> Connection<S> {
             },
             clock: mono_ns(),
             untimed: Vec::with_capacity(TIMING_GROUP),
-            last_lookup: None,
+            last_lookup: LastLookup::default(),
             now_ms: now_ms(),
             query_bytes: 0,
             protocol_error: None,
@@ -846,9 +832,27 @@ impl<S: ClientIo> Connection<S> {
 
     /// Looks up, checks and runs (or queues) one command.
     async fn dispatch(&mut self, request: Request, batch: &mut Batch) {
-        let Some((id, spec, args, through)) = self.admit(request, batch) else {
-            return;
-        };
+        let resp3 = self.client.resp3;
+        let (id, spec, args, through) =
+            match admission::admit(&mut self.client, &mut self.last_lookup, request.args) {
+                Admitted::Run {
+                    id,
+                    spec,
+                    args,
+                    through,
+                } => (id, spec, args, through),
+                Admitted::Answered { reply, ran } => {
+                    self.doom_transaction();
+                    if let Some(id) = ran {
+                        self.record(id, &reply);
+                    }
+                    return self.ready(batch, reply, resp3);
+                }
+                Admitted::Close => {
+                    self.client.close_after_reply = true;
+                    return;
+                }
+            };
         if self.client.multi.is_some() && !spec.has(flags::TX_NOW) {
             return self.queue_in_multi(id, spec, args, batch);
         }
@@ -866,50 +870,6 @@ impl<S: ClientIo> Connection<S> {
             return;
         };
         self.run_awaited(id, spec, body, args, batch).await;
-    }
-
-    /// The command the request names, its arguments (their keys' slots
-    /// found once for routing, fan-out and the store) and, in a cluster,
-    /// the path it runs by; `None` when it was answered already (refused,
-    /// forwarded, redirected) or the connection is to close (its user was
-    /// deleted).
-    #[inline(always)]
-    fn admit(
-        &mut self,
-        request: Request,
-        batch: &mut Batch,
-    ) -> Option<(usize, &'static CommandSpec, Args, Option<Through>)> {
-        let resp3 = self.client.resp3;
-        if !crate::commands::session::refresh(&mut self.client) {
-            // Its user was deleted (ACL DELUSER, ACL LOAD).
-            self.client.close_after_reply = true;
-            return None;
-        }
-        let (id, spec) = match self.resolve(&request.args) {
-            Ok(found) => found,
-            Err(refusal) => {
-                self.doom_transaction();
-                self.ready(batch, refusal, resp3);
-                return None;
-            }
-        };
-        let args = Args::of(spec, request.args);
-        // In a cluster, keys of other nodes are forwarded, redirected or
-        // coordinated; writes to keys with copies elsewhere drop the
-        // copies before they reply (see `coordination`).
-        let Some(cluster) = self.client.shard.shared.cluster.clone() else {
-            return Some((id, spec, args, None));
-        };
-        match coordination::route(&mut self.client, &cluster, spec, args) {
-            Routed::Here(args) => Some((id, spec, args, None)),
-            Routed::Through(t, args) => Some((id, spec, args, Some(t))),
-            Routed::Done(reply) => {
-                self.doom_transaction();
-                self.record(id, &reply);
-                self.ready(batch, reply, resp3);
-                None
-            }
-        }
     }
 
     /// Inside MULTI a refused command dooms the transaction.
@@ -1017,58 +977,6 @@ impl<S: ClientIo> Connection<S> {
         self.now_ms = kvtier_store::ms_at(self.clock);
         let resp3 = self.client.resp3;
         self.ready(batch, reply, resp3);
-    }
-
-    /// Finds the command (or subcommand) and checks arity and AUTH, with
-    /// Redis's errors in Redis's order.
-    fn resolve(&mut self, args: &[Bytes]) -> Result<(usize, &'static CommandSpec), Reply> {
-        let table = table();
-        // Pipelines repeat one command: compare the name as sent with the
-        // last one before hashing it.
-        let cached = match &self.last_lookup {
-            Some((name, id, spec)) if *name == args[0] => Some((*id, *spec)),
-            _ => None,
-        };
-        let (mut id, mut spec) = match cached.or_else(|| table.lookup(&args[0])) {
-            Some(found) => found,
-            None => return Err(unknown_command(args)),
-        };
-        if cached.is_none() {
-            self.last_lookup = Some((Bytes::copy_from_slice(&args[0]), id, spec));
-        }
-        let reject = |id| {
-            self.client.shard.stats.borrow_mut().reject(Some(id));
-        };
-        if !spec.subcommands.is_empty()
-            && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
-        {
-            match args.get(1).and_then(|sub| table.lookup_sub(id, sub)) {
-                Some(found) => (id, spec) = found,
-                None if args.len() < 2 => return Err(arity_error(spec.name)),
-                None => {
-                    reject(id);
-                    return Err(unknown_subcommand(spec.name, &args[1]));
-                }
-            }
-        }
-        if !spec.arity_ok(args.len()) {
-            reject(id);
-            return Err(arity_error(spec.name));
-        }
-        // As in Redis, unknown commands and wrong arities are reported
-        // before a missing AUTH, and that before a missing permission.
-        if !self.client.authenticated && !spec.has(flags::NO_AUTH) {
-            reject(id);
-            return Err(Reply::error("NOAUTH Authentication required."));
-        }
-        // A peer's commands were checked on the node that took them.
-        if !self.client.peer {
-            if let Err(refusal) = crate::commands::session::check(&self.client, id, spec, args) {
-                reject(id);
-                return Err(refusal);
-            }
-        }
-        Ok((id, spec))
     }
 
     /// Runs a command that may wait a long time, while still noticing the
