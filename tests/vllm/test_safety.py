@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from make_model import make_lora, make_model
 from test_vllm import block_keys, keyspace_hits, loadable, prompt, wait_stored
 
@@ -30,12 +31,42 @@ def stored_values(server: Server, keys: list[str]) -> list[bytes]:
     return [bytes(v) for v in values]
 
 
+#: How far two stored blocks' KV may be apart ([`kv_distance`]) and still
+#: be the same KV: the same tokens computed in another batch shape. vLLM's
+#: CPU kernels sum bf16 products in an order that depends on the shape, so
+#: on a machine without AVX-512 the blocks of a 1,024-token prefill differ
+#: in their last bits from the same blocks of a 1,536-token one. Measured
+#: here (AMD EPYC, AVX2): at most 0.0004 for the same tokens and context, at
+#: least 0.14 for the same tokens after another prefix (the test checks the
+#: second every run).
+SAME_KV = 0.01
+
+
+def kv_of(value: bytes) -> torch.Tensor:
+    """A stored block's KV (the payload after the header, bf16) as floats."""
+    header = _codec.unpack(value)
+    return torch.frombuffer(bytearray(value[header.header_len :]), dtype=torch.bfloat16).float()
+
+
+def kv_distance(a: bytes, b: bytes) -> float:
+    """How far one stored block's KV is from another's: the norm of their
+    difference relative to the norm of ``b`` (infinite if their sizes
+    differ)."""
+    x, y = kv_of(a), kv_of(b)
+    if x.shape != y.shape:
+        return float("inf")
+    return float(((x - y).norm() / y.norm().clamp(min=1e-6)).item())
+
+
 def test_kv_computed_over_a_failed_load_is_never_stored(
     model: Path, kvtier_server: Server, kv_engine: Engine, tmp_path: Path
 ) -> None:
     """A 1,024-token prefix in the tier with one of its blocks damaged, then
     the prefix and a 512-token suffix in an engine with an empty cache: the
-    suffix's blocks it stores equal a clean run's, byte for byte."""
+    blocks it stores hold a clean run's KV (to within bf16 rounding of
+    another batch shape, which KV computed over another context is far
+    from), and the blocks already stored are left as they were, byte for
+    byte."""
     c = kvtier_server.client()
     prefix, suffix = prompt(60, 8 * BLOCK), prompt(61, 4 * BLOCK)
     full = prefix + suffix
@@ -48,9 +79,20 @@ def test_kv_computed_over_a_failed_load_is_never_stored(
     keys = block_keys(kvtier_server, full, count=count)
     reference = stored_values(kvtier_server, keys)
 
+    # The same suffix after another prefix: KV computed over another
+    # context, which the comparison below must tell from the clean run's.
+    other = prompt(62, 8 * BLOCK) + suffix
+    c.execute("FLUSHALL")
+    kv_engine.generate([other])
+    other_keys = block_keys(kvtier_server, other, count=count)
+    elsewhere = stored_values(kvtier_server, other_keys)
+    worst_other = min(kv_distance(elsewhere[i], reference[i]) for i in range(8, count))
+    assert worst_other > 4 * SAME_KV, "the comparison cannot tell KV over another context: %.4f" % worst_other
+
     c.execute("FLUSHALL")
     kv_engine.generate([prefix])
     wait_stored(kvtier_server, keys[:8])
+    before = stored_values(kvtier_server, keys[:8])
     # The third block names another key: its load fails, and the blocks
     # after it are computed again.
     bogus = bytearray(reference[2])
@@ -63,9 +105,15 @@ def test_kv_computed_over_a_failed_load_is_never_stored(
         # (vLLM counts the planned load as cached tokens; the log says what
         # happened: the two blocks before the damaged one loaded.)
         assert "6 of 8 blocks not loaded, recomputed" in fresh.log.read_text()
-        assert stored_values(kvtier_server, keys) == reference, (
-            "the tier holds KV computed over a failed load"
+        final = stored_values(kvtier_server, keys)
+        distances = [kv_distance(final[i], reference[i]) for i in range(count)]
+        assert max(distances) <= SAME_KV, (
+            "the tier holds KV computed over a failed load: distances %s (another context: %.4f)"
+            % (["%.4f" % d for d in distances], worst_other)
         )
+        # Blocks already stored are kept (saves keep existing blocks); the
+        # damaged one was deleted and stored again.
+        assert [final[i] == before[i] for i in range(8) if i != 2] == [True] * 7
         # And they load back, every block of the block-aligned prompt (its
         # last token computed again by vLLM).
         hits = keyspace_hits(kvtier_server)
