@@ -29,6 +29,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::batch::{Batch, BatchEnd, Entry, Remote};
+use super::handover::{send_socket, Handover};
 use super::idle_poll::PollPlan;
 use super::packing;
 use crate::admission::{self, Admitted, LastLookup};
@@ -203,65 +205,11 @@ async fn serve<S: ClientIo>(
     let id = shared.next_client_id.fetch_add(1, Relaxed);
     shard.stats.borrow_mut().connections_received += 1;
     let info = ClientInfo::new(id, peer, local, fd);
-    let session = Session::new(&shared);
+    let session = Handover::new(&shared);
     let settled = mono_ns() + packing::SETTLE_NS;
     Connection::new(shard, stream, info, session, settled)
         .serve(seat)
         .await;
-}
-
-/// What a connection is besides its socket and buffers: who the client is
-/// and what it has set. It goes along when the connection moves.
-struct Session {
-    resp3: bool,
-    authenticated: bool,
-    user: Arc<crate::acl::User>,
-    acl_epoch: u64,
-    no_touch: bool,
-    readonly: bool,
-    poll_plan: PollPlan,
-}
-
-impl Session {
-    /// A new connection's.
-    fn new(shared: &crate::shared::Shared) -> Session {
-        let (user, acl_epoch) = crate::commands::session::initial_user(&shared.config.acl);
-        Session {
-            resp3: false,
-            authenticated: !shared.config.auth_required(),
-            user,
-            acl_epoch,
-            no_touch: false,
-            readonly: false,
-            poll_plan: PollPlan::default(),
-        }
-    }
-}
-
-/// Hands a socket to shard `to`, which registers it with its own runtime
-/// and serves it with `serve` from then on: a connection accepted here
-/// for a shard serving fewer, or one moving (`net::packing`). A socket that
-/// cannot be registered there is closed (and what `serve` holds, its seat
-/// among it, dropped).
-pub fn send_socket<F, Fut>(from: &Shard, to: usize, stream: std::net::TcpStream, serve: F)
-where
-    F: FnOnce(Rc<Shard>, TcpStream) -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + 'static,
-{
-    let _ = from.post(
-        to,
-        Box::new(move |s: &Shard| {
-            let Some(me) = s.rc() else {
-                return;
-            };
-            match TcpStream::from_std(stream) {
-                Ok(stream) => {
-                    tokio::task::spawn_local(serve(me, stream));
-                }
-                Err(e) => warn!("shard {to}: taking over a client connection: {e}"),
-            }
-        }),
-    );
 }
 
 struct Connection<S: ClientIo> {
@@ -313,45 +261,6 @@ impl Awaited {
     }
 }
 
-/// A reply slot of the current batch, encoded in the protocol that was in
-/// force when its command ran.
-struct Entry {
-    reply: Option<Reply>,
-    resp3: bool,
-}
-
-/// A command waiting to run on another shard.
-struct Remote {
-    entry: usize,
-    id: usize,
-    op: ShardOp,
-}
-
-/// The commands of one read, in order.
-#[derive(Default)]
-struct Batch {
-    entries: Vec<Entry>,
-    remote: Vec<Vec<Remote>>,
-    remote_count: usize,
-    /// The shard's round mark when the batch began (see `finish`).
-    rounds_from: u64,
-}
-
-/// How a batch of requests ended.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum BatchEnd {
-    /// Every complete request in the read buffer was taken.
-    Drained,
-    /// The batch is full (or so are the replies): the rest is taken right
-    /// after these replies go out, before any read.
-    CutShort,
-    /// A command asked for the connection to close (QUIT, a deleted user).
-    Closing,
-    /// The request could not be parsed: its error
-    /// ([`Connection::protocol_error`]) is the last reply.
-    Fatal,
-}
-
 impl<S: ClientIo> Connection<S> {
     /// A connection served by `shard` from now on (its info registered
     /// there).
@@ -359,7 +268,7 @@ impl<S: ClientIo> Connection<S> {
         shard: Rc<Shard>,
         stream: S,
         info: ClientInfo,
-        session: Session,
+        session: Handover,
         settled: u64,
     ) -> Connection<S> {
         let shared = &shard.shared;
@@ -458,7 +367,7 @@ impl<S: ClientIo> Connection<S> {
             warn!("a client connection could not move to shard {to}: closed");
             return;
         };
-        let session = Session {
+        let session = Handover {
             resp3: client.resp3,
             authenticated: client.authenticated,
             user: client.user,
