@@ -215,18 +215,8 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
             bar.set(done, done);
         }
     }
-    for t in tasks {
-        t.await.map_err(std::io::Error::other)??;
-    }
-    bar.finish();
-    let rec = Arc::try_unwrap(shared)
-        .ok()
-        .and_then(|m| m.into_inner().ok())
-        .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
-    // The run ended when its last worker did, not when this task (polling
-    // the progress bar every 200 ms) noticed.
-    let wall = rec.wall();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
+    let (rec, wall, cpu) =
+        report::finish_run(tasks, &bar, shared, cpu_before, client_threads).await?;
     let secs = wall.as_secs_f64();
     let ops: u64 = rec.latency.values().map(|h| h.len()).sum();
     let (hits, misses) = (rec.count("get_hits"), rec.count("get_misses"));

@@ -172,21 +172,9 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         }));
     }
     drop(tx);
-    for p in prefills {
-        p.await.map_err(std::io::Error::other)??;
-    }
-    for d in decoders {
-        d.await.map_err(std::io::Error::other)??;
-    }
-    bar.finish();
-    let rec = Arc::try_unwrap(shared)
-        .ok()
-        .and_then(|m| m.into_inner().ok())
-        .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
-    // The run ended when its last worker did, not when this task (polling
-    // the progress bar every 200 ms) noticed.
-    let wall = rec.wall();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
+    let tasks = prefills.into_iter().chain(decoders);
+    let (rec, wall, cpu) =
+        report::finish_run(tasks, &bar, shared, cpu_before, client_threads).await?;
     let secs = wall.as_secs_f64();
     let bytes = rec.count("bytes_read");
     println!(

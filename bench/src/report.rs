@@ -158,6 +158,31 @@ pub fn cpu_time() -> (Duration, Duration) {
     }
 }
 
+/// The end of a run: waits for its tasks in order (the first error is the
+/// run's), closes the progress bar and takes the recorder back, with the
+/// run's wall time (to the last worker's merge, not to when the caller,
+/// polling the bar every 200 ms, noticed) and the client's CPU over it
+/// ([`client_cpu`]).
+pub async fn finish_run(
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<std::io::Result<()>>>,
+    bar: &Progress,
+    shared: Arc<Mutex<Recorder>>,
+    cpu_before: (Duration, Duration),
+    client_threads: usize,
+) -> std::io::Result<(Recorder, Duration, Json)> {
+    for t in tasks {
+        t.await.map_err(std::io::Error::other)??;
+    }
+    bar.finish();
+    let rec = Arc::try_unwrap(shared)
+        .ok()
+        .and_then(|m| m.into_inner().ok())
+        .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
+    let wall = rec.wall();
+    let cpu = client_cpu(cpu_before, wall, client_threads);
+    Ok((rec, wall, cpu))
+}
+
 /// CPU the client used during a run, to tell when the client is the limit.
 /// The client can use at most `threads` cores, and no more than the
 /// machine has; past 90% of that it is saturated and the run measured the

@@ -300,18 +300,8 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         let started = replay.next.load(Relaxed).min(total as usize) as u64;
         bar.set(started, started);
     }
-    for t in tasks {
-        t.await.map_err(std::io::Error::other)??;
-    }
-    bar.finish();
-    let rec = Arc::try_unwrap(shared)
-        .ok()
-        .and_then(|m| m.into_inner().ok())
-        .ok_or_else(|| std::io::Error::other("recorder still shared"))?;
-    // The run ended when its last worker did, not when this task (polling
-    // the progress bar every 200 ms) noticed.
-    let wall = rec.wall();
-    let cpu = report::client_cpu(cpu_before, wall, client_threads);
+    let (rec, wall, cpu) =
+        report::finish_run(tasks, &bar, shared, cpu_before, client_threads).await?;
     let secs = wall.as_secs_f64();
     let c = |name| rec.count(name);
     let hit_rate = c("hit_blocks") as f64 / c("blocks").max(1) as f64;
