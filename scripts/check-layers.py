@@ -51,7 +51,7 @@ CRATES: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {
                 "leaves",
                 ["clock", "errors", "latency", "slot", "slab", "spill", "entry", "tenants", "holds", "stats"],
             ),
-            ("parts", ["links", "meta", "policy", "disk_index", "waiter"]),
+            ("parts", ["links", "meta", "policy", "disk_index", "waiters"]),
             ("store", ["store"]),
         ],
     ),

@@ -18,7 +18,7 @@
 //! them): the leaves ([`clock`], [`errors`], [`stats`], [`slot`], [`slab`],
 //! [`entry`], [`tenants`], [`holds`], [`latency`], [`spill`] — the disk
 //! format and I/O); the parts a store owns ([`links`], [`policy`],
-//! `meta`, `disk_index`, [`waiter`]); and [`store`], the `Store` type with
+//! `meta`, `disk_index`, [`waiters`]); and [`store`], the `Store` type with
 //! one file per job of its methods. This file only declares and re-exports.
 
 pub mod clock;
@@ -36,7 +36,7 @@ pub mod spill;
 pub mod stats;
 pub mod store;
 pub mod tenants;
-pub mod waiter;
+pub mod waiters;
 
 pub use clock::{mono_ns, ms_at, now_ms, resync_clock, thread_cpu_ns};
 pub use disk_index::DISK_ENTRY_OVERHEAD;
@@ -53,4 +53,4 @@ pub use stats::{EvictReason, StoreStats, TenantStats};
 pub use store::keyspace::{partial_tail, BlockWrite, PrefixStep};
 pub use store::linking::deliver_all;
 pub use store::{MemoryOptions, PostToStore, SpillConfig, Store, StoreJob};
-pub use waiter::Waiter;
+pub use waiters::Waiter;

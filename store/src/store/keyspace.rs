@@ -415,13 +415,7 @@ impl Store {
             self.compact_queues_if_stale();
         }
         self.settle_links();
-        if !self.watchers.is_empty() {
-            if let Some(waiters) = self.watchers.get(key) {
-                for w in waiters {
-                    w.wake.notify_one();
-                }
-            }
-        }
+        self.waiters.wake(key);
         Ok(old)
     }
 

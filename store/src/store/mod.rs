@@ -41,7 +41,7 @@ use crate::slab::{self, ArenaStats, SlabArena};
 use crate::spill::writer::{self, SpillState};
 use crate::stats::StoreStats;
 use crate::tenants;
-use crate::waiter::Waiter;
+use crate::waiters::Waiters;
 
 /// Work for a store, run on its own thread with the store borrowed: how
 /// the I/O threads hand their results back.
@@ -84,7 +84,7 @@ pub struct Store {
     max_value_len: usize,
     rng: u64,
     /// Blocked readers waiting for keys to be written.
-    watchers: HashMap<Bytes, Vec<Waiter>>,
+    waiters: Waiters,
     /// The spill tier, when configured.
     spill: Option<SpillState<StoreJob>>,
     /// Keys a lookup holds against eviction (`PREFIXLEN ... HOLD`).
@@ -135,7 +135,7 @@ impl Store {
             policy,
             samples: 5,
             max_value_len: 512 * 1024 * 1024,
-            watchers: HashMap::new(),
+            waiters: Waiters::default(),
             spill: None,
             holds: Holds::default(),
             stats: StoreStats::default(),

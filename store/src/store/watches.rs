@@ -7,33 +7,22 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::Store;
-use crate::waiter::Waiter;
+use crate::waiters::Waiter;
 
 impl Store {
     /// Wakes `waiter` whenever `key` is written, until [`Store::unwatch`].
     pub fn watch(&mut self, key: &[u8], waiter: Waiter) {
-        match self.watchers.get_mut(key) {
-            Some(waiters) => waiters.push(waiter),
-            None => {
-                self.watchers
-                    .insert(Bytes::copy_from_slice(key), vec![waiter]);
-            }
-        }
+        self.waiters.add(key, waiter);
     }
 
     /// Forgets waiter `id` on `key`.
     pub fn unwatch(&mut self, key: &[u8], id: u64) {
-        if let Some(waiters) = self.watchers.get_mut(key) {
-            waiters.retain(|w| w.id != id);
-            if waiters.is_empty() {
-                self.watchers.remove(key);
-            }
-        }
+        self.waiters.remove(key, id);
     }
 
     /// Number of keys readers are waiting for.
     pub fn watched_keys(&self) -> usize {
-        self.watchers.len()
+        self.waiters.keys()
     }
 
     /// WATCH: sets `dirty` whenever `key` changes, until unwatched.
