@@ -36,8 +36,9 @@ use super::{
 use super::{expire_at_from, fan_out};
 use crate::acl::{category, KeyUse};
 use crate::config::Num;
+use crate::shard::links::AllStores;
 use crate::shard::Access;
-use crate::shard::{AfterLinks, AllStores, Shard, ShardGone};
+use crate::shard::{AfterLinks, Shard, ShardGone};
 
 const BASE: CommandSpec = CommandSpec {
     arity: -3,
