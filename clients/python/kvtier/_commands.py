@@ -369,6 +369,40 @@ def parse_cluster_slots(reply: object) -> Optional[list[Node]]:
     return owners  # type: ignore[return-value]
 
 
+class SlotMap:
+    """A client's cache of the cluster's slot owners, without I/O: whether
+    it is due a ``CLUSTER SLOTS`` (every :data:`SLOT_MAP_TTL` seconds), the
+    owners it has, and that a single server has none."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._owners: Optional[list[Node]] = None
+        self._read_at = float("-inf")
+        self._off = not enabled
+
+    def due(self, now: float) -> bool:
+        """Whether to read the map now."""
+        return not self._off and (self._owners is None or now - self._read_at > SLOT_MAP_TTL)
+
+    def read(self, reply: object, now: float) -> None:
+        """The reply to ``CLUSTER SLOTS``, read at ``now``."""
+        self._owners = parse_cluster_slots(reply)
+        self._read_at = now
+
+    def not_a_cluster(self) -> None:
+        """``CLUSTER SLOTS`` was refused: a single server; never asked again."""
+        self._off = True
+
+    def forget(self) -> None:
+        """A read by the map failed (a stale map or a node down): read it
+        again before the next one."""
+        self._owners = None
+
+    @property
+    def owners(self) -> Optional[list[Node]]:
+        """Each slot's owner, or None (no cluster, or not read yet)."""
+        return None if self._off else self._owners
+
+
 @dataclass
 class ReadPart:
     """Some of the keys, by their positions in the caller's list, and the

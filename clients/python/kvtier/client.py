@@ -249,9 +249,7 @@ class Client:
         self.nodes: tuple[Node, ...] = target.nodes
         self.split_reads = split_reads
         self.stripes = cmd.check_int("Client", "stripes", stripes, 1)
-        self._slots: Optional[list[Node]] = None
-        self._slots_read_at = float("-inf")
-        self._not_cluster = False
+        self._slot_map = cmd.SlotMap(split_reads)
         self._executor: Optional[ThreadPoolExecutor] = None
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
@@ -399,7 +397,7 @@ class Client:
             try:
                 reply = self._split_get(len(keys), parts, sink, max_bytes, extra)
             except (ConnectionError, TimeoutError, ResponseError):
-                self._slots = None  # stale map or a node down: let a node coordinate
+                self._slot_map.forget()  # stale map or a node down: let a node coordinate
         if reply is None:
             reply = self._run(args, sink, extra)
         if sink is not None:
@@ -410,18 +408,13 @@ class Client:
 
     def _owners(self) -> Optional[list[Node]]:
         """The cluster's slot owners (cached), or None for a single server."""
-        if not self.split_reads or self._not_cluster:
-            return None
         now = time.monotonic()
-        if self._slots is None or now - self._slots_read_at > cmd.SLOT_MAP_TTL:
+        if self._slot_map.due(now):
             try:
-                reply = self._run(["CLUSTER", "SLOTS"], None, 0.0)
+                self._slot_map.read(self._run(["CLUSTER", "SLOTS"], None, 0.0), now)
             except ResponseError:  # ERR This instance has cluster support disabled
-                self._not_cluster = True
-                return None
-            self._slots = cmd.parse_cluster_slots(reply)
-            self._slots_read_at = now
-        return self._slots
+                self._slot_map.not_a_cluster()
+        return self._slot_map.owners
 
     def _split_get(
         self,
