@@ -35,7 +35,7 @@ pub fn shards(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
                 r.keys,
                 r.used_memory,
                 r.stats.total_commands,
-                r.ops_per_sec,
+                r.stats.ops_per_sec(),
                 r.clients,
                 r.stats.net_input_bytes,
                 r.stats.net_output_bytes,

@@ -43,8 +43,6 @@ pub struct ShardReport {
     /// The shard's own counters, whole (commands, connections, bytes,
     /// errors, blocked clients, polling, resets).
     pub stats: ShardStats,
-    /// Commands per second, recent.
-    pub ops_per_sec: u64,
     /// What each tenant slot holds in this shard.
     pub tenants: [kvtier_store::tenants::TenantUse; kvtier_store::tenants::TENANT_SLOTS],
 }
@@ -70,7 +68,6 @@ impl ShardReport {
             holds: (store.holds().len(), store.holds().bytes()),
             clients: shard.clients.borrow().len(),
             blocking_keys: store.watched_keys() as u64,
-            ops_per_sec: stats.ops_per_sec(),
             stats: (*stats).clone(),
             tenants: store.tenant_usage(),
         }

@@ -108,7 +108,10 @@ pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
         "total_commands_processed",
         sum(reports, |r| r.stats.total_commands),
     );
-    o.field("instantaneous_ops_per_sec", sum(reports, |r| r.ops_per_sec));
+    o.field(
+        "instantaneous_ops_per_sec",
+        sum(reports, |r| r.stats.ops_per_sec()),
+    );
     o.field(
         "total_net_input_bytes",
         sum(reports, |r| r.stats.net_input_bytes),

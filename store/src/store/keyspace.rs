@@ -9,8 +9,8 @@ use hashbrown::hash_map::Entry as MapEntry;
 use hashbrown::HashMap;
 
 use super::Store;
+use crate::entry::{charge, EXPIRE_OVERHEAD, SLAB_MIN};
 use crate::entry::{Encoding, Entry, Queue, Value};
-use crate::entry::{EXPIRE_OVERHEAD, SLAB_MIN};
 use crate::errors::{OutOfMemory, Refusal};
 use crate::holds::{HoldLimits, Holds};
 use crate::links::LinkEvent;
@@ -333,7 +333,7 @@ impl Store {
         // What the index will be charged beyond what the key costs now.
         let mut index_growth = 0;
         if self.budget != 0 {
-            let new_charge = Self::charge(key.len(), heap_len, expire_at != 0)
+            let new_charge = charge(key.len(), heap_len, expire_at != 0)
                 + parent.as_ref().map_or(0, |p| p.len());
             let old_charge = self.maps[index].get(key).map_or(0, |e| e.charge(key.len()));
             index_growth = new_charge.saturating_sub(old_charge);
@@ -445,7 +445,7 @@ impl Store {
             self.relink(slot, key, write.parent.as_deref());
             return 0;
         }
-        let charge = Self::charge(key.len(), value.len(), write.expire_at != 0);
+        let charge = charge(key.len(), value.len(), write.expire_at != 0);
         if self.budget != 0 && charge > self.budget {
             self.refused(self.meta.tenants.of(key) as u8, charge);
             return -1;

@@ -1,17 +1,17 @@
 //! The `Store` type: one shard's keyspace, its fields, and its settings.
 //! The files beside this one each add one job of its methods.
 
-pub mod demote;
-pub mod eviction;
-pub mod faults;
-pub mod keyspace;
-pub mod linking;
-pub mod memory;
-pub mod read;
-pub mod reclaim;
-pub mod restart;
-pub mod tier;
-pub mod watches;
+mod demote;
+mod eviction;
+mod faults;
+pub(crate) mod keyspace;
+pub(crate) mod linking;
+mod memory;
+mod read;
+mod reclaim;
+mod restart;
+mod tier;
+mod watches;
 
 #[cfg(test)]
 mod faults_tests;
@@ -285,12 +285,6 @@ impl Store {
     /// Sets the longest string a command may build.
     pub fn set_max_value_len(&mut self, len: usize) {
         self.max_value_len = len;
-    }
-
-    /// Index bytes charged for one key (values in the slab are charged
-    /// through the arena).
-    pub fn charge(key_len: usize, value_len: usize, volatile: bool) -> usize {
-        crate::entry::charge(key_len, value_len, volatile)
     }
 
     fn index(&self, slot: u16) -> usize {

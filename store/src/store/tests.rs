@@ -1,4 +1,5 @@
 use super::*;
+use crate::entry::charge;
 use crate::errors::OutOfMemory;
 use crate::slot::{key_slot, SLOTS};
 
@@ -142,10 +143,7 @@ fn insert_read_remove_and_accounting() {
     put(&mut s, "b", "22", 5000).unwrap();
     assert_eq!(s.len(), 2);
     assert_eq!(s.volatile_len(), 1);
-    assert_eq!(
-        s.used_memory(),
-        Store::charge(1, 1, false) + Store::charge(1, 2, true)
-    );
+    assert_eq!(s.used_memory(), charge(1, 1, false) + charge(1, 2, true));
     assert_eq!(get(&mut s, "a", 1000).unwrap(), "1");
     assert_eq!(get(&mut s, "b", 4999).unwrap(), "22");
     assert_eq!(get(&mut s, "b", 5000), None, "expired lazily");
@@ -172,16 +170,16 @@ fn set_expire_updates_index_and_charge() {
     let mut s = store(0, EvictionPolicy::NoEviction);
     put(&mut s, "k", "v", 0).unwrap();
     assert!(s.set_expire(key_slot(b"k"), b"k", 9000, 1000));
-    assert_eq!(s.used_memory(), Store::charge(1, 1, true));
+    assert_eq!(s.used_memory(), charge(1, 1, true));
     assert!(s.set_expire(key_slot(b"k"), b"k", 0, 1000));
-    assert_eq!(s.used_memory(), Store::charge(1, 1, false));
+    assert_eq!(s.used_memory(), charge(1, 1, false));
     assert_eq!(s.volatile_len(), 0);
     assert!(!s.set_expire(key_slot(b"x"), b"x", 5, 1000));
 }
 
 #[test]
 fn noeviction_refuses_and_lru_evicts() {
-    let each = Store::charge(4, 100, false);
+    let each = charge(4, 100, false);
     let mut s = store(each * 10, EvictionPolicy::NoEviction);
     let v = "x".repeat(100);
     for i in 0..10 {
@@ -199,7 +197,7 @@ fn noeviction_refuses_and_lru_evicts() {
 
 #[test]
 fn a_new_ttl_makes_room_for_its_charge() {
-    let each = Store::charge(4, 100, false);
+    let each = charge(4, 100, false);
     let mut s = store(each * 10, EvictionPolicy::AllKeysLru);
     let v = "x".repeat(100);
     for i in 0..10 {
