@@ -9,6 +9,7 @@ import asyncio
 import os
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -261,7 +262,8 @@ def test_server_down_and_timeouts() -> None:
 
 class FakeNode:
     """A node that answers every command the same way: ``reply`` (raw RESP),
-    or ``None`` to close the connection once the command has arrived."""
+    ``None`` to close the connection once the command has arrived, or
+    ``b"RST"`` to reset it then."""
 
     def __init__(self, reply: bytes | None) -> None:
         self.reply = reply
@@ -288,6 +290,9 @@ class FakeNode:
                     self.commands += 1
                     if self.reply is None:
                         return
+                    if self.reply == b"RST":
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return
                     conn.sendall(self.reply.replace(b"{addr}", self.addr.encode()))
             except OSError:
                 return
@@ -301,17 +306,20 @@ def test_both_clients_decide_retries_alike_and_raise_the_same_errors() -> None:
     a node that drops every command is a ConnectionError naming it; the
     sync and asyncio clients raise the same class with the same text."""
 
-    def both(addr: str, password: str | None = None) -> list[tuple[type, str]]:
+    def both(addr: str, password: str | None = None, into: bool = False) -> list[tuple[type, str]]:
+        """The error each client raises for one command: a lookup, or with
+        ``into`` a read into caller buffers (a sink)."""
         seen: list[tuple[type, str]] = []
         try:
-            kvtier.Client(addr, socket_timeout=5, password=password).prefix_len(["a"])
+            c = kvtier.Client(addr, socket_timeout=5, password=password, split_reads=False)
+            c.get_prefix(["a"], into=[bytearray(8)]) if into else c.prefix_len(["a"])
         except kvtier.KvtierError as e:
             seen.append((type(e), str(e)))
 
         async def run() -> None:
-            a = kvtier.AsyncClient(addr, socket_timeout=5, password=password)
+            a = kvtier.AsyncClient(addr, socket_timeout=5, password=password, split_reads=False)
             try:
-                await a.prefix_len(["a"])
+                await (a.get_prefix(["a"], into=[bytearray(8)]) if into else a.prefix_len(["a"]))
             except kvtier.KvtierError as e:
                 seen.append((type(e), str(e)))
             finally:
@@ -340,6 +348,17 @@ def test_both_clients_decide_retries_alike_and_raise_the_same_errors() -> None:
             assert node.commands == commands, (reply, node.commands)
         finally:
             node.close()
+    # A connection reset before any byte of the reply, while a read goes into
+    # caller buffers: nothing reached them, so both clients try the next
+    # node (here none) alike.
+    node = FakeNode(b"RST")
+    try:
+        for into in (False, True):
+            (kind, message), _ = both(node.addr, into=into)
+            assert kind is kvtier.ConnectionError, (into, kind, message)
+            assert message.startswith("no kvtier node answered: 127.0.0.1:"), (into, message)
+    finally:
+        node.close()
 
 
 def test_retry_decisions_without_io() -> None:

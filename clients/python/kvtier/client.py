@@ -43,6 +43,9 @@ class _Connection:
         self.sock = sock
         self.timeout = timeout
         self.closed = False
+        #: A plain socket: many buffers per ``sendmsg`` / ``recvmsg_into``
+        #: (TLS has neither), decided once, not per command.
+        self.plain = not isinstance(sock, ssl.SSLSocket) and hasattr(sock, "recvmsg_into")
 
     @classmethod
     def open(cls, node: Node, client: Client) -> _Connection:
@@ -71,9 +74,9 @@ class _Connection:
                 else ["AUTH", client.username, client.password]
             )
             try:
-                _send(conn.sock, encode_command(auth))
+                _send(conn.sock, encode_command(auth), conn.plain)
                 parser = ReplyParser(None)
-                if not _receive(conn.sock, parser):
+                if not _receive(conn.sock, parser, conn.plain):
                     raise ConnectionError("%s closed the connection at AUTH" % node)
                 parser.result()  # WRONGPASS: a ResponseError, as AsyncClient's
             except BaseException:
@@ -541,7 +544,7 @@ def _request(
     byte of the reply is :class:`_LostBeforeReply`."""
     sock = conn.sock
     try:
-        _send(sock, buffers)
+        _send(sock, buffers, conn.plain)
     except builtins.TimeoutError as e:
         conn.close()
         raise TimeoutError("sending: %s" % e) from None
@@ -554,12 +557,12 @@ def _request(
         conn.close()
         if refused is not None:
             raise ResponseError(refused) from None
-        raise _LostBeforeReply(e) from None
+        raise _LostBeforeReply(ConnectionError("connection lost: %s" % e)) from None
     parser = ReplyParser(sink)
     if extra_timeout:
         sock.settimeout(conn.timeout + extra_timeout)
     try:
-        if not _receive(sock, parser):
+        if not _receive(sock, parser, conn.plain):
             conn.close()
             raise _LostBeforeReply(ConnectionError("the server closed the connection"))
     except builtins.TimeoutError:
@@ -570,8 +573,8 @@ def _request(
         raise
     except OSError as e:
         conn.close()
-        if not parser.started and sink is None:
-            raise _LostBeforeReply(e) from None
+        if not parser.started:  # nothing reached a sink either
+            raise _LostBeforeReply(ConnectionError("connection lost: %s" % e)) from None
         raise ConnectionError(str(e)) from e
     except BaseException:
         # Anything else mid-reply (a sink raising, KeyboardInterrupt): the
@@ -583,12 +586,12 @@ def _request(
     return parser.result()
 
 
-def _receive(sock: socket.socket, parser: ReplyParser) -> bool:
+def _receive(sock: socket.socket, parser: ReplyParser, plain: bool) -> bool:
     """Reads one reply into ``parser`` (values straight into its sink's
-    buffers); False if the server closed before any byte of it."""
-    scatter = hasattr(sock, "recvmsg_into") and not isinstance(sock, ssl.SSLSocket)
+    buffers; on a ``plain`` socket several per ``recvmsg_into``); False if
+    the server closed before any byte of it."""
     while not parser.done:
-        if scatter:
+        if plain:
             views = parser.buffers()
             n = sock.recv_into(views[0]) if len(views) == 1 else sock.recvmsg_into(views)[0]
         else:
@@ -608,12 +611,12 @@ IOV_MAX = 1024
 SEND_WINDOW = 4 << 20
 
 
-def _send(sock: socket.socket, buffers: list[Union[bytes, bytearray, memoryview]]) -> None:
+def _send(sock: socket.socket, buffers: list[Union[bytes, bytearray, memoryview]], plain: bool) -> None:
     """Sends a command's buffers: on a plain socket with ``sendmsg``, many
     buffers per system call (a value gathered from many regions, a KV block
     of every layer, costs a few calls instead of one per region); through
     TLS, which has no ``sendmsg``, one ``sendall`` per buffer."""
-    if not hasattr(sock, "sendmsg") or isinstance(sock, ssl.SSLSocket):
+    if not plain:
         for b in buffers:
             sock.sendall(b)
         return
