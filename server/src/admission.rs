@@ -62,6 +62,16 @@ pub fn admit(client: &mut Client, last: &mut LastLookup, request: Vec<Bytes>) ->
         Err(reply) => return Admitted::Answered { reply, ran: None },
     };
     let args = Args::of(spec, request);
+    // A peer's commands were checked on the node that took them.
+    if !client.peer {
+        if let Err(refusal) = session::check(client, id, spec, &args) {
+            client.shard.stats.borrow_mut().reject(Some(id));
+            return Admitted::Answered {
+                reply: refusal,
+                ran: None,
+            };
+        }
+    }
     // In a cluster, keys of other nodes are forwarded, redirected or
     // coordinated; writes to keys with copies elsewhere drop the copies
     // before they reply (see `coordination`).
@@ -93,8 +103,9 @@ pub fn admit(client: &mut Client, last: &mut LastLookup, request: Vec<Bytes>) ->
     }
 }
 
-/// Finds the command (or subcommand) and checks arity, AUTH and the
-/// user's permission, with Redis's errors in Redis's order.
+/// Finds the command (or subcommand) and checks arity and AUTH, with
+/// Redis's errors in Redis's order (the user's permission is checked next,
+/// on the parsed arguments).
 #[inline(always)]
 fn resolve(
     client: &mut Client,
@@ -136,13 +147,6 @@ fn resolve(
     if !client.authenticated && !spec.has(flags::NO_AUTH) {
         reject(id);
         return Err(Reply::error("NOAUTH Authentication required."));
-    }
-    // A peer's commands were checked on the node that took them.
-    if !client.peer {
-        if let Err(refusal) = session::check(client, id, spec, args) {
-            reject(id);
-            return Err(refusal);
-        }
     }
     Ok((id, spec))
 }

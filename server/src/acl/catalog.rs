@@ -121,6 +121,29 @@ pub enum KeyUse {
     ByArgs(fn(&[Bytes], usize) -> u8),
 }
 
+impl KeyUse {
+    /// What the key at argument `i` of `args` needs of a key fence
+    /// ([`perm`] bits; 0: that it exists is all it asks), for a command
+    /// that writes (`write`: its WRITE flag) or not.
+    pub fn needs(self, write: bool, args: &[Bytes], i: usize) -> u8 {
+        match self {
+            KeyUse::ByFlags if write => perm::ALL,
+            KeyUse::ByFlags => perm::READ,
+            KeyUse::Exists => 0,
+            KeyUse::Read => perm::READ,
+            KeyUse::Write => perm::WRITE,
+            KeyUse::OneDiffers { at, that, rest } => {
+                if i == at {
+                    that
+                } else {
+                    rest
+                }
+            }
+            KeyUse::ByArgs(f) => f(args, i),
+        }
+    }
+}
+
 /// The command table as the ACL sees it: ids (the table's statistics ids,
 /// a parent followed by its subcommands), names, categories.
 pub struct Catalog {

@@ -207,7 +207,8 @@ fn dryrun(client: &mut Client, args: &[Bytes]) -> Reply {
             spec.name
         ));
     }
-    match permits(client.shard.shared.catalog, &user, id, spec, command) {
+    let command = Args::of(spec, command.to_vec());
+    match permits(client.shard.shared.catalog, &user, id, spec, &command) {
         Ok(()) => Reply::ok(),
         Err(Denied::Command) => Reply::bulk(format!(
             "This user has no permissions to run the '{}' command",

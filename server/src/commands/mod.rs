@@ -58,49 +58,77 @@ use crate::shard::{Access, Shard, ShardGone};
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = Reply> + 'a>>;
 
 /// A command's arguments (the name first), with the hash slots of its keys
-/// found once, when the command was dispatched: routing, the shard
-/// fan-out and the store all use the same figures.
+/// found once, when the command was parsed: admission, routing, the shard
+/// fan-out and the store all read the same figures.
 #[derive(Clone, Debug, Default)]
 pub struct Args {
     list: Vec<Bytes>,
-    slots: Slots,
+    /// The keys found when the command was parsed: (argument index, slot),
+    /// in argument order; none when the key count was bad. Read as a slice
+    /// (`args.keys.iter()`); only [`Args`] makes them.
+    pub keys: Keys,
 }
 
-/// The slots [`Args`] found: none, one key's (no allocation: the common
-/// single-key command), or one per argument.
+/// The keys [`Args`] found, read as a slice of (argument index, slot): none,
+/// one key (no allocation: the common single-key command), or several
+/// (with the slot of each argument, for [`Args::slot`]).
 #[derive(Clone, Debug, Default)]
-enum Slots {
-    /// Not computed (no keys, or a bad key count).
+pub struct Keys(Found);
+
+#[derive(Clone, Debug, Default)]
+enum Found {
+    /// No keys (none, or a bad key count).
     #[default]
     None,
-    /// The one key at `index`.
-    One { index: usize, slot: u16 },
-    /// By argument; [`NOT_A_KEY`] for an argument that is not a key.
-    Each(Vec<u16>),
+    /// One key.
+    One([(usize, u16); 1]),
+    /// Several: the keys, and by argument ([`NOT_A_KEY`] for an argument
+    /// that is not a key).
+    Each {
+        keys: Vec<(usize, u16)>,
+        by_arg: Vec<u16>,
+    },
 }
 
-/// [`Args`]'s mark for an argument that is not a key.
+impl std::ops::Deref for Keys {
+    type Target = [(usize, u16)];
+    fn deref(&self) -> &[(usize, u16)] {
+        match &self.0 {
+            Found::None => &[],
+            Found::One(one) => one,
+            Found::Each { keys, .. } => keys,
+        }
+    }
+}
+
+/// [`Keys`]'s mark for an argument that is not a key.
 const NOT_A_KEY: u16 = u16::MAX;
 
 impl Args {
     /// `list`, with the slots of the arguments at `keys` computed now.
     pub fn new(list: Vec<Bytes>, keys: impl IntoIterator<Item = usize>) -> Args {
         let mut keys = keys.into_iter();
-        let slots = match (keys.next(), keys.next()) {
-            (None, _) => Slots::None,
-            (Some(index), None) => Slots::One {
-                index,
-                slot: key_slot(&list[index]),
-            },
+        let found = match (keys.next(), keys.next()) {
+            (None, _) => Found::None,
+            (Some(index), None) => Found::One([(index, key_slot(&list[index]))]),
             (Some(a), Some(b)) => {
-                let mut each = vec![NOT_A_KEY; list.len()];
-                for i in [a, b].into_iter().chain(keys) {
-                    each[i] = key_slot(&list[i]);
-                }
-                Slots::Each(each)
+                let mut by_arg = vec![NOT_A_KEY; list.len()];
+                let keys: Vec<(usize, u16)> = [a, b]
+                    .into_iter()
+                    .chain(keys)
+                    .map(|i| {
+                        let slot = key_slot(&list[i]);
+                        by_arg[i] = slot;
+                        (i, slot)
+                    })
+                    .collect();
+                Found::Each { keys, by_arg }
             }
         };
-        Args { list, slots }
+        Args {
+            list,
+            keys: Keys(found),
+        }
     }
 
     /// `list` as the arguments of `spec` (its keys' slots computed now; a
@@ -113,7 +141,7 @@ impl Args {
             let slot = key_slot(&list[index]);
             return Args {
                 list,
-                slots: Slots::One { index, slot },
+                keys: Keys(Found::One([(index, slot)])),
             };
         }
         match spec.key_positions(&list) {
@@ -122,28 +150,14 @@ impl Args {
         }
     }
 
-    /// The keys found at dispatch, with their slots, in argument order
-    /// (none when the key count was bad).
-    pub fn key_slots(&self) -> impl Iterator<Item = (usize, u16)> + '_ {
-        let (one, each) = match &self.slots {
-            Slots::None => (None, &[][..]),
-            Slots::One { index, slot } => (Some((*index, *slot)), &[][..]),
-            Slots::Each(each) => (None, &each[..]),
-        };
-        one.into_iter().chain(
-            each.iter()
-                .enumerate()
-                .filter(|(_, &s)| s != NOT_A_KEY)
-                .map(|(i, &s)| (i, s)),
-        )
-    }
-
-    /// The hash slot of argument `i` (found at dispatch for a key, hashed
+    /// The hash slot of argument `i` (found at parsing for a key, hashed
     /// now for any other argument used as one).
     pub fn slot(&self, i: usize) -> u16 {
-        match &self.slots {
-            Slots::One { index, slot } if *index == i => *slot,
-            Slots::Each(each) if each.get(i).is_some_and(|&s| s != NOT_A_KEY) => each[i],
+        match &self.keys.0 {
+            Found::One([(index, slot)]) if *index == i => *slot,
+            Found::Each { by_arg, .. } if by_arg.get(i).is_some_and(|&s| s != NOT_A_KEY) => {
+                by_arg[i]
+            }
             _ => key_slot(&self.list[i]),
         }
     }
@@ -275,10 +289,10 @@ impl Plan {
 /// The first key of a multi-key call, if every key lives on the same shard.
 fn single_owner(client: &Client, args: &Args) -> Option<usize> {
     let shard = &client.shard;
-    let mut keys = args.key_slots();
-    let (first, slot) = keys.next()?;
+    let (&(first, slot), rest) = args.keys.split_first()?;
     let owner = shard.owner_of(slot);
-    keys.all(|(_, s)| shard.owner_of(s) == owner)
+    rest.iter()
+        .all(|&(_, s)| shard.owner_of(s) == owner)
         .then_some(first)
 }
 
@@ -575,27 +589,6 @@ impl CommandSpec {
             }
         }
         c | if self.has(flags::FAST) { FAST } else { SLOW }
-    }
-
-    /// What the key at argument `i` of `args` needs of a key fence
-    /// ([`perm`](crate::acl::perm) bits; 0: that it exists is all it asks).
-    pub fn key_needs(&self, args: &[Bytes], i: usize) -> u8 {
-        use crate::acl::perm;
-        match self.key_use {
-            KeyUse::ByFlags if self.has(flags::WRITE) => perm::ALL,
-            KeyUse::ByFlags => perm::READ,
-            KeyUse::Exists => 0,
-            KeyUse::Read => perm::READ,
-            KeyUse::Write => perm::WRITE,
-            KeyUse::OneDiffers { at, that, rest } => {
-                if i == at {
-                    that
-                } else {
-                    rest
-                }
-            }
-            KeyUse::ByArgs(f) => f(args, i),
-        }
     }
 
     /// The name as shown to users (`client|setname` → `client|setname`).

@@ -36,7 +36,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::commands::{docs, Args, Handler, Slots};
+    use crate::commands::{docs, Args, Found, Handler};
     use crate::shard::slot::key_slot;
 
     #[test]
@@ -102,13 +102,13 @@ mod tests {
         }
         let spec = t.get(b"get").unwrap();
         assert!(matches!(
-            Args::of(spec, list("get k1")).slots,
-            Slots::One { index: 1, .. }
+            Args::of(spec, list("get k1")).keys.0,
+            Found::One([(1, _)])
         ));
         let spec = t.get(b"mget").unwrap();
-        assert!(matches!(
-            Args::of(spec, list("mget a b")).slots,
-            Slots::Each(_)
-        ));
+        let args = Args::of(spec, list("mget a b"));
+        assert!(matches!(args.keys.0, Found::Each { .. }));
+        let keys: Vec<usize> = args.keys.iter().map(|&(i, _)| i).collect();
+        assert_eq!(keys, [1, 2]);
     }
 }

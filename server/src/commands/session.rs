@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use kvtier_protocol::Reply;
 
 use super::flags::*;
-use super::{Client, CommandSpec};
+use super::{Args, Client, CommandSpec};
 use crate::acl::{Acl, Catalog, Denial, User};
 
 /// Why a user may not run a command.
@@ -31,8 +30,9 @@ pub fn permits(
     user: &User,
     id: usize,
     spec: &CommandSpec,
-    args: &[Bytes],
+    args: &Args,
 ) -> Result<(), Denied> {
+    let write = spec.has(WRITE);
     let first = args
         .get(if catalog.is_sub[id] { 2 } else { 1 })
         .map(|a| &a[..]);
@@ -41,9 +41,11 @@ pub fn permits(
         if !spec.has(NO_AUTH) && !selector.may_run(id, first) {
             continue;
         }
-        let mut keys = spec.key_positions(args).into_iter().flatten();
-        let refused = keys
-            .find(|&i| !selector.may_touch(&args[i], spec.key_needs(args, i)))
+        let refused = args
+            .keys
+            .iter()
+            .map(|&(i, _)| i)
+            .find(|&i| !selector.may_touch(&args[i], spec.key_use.needs(write, args, i)))
             .or_else(|| {
                 spec.option_key
                     .and_then(|f| f(args))
@@ -63,7 +65,7 @@ pub fn permits(
 
 /// The check before a command runs: `Err` is the NOPERM reply, and the
 /// refusal goes to ACL LOG. Users allowed everything skip it.
-pub fn check(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Result<(), Reply> {
+pub fn check(client: &Client, id: usize, spec: &CommandSpec, args: &Args) -> Result<(), Reply> {
     if client.user.unrestricted() {
         return Ok(());
     }
@@ -95,7 +97,7 @@ pub fn check(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> 
 
 /// EXEC's second look: a queued command the user may no longer run (its
 /// rules changed after MULTI) gets Redis's error in its place, logged.
-pub fn recheck(client: &Client, id: usize, spec: &CommandSpec, args: &[Bytes]) -> Option<Reply> {
+pub fn recheck(client: &Client, id: usize, spec: &CommandSpec, args: &Args) -> Option<Reply> {
     if client.user.unrestricted() || client.peer {
         return None;
     }

@@ -4,6 +4,7 @@
 //! with the replicas is kvtier-cluster's).
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,17 +12,102 @@ use kvtier_cluster::hot::{Copies, Current};
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
 
-use crate::commands::{execute, Args, Client, CommandSpec};
+use super::place::Place;
+use crate::commands::{execute, flags, Args, Client, CommandSpec};
 use crate::shard::slot::key_slot;
 use crate::shard::Shard;
+
+/// What the hot-key copies make of a command on its way
+/// ([`super::route`]).
+pub enum ByCopies {
+    /// A read of keys elsewhere every one of which has a copy here: its
+    /// reply.
+    Answered(Reply),
+    /// A write, outside MULTI, to keys with copies elsewhere: it runs by
+    /// [`write_through`] (or by the hand-off's write path, which drops
+    /// them too).
+    WriteThrough,
+    /// Nothing for the copies to change.
+    Pass,
+}
+
+/// The copies' part in routing a command whose keys live at `place`: a
+/// read of keys elsewhere is answered from the copies here when every key
+/// has one (hits and misses counted); a read run here is counted for
+/// hot-key detection; a write run here to keys with copies elsewhere goes
+/// by [`write_through`] (queued in MULTI, the copies are dropped now,
+/// ahead of EXEC); a write forwarded to the owner first drops this shard's
+/// copies of its keys.
+pub fn route_copies(
+    client: &Client,
+    cluster: &Arc<Cluster>,
+    spec: &CommandSpec,
+    args: &Args,
+    place: Place,
+) -> ByCopies {
+    let in_multi = client.multi.is_some();
+    if place == Place::Here {
+        if spec.has(flags::READONLY) {
+            count_reads(client, cluster, args);
+        } else if spec.has(flags::WRITE)
+            && !spec.has(flags::FLUSH)
+            && cluster.has_replicated()
+            && args
+                .keys
+                .iter()
+                .any(|&(i, _)| cluster.is_replicated(&args[i]))
+        {
+            if !in_multi {
+                return ByCopies::WriteThrough;
+            }
+            let taken = take_replicated(cluster, args);
+            let (shard, cluster) = (Rc::clone(&client.shard), Arc::clone(cluster));
+            tokio::task::spawn_local(async move {
+                uncopy(&shard, &cluster, taken).await;
+            });
+        }
+        return ByCopies::Pass;
+    }
+    if spec.from_copies.is_some() && !in_multi {
+        let copies = client.shard.copies.borrow();
+        if !copies.is_empty() {
+            if let Some(reply) = answer_from_copies(&copies, spec, args) {
+                cluster.stats.replica_hits.fetch_add(1, Relaxed);
+                return ByCopies::Answered(reply);
+            }
+            // (A command spread over nodes tries the copies again part by
+            // part: not a miss yet.)
+            if place != Place::Coordinate
+                && args
+                    .keys
+                    .iter()
+                    .any(|&(i, _)| copies.get(&args[i]).is_some())
+            {
+                cluster.stats.replica_misses.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    if matches!(place, Place::Forward(_)) && spec.has(flags::WRITE) && !in_multi {
+        // A read later in this pipeline must not answer from the copy this
+        // write is about to replace.
+        let mut copies = client.shard.copies.borrow_mut();
+        if !copies.is_empty() {
+            for &(i, _) in args.keys.iter() {
+                copies.invalidate(&args[i]);
+            }
+        }
+    }
+    ByCopies::Pass
+}
 
 /// Answers a read from this shard's copies, if the command can be (its
 /// spec says how) and every key has one.
 pub fn answer_from_copies(copies: &Copies, spec: &CommandSpec, args: &Args) -> Option<Reply> {
     let answer = spec.from_copies?;
     let values: Vec<&Bytes> = args
-        .key_slots()
-        .map(|(i, _)| copies.get(&args[i]))
+        .keys
+        .iter()
+        .map(|&(i, _)| copies.get(&args[i]))
         .collect::<Option<Vec<_>>>()?;
     answer(&values, args)
 }
@@ -31,7 +117,7 @@ pub fn answer_from_copies(copies: &Copies, spec: &CommandSpec, args: &Args) -> O
 pub fn count_reads(client: &Client, cluster: &Cluster, args: &Args) {
     if cluster.hot_threshold > 0 {
         let mut hot = client.shard.hot.borrow_mut();
-        for (i, _) in args.key_slots() {
+        for &(i, _) in args.keys.iter() {
             hot.record(&args[i]);
         }
     }
@@ -92,24 +178,20 @@ pub async fn uncopy(shard: &Shard, cluster: &Cluster, keys: Vec<(Bytes, Vec<Stri
 /// A write to keys that have copies elsewhere: run it here, then drop the
 /// copies, and only then reply (once DEL returns, no node serves the key).
 pub async fn write_through(client: &mut Client, spec: &'static CommandSpec, args: Args) -> Reply {
-    let keys: Vec<usize> = args.key_slots().map(|(i, _)| i).collect();
     let reply = execute(client, spec, args.clone()).await;
     if let Some(cluster) = client.shard.shared.cluster.clone() {
-        let taken = take_replicated(&cluster, &args, &keys);
+        let taken = take_replicated(&cluster, &args);
         uncopy(&client.shard, &cluster, taken).await;
     }
     reply
 }
 
-/// The keys among `args[keys]` that have copies, with the nodes holding
-/// them, taken from the record (their copies are about to be dropped).
-pub fn take_replicated(
-    cluster: &Cluster,
-    args: &[Bytes],
-    keys: &[usize],
-) -> Vec<(Bytes, Vec<String>)> {
-    keys.iter()
-        .filter_map(|&i| {
+/// The keys of `args` that have copies, with the nodes holding them, taken
+/// from the record (their copies are about to be dropped).
+fn take_replicated(cluster: &Cluster, args: &Args) -> Vec<(Bytes, Vec<String>)> {
+    args.keys
+        .iter()
+        .filter_map(|&(i, _)| {
             cluster
                 .take_replicated(&args[i])
                 .map(|n| (args[i].clone(), n))

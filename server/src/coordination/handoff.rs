@@ -25,12 +25,41 @@ use kvtier_store::Encoding;
 
 use super::copies::write_through;
 use super::forward::lane;
-use crate::commands::{execute, Args, Client, CommandSpec};
+use crate::commands::{execute, flags, Args, Client, CommandSpec};
 use crate::shard::Shard;
 
 /// A key of a handed-off slot: the key, its slot, the node (index into the
 /// view) it is handed off from.
 type Handed = (Bytes, u16, usize);
+
+/// The hand-off's part in routing a command that runs here: whether any of
+/// its keys is in a slot handed off to this node. A write queued in MULTI
+/// deletes the previous owner's old values now, ahead of EXEC (dropping
+/// them early only costs a pull, never a wrong value; reads in MULTI do
+/// not pull).
+pub fn route_handoff(
+    client: &Client,
+    cluster: &Arc<Cluster>,
+    view: &Rc<View>,
+    spec: &CommandSpec,
+    args: &Args,
+) -> bool {
+    let handed = handoff_keys(cluster, view, args);
+    if handed.is_empty() {
+        return false;
+    }
+    if client.multi.is_some() && spec.has(flags::WRITE) {
+        for (_, slot, _) in &handed {
+            cluster.handoff_write_started(*slot);
+        }
+        let (shard, cluster, lane) = (Rc::clone(&client.shard), Arc::clone(cluster), lane(client));
+        let view = Rc::clone(view);
+        tokio::task::spawn_local(async move {
+            delete_on_previous(&shard, &cluster, &view, lane, handed).await;
+        });
+    }
+    true
+}
 
 /// The keys of `args` in slots handed off to this node now, with the node
 /// each is handed off from.
@@ -39,8 +68,9 @@ pub fn handoff_keys(cluster: &Cluster, view: &View, args: &Args) -> Vec<Handed> 
         return Vec::new();
     }
     let now = kvtier_store::now_ms();
-    args.key_slots()
-        .filter_map(|(i, slot)| {
+    args.keys
+        .iter()
+        .filter_map(|&(i, slot)| {
             cluster
                 .handoff_source(view, slot, now)
                 .map(|prev| (args[i].clone(), slot, prev))
@@ -84,7 +114,7 @@ pub async fn handoff_write(client: &mut Client, spec: &'static CommandSpec, args
 /// Deletes `keys` on the nodes (of `view`) they are handed off from, and
 /// waits (at most the node timeout: a previous owner that does not answer
 /// is failing, and is no longer read from once it is marked failed).
-pub async fn delete_on_previous(
+async fn delete_on_previous(
     shard: &Rc<Shard>,
     cluster: &Arc<Cluster>,
     view: &View,
