@@ -1347,33 +1347,33 @@ impl LiveConfig {
         shards: usize,
         port: u16,
     ) -> LiveConfig {
-        let output = parse_output_limits(&config.client_output_buffer_limit)
-            .unwrap_or(((0, 0, 0), DEFAULT_OUTPUT_LIMITS.to_string()));
         let mut live = LiveConfig {
             nums: Num::ALL.map(|n| AtomicU64::new((n.spec().start)(config))),
             started: Vec::new(),
             config_file: config.config_file.clone(),
-            policy: AtomicU8::new(policy_index(config.maxmemory_policy)),
-            output_hard: AtomicU64::new(output.0 .0),
-            output_soft: AtomicU64::new(output.0 .1),
-            output_soft_secs: AtomicU64::new(output.0 .2),
-            output_limits: RwLock::new(output.1),
-            requirepass: Arc::new(RwLock::new(config.requirepass.clone())),
+            // The other settings CONFIG SET changes start as their
+            // declarations say (`PARAMS`, below).
+            policy: AtomicU8::new(0),
+            output_hard: AtomicU64::new(0),
+            output_soft: AtomicU64::new(0),
+            output_soft_secs: AtomicU64::new(0),
+            output_limits: RwLock::new(String::new()),
+            requirepass: Arc::new(RwLock::new(String::new())),
             acl,
             tls,
-            masteruser: Arc::new(RwLock::new(config.masteruser.clone())),
-            masterauth: Arc::new(RwLock::new(config.masterauth.clone())),
-            protected_mode: AtomicBool::new(config.protected_mode),
+            masteruser: Arc::new(RwLock::new(String::new())),
+            masterauth: Arc::new(RwLock::new(String::new())),
+            protected_mode: AtomicBool::new(false),
             debug_command: match config.enable_debug_command.as_str() {
                 "yes" => DebugCommand::Yes,
                 "local" => DebugCommand::Local,
                 _ => DebugCommand::No,
             },
-            loglevel: RwLock::new(config.loglevel.clone()),
+            loglevel: RwLock::new(String::new()),
             save: RwLock::new(String::new()),
             hugepages: config.hugepages,
             prealloc: config.prealloc,
-            spill_on_shutdown: AtomicBool::new(config.spill_on_shutdown),
+            spill_on_shutdown: AtomicBool::new(false),
             tenants: config.tenants.clone(),
             tenant_limits: RwLock::new(config.tenants.iter().map(|t| t.limits).collect()),
             fixed: vec![
@@ -1472,6 +1472,14 @@ impl LiveConfig {
                 ),
             ],
         };
+        for p in PARAMS {
+            // The flag was read by the same parser (clap's value_parser),
+            // so its value parses here too.
+            match (p.parse)(&(p.start)(config)) {
+                Ok(v) => (p.apply)(&live, v, When::Start),
+                Err(e) => debug_assert!(false, "{}: {e}", p.name),
+            }
+        }
         live.started = live.rewritable();
         live
     }
@@ -1662,7 +1670,7 @@ impl LiveConfig {
             .find(|p| p.name.eq_ignore_ascii_case(name))
             .ok_or("unknown")?;
         let parsed = (p.parse)(value)?;
-        (p.apply)(self, parsed);
+        (p.apply)(self, parsed, When::Set);
         Ok(())
     }
 }
@@ -1680,12 +1688,27 @@ enum Value {
     Text(String),
 }
 
-/// One parameter CONFIG SET can change.
+/// A setting CONFIG SET can change that is not a number ([`Num`]),
+/// declared once: its name (the flag's, the config file's and CONFIG's),
+/// how CONFIG GET shows it, how a value is read and checked (on the same
+/// function as its flag's parser, so start-up and CONFIG SET accept the
+/// same values), how it takes effect, and its value at start (the flag's,
+/// taking effect through the same `parse` and `apply`).
 struct Param {
     name: &'static str,
     get: fn(&LiveConfig) -> String,
     parse: fn(&str) -> Result<Value, String>,
-    apply: fn(&LiveConfig, Value),
+    apply: fn(&LiveConfig, Value, When),
+    start: fn(&Config) -> String,
+}
+
+/// When a [`Param`] is applied: at start (effects other parts own at start
+/// — the default user's password, the log level — are already in place)
+/// or by CONFIG SET.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum When {
+    Start,
+    Set,
 }
 
 fn number(s: &str) -> Result<Value, String> {
@@ -1724,7 +1747,12 @@ fn set_text(target: &RwLock<String>, v: Value) {
 
 /// A yes/no setting as CONFIG GET shows it.
 fn yes_no(flag: &AtomicBool) -> String {
-    if flag.load(Relaxed) { "yes" } else { "no" }.into()
+    yes_no_text(flag.load(Relaxed))
+}
+
+/// `yes` or `no`.
+fn yes_no_text(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
 }
 
 /// `yes` / `no` for CONFIG SET (as a number: 1 / 0).
@@ -1751,17 +1779,18 @@ const PARAMS: &[Param] = &[
                 .map(|p| Value::Number(policy_index(p) as u64))
                 .map_err(|_| "argument(s) must be one of the following: volatile-lru, volatile-lfu, volatile-random, volatile-ttl, allkeys-lru, allkeys-lfu, allkeys-random, noeviction, prefix".into())
         },
-        apply: |c, v| {
+        apply: |c, v, _| {
             if let Value::Number(n) = v {
                 c.policy.store(n as u8, Relaxed);
             }
         },
+        start: |c| c.maxmemory_policy.name().to_string(),
     },
     Param {
         name: "client-output-buffer-limit",
         get: |c| read_text(&c.output_limits),
         parse: |s| parse_output_limits(s).map(|(_, shown)| Value::Text(shown)),
-        apply: |c, v| {
+        apply: |c, v, _| {
             if let Value::Text(shown) = v {
                 if let Ok(((hard, soft, secs), _)) = parse_output_limits(&shown) {
                     c.output_hard.store(hard, Relaxed);
@@ -1771,58 +1800,68 @@ const PARAMS: &[Param] = &[
                 set_text(&c.output_limits, Value::Text(shown));
             }
         },
+        start: |c| c.client_output_buffer_limit.clone(),
     },
     Param {
         name: "spill-on-shutdown",
         get: |c| yes_no(&c.spill_on_shutdown),
         parse: yes_no_value,
-        apply: |c, v| set_bool(&c.spill_on_shutdown, v),
+        apply: |c, v, _| set_bool(&c.spill_on_shutdown, v),
+        start: |c| yes_no_text(c.spill_on_shutdown),
     },
     Param {
         name: "requirepass",
         get: |c| read_text(&c.requirepass),
         parse: text,
-        apply: |c, v| {
-            if let Value::Text(t) = &v {
+        apply: |c, v, when| {
+            // At start the ACL was built with it (Acl::new).
+            if let (Value::Text(t), When::Set) = (&v, when) {
                 c.acl.set_default_password(t);
             }
             set_text(&c.requirepass, v)
         },
+        start: |c| c.requirepass.clone(),
     },
     Param {
         name: "masteruser",
         get: |c| read_text(&c.masteruser),
         parse: text,
-        apply: |c, v| set_text(&c.masteruser, v),
+        apply: |c, v, _| set_text(&c.masteruser, v),
+        start: |c| c.masteruser.clone(),
     },
     Param {
         name: "masterauth",
         get: |c| read_text(&c.masterauth),
         parse: text,
-        apply: |c, v| set_text(&c.masterauth, v),
+        apply: |c, v, _| set_text(&c.masterauth, v),
+        start: |c| c.masterauth.clone(),
     },
     Param {
         name: "acllog-max-len",
         get: |c| c.acl.log_max_len.load(Relaxed).to_string(),
         parse: number,
-        apply: |c, v| set_num(&c.acl.log_max_len, v),
+        apply: |c, v, _| set_num(&c.acl.log_max_len, v),
+        start: |c| c.acllog_max_len.to_string(),
     },
     Param {
         name: "protected-mode",
         get: |c| yes_no(&c.protected_mode),
         parse: yes_no_value,
-        apply: |c, v| set_bool(&c.protected_mode, v),
+        apply: |c, v, _| set_bool(&c.protected_mode, v),
+        start: |c| yes_no_text(c.protected_mode),
     },
     Param {
         name: "loglevel",
         get: |c| read_text(&c.loglevel),
         parse: |s| loglevel_arg(s).map(Value::Text),
-        apply: |c, v| {
-            if let Value::Text(level) = &v {
+        apply: |c, v, when| {
+            // At start the logger was set up with it.
+            if let (Value::Text(level), When::Set) = (&v, when) {
                 crate::logging::set_level(level);
             }
             set_text(&c.loglevel, v)
         },
+        start: |c| c.loglevel.clone(),
     },
     Param {
         name: "save",
@@ -1834,7 +1873,8 @@ const PARAMS: &[Param] = &[
                 Err("kvtier keeps no RDB snapshots; only an empty save is accepted".into())
             }
         },
-        apply: |c, v| set_text(&c.save, v),
+        apply: |c, v, _| set_text(&c.save, v),
+        start: |_| String::new(),
     },
 ];
 
@@ -2005,5 +2045,62 @@ mod tests {
             }
             assert_eq!(Num::named(&spec.name.to_uppercase()), Some(n));
         }
+    }
+
+    #[test]
+    fn start_and_config_set_agree_on_every_other_setting() {
+        let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
+        let live = |config: &Config| {
+            LiveConfig::new(config, Acl::new(catalog, "", None).unwrap(), None, 1, 6379)
+        };
+        let values = [
+            "yes",
+            "no",
+            "YES",
+            "maybe",
+            "",
+            "notice",
+            "DEBUG",
+            "warning",
+            "nothing",
+            "loud",
+            "prefix",
+            "allkeys-LRU",
+            "noeviction",
+            "lru",
+            "normal 0 0 0",
+            "normal 1mb 512kb 60",
+            "normal 1 2",
+            "pubsub 0 0 0",
+            "0",
+            "128",
+            "-1",
+            "x",
+            "a b",
+        ];
+        let mut checked = 0;
+        for p in PARAMS.iter().filter(|p| is_flag(p.name)) {
+            for v in values {
+                let started =
+                    Config::load_from(vec!["kvtier-server".into(), format!("--{}={v}", p.name)]);
+                let set_live = live(&Config::load_from(vec!["kvtier-server".into()]).unwrap());
+                let set = set_live.set(p.name, v);
+                assert_eq!(
+                    started.is_ok(),
+                    set.is_ok(),
+                    "{} {v:?}: {started:?} vs {set:?}",
+                    p.name
+                );
+                if let Ok(c) = started {
+                    // CONFIG GET shows the same value either way.
+                    assert_eq!(
+                        live(&c).get(p.name.as_bytes()),
+                        set_live.get(p.name.as_bytes())
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 40, "{checked}");
     }
 }

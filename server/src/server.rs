@@ -37,7 +37,6 @@ pub fn users(config: &Config) -> io::Result<Acl> {
         config.aclfile.clone(),
     )
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    acl.log_max_len.store(config.acllog_max_len, Relaxed);
     // Tenants named by ACL users: the users exist, their key fences are
     // prefixes.
     crate::config::tenant_patterns(&config.tenants, &acl)
