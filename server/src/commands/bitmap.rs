@@ -243,7 +243,15 @@ fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     } else {
         value[byte] &= !mask;
     }
-    match store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now) {
+    match store.insert_entry(
+        slot,
+        key,
+        value.freeze(),
+        expire_at,
+        Encoding::Raw,
+        None,
+        now,
+    ) {
         Ok(_) => Reply::Int(was as i64),
         Err(_) => oom_error(),
     }
@@ -686,7 +694,15 @@ fn bitfield_run(store: &mut Store, op: &KeyOp, now: u64, read_only: bool) -> Rep
         };
         out.push(reply);
     }
-    match store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now) {
+    match store.insert_entry(
+        slot,
+        key,
+        value.freeze(),
+        expire_at,
+        Encoding::Raw,
+        None,
+        now,
+    ) {
         Ok(_) => Reply::Array(out),
         Err(_) => oom_error(),
     }

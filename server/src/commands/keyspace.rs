@@ -42,41 +42,35 @@ const OBJECT_SUB: CommandSpec = CommandSpec {
 };
 
 /// The generic (keyspace) family.
+/// DEL (UNLINK is the same command under another name).
+const DEL: CommandSpec = CommandSpec {
+    name: "del",
+    key_use: KeyUse::Write,
+    arity: -2,
+    flags: WRITE,
+    keys: ALL_KEYS,
+    summary: "Deletes one or more keys.",
+    complexity: "O(N) where N is the number of keys that will be removed.",
+    syntax: "key...",
+    handler: Handler::Async(del),
+    one_shard: Some(OneShard {
+        run: del_one,
+        applies: always,
+    }),
+    spread: Spread::Sum,
+    ..BASE
+};
+
 pub const COMMANDS: &[CommandSpec] = &[
-    CommandSpec {
-        name: "del",
-        key_use: KeyUse::Write,
-        arity: -2,
-        flags: WRITE,
-        keys: ALL_KEYS,
-        summary: "Deletes one or more keys.",
-        complexity: "O(N) where N is the number of keys that will be removed.",
-        syntax: "key...",
-        handler: Handler::Async(del),
-        one_shard: Some(OneShard {
-            run: del_one,
-            applies: always,
-        }),
-        spread: Spread::Sum,
-        ..BASE
-    },
+    DEL,
+    // As in Redis, UNLINK is DEL (values are freed at once either way).
     CommandSpec {
         name: "unlink",
-        key_use: KeyUse::Write,
-        arity: -2,
         flags: WRITE | FAST,
-        keys: ALL_KEYS,
         since: "4.0.0",
         summary: "Asynchronously deletes one or more keys.",
         complexity: "O(1) for each key removed regardless of its size.",
-        syntax: "key...",
-        handler: Handler::Async(del),
-        one_shard: Some(OneShard {
-            run: del_one,
-            applies: always,
-        }),
-        spread: Spread::Sum,
-        ..BASE
+        ..DEL
     },
     CommandSpec {
         name: "exists",

@@ -682,7 +682,7 @@ fn append(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         }
     };
     let len = value.len() as i64;
-    match stored(store.insert_with(slot, key, value, expire_at, encoding, now)) {
+    match stored(store.insert_entry(slot, key, value, expire_at, encoding, None, now)) {
         Ok(()) => Reply::Int(len),
         Err(e) => e,
     }
@@ -783,7 +783,15 @@ fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let mut value = BytesMut::zeroed(new_len);
     value[..old.len()].copy_from_slice(&old);
     value[offset..offset + patch.len()].copy_from_slice(patch);
-    match stored(store.insert_with(slot, key, value.freeze(), expire_at, Encoding::Raw, now)) {
+    match stored(store.insert_entry(
+        slot,
+        key,
+        value.freeze(),
+        expire_at,
+        Encoding::Raw,
+        None,
+        now,
+    )) {
         Ok(()) => Reply::Int(new_len as i64),
         Err(e) => e,
     }
@@ -851,7 +859,15 @@ fn incrbyfloat(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         return Reply::error("ERR increment would produce NaN or Infinity");
     }
     let text = Bytes::from(next.to_human_string());
-    match stored(store.insert_with(slot, key, text.clone(), expire_at, Encoding::NoInt, now)) {
+    match stored(store.insert_entry(
+        slot,
+        key,
+        text.clone(),
+        expire_at,
+        Encoding::NoInt,
+        None,
+        now,
+    )) {
         Ok(()) => Reply::Bulk(text),
         Err(e) => e,
     }

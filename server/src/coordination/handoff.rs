@@ -21,7 +21,6 @@ use kvtier_cluster::peer::Lane;
 use kvtier_cluster::topology::View;
 use kvtier_cluster::Cluster;
 use kvtier_protocol::Reply;
-use kvtier_store::Encoding;
 
 use super::copies::write_through;
 use super::forward::lane;
@@ -215,9 +214,7 @@ async fn pull(client: &mut Client, cluster: &Arc<Cluster>, view: &View, keys: Ve
                     let unchanged = cluster_for_shard.handoff_write_count(slot) == writes;
                     if unchanged
                         && store.peek(slot, &key, now).is_none()
-                        && store
-                            .insert_with(slot, &key, value, expire_at, Encoding::Auto, now)
-                            .is_ok()
+                        && store.insert(slot, &key, value, expire_at, now).is_ok()
                     {
                         kept += 1;
                     }

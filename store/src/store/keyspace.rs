@@ -259,23 +259,11 @@ impl Store {
         expire_at: u64,
         now: u64,
     ) -> Result<Option<Entry>, OutOfMemory> {
-        self.insert_with(slot, key, value, expire_at, Encoding::Auto, now)
+        self.insert_entry(slot, key, value, expire_at, Encoding::Auto, None, now)
     }
 
-    /// [`Store::insert`] with an explicit OBJECT ENCODING.
-    pub fn insert_with(
-        &mut self,
-        slot: u16,
-        key: &[u8],
-        value: Bytes,
-        expire_at: u64,
-        encoding: Encoding,
-        now: u64,
-    ) -> Result<Option<Entry>, OutOfMemory> {
-        self.insert_entry(slot, key, value, expire_at, encoding, None, now)
-    }
-
-    /// Stores a value with every attribute given: the general write. Small
+    /// Stores a value with every attribute given (an OBJECT ENCODING, a
+    /// parent block): the general write. Small
     /// values get memory of their own; blocks are copied into a slab slot
     /// (evicting by policy when the shard's budget is reached).
     #[allow(clippy::too_many_arguments)]
