@@ -12,8 +12,8 @@ use kvtier_store::{now_ms, Encoding, Store};
 use super::fan_out;
 use super::flags::*;
 use super::{
-    is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler, KeyOp,
-    KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
+    clamp, is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler,
+    KeyOp, KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::shard::slot::key_slot;
@@ -243,6 +243,28 @@ fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     } else {
         value[byte] &= !mask;
     }
+    store_bits(
+        store,
+        slot,
+        key,
+        value,
+        expire_at,
+        now,
+        Reply::Int(was as i64),
+    )
+}
+
+/// Stores a bitmap's new bytes (raw, as Redis keeps a string changed bit
+/// by bit) and answers `reply`, or OOM.
+fn store_bits(
+    store: &mut Store,
+    slot: u16,
+    key: &[u8],
+    value: BytesMut,
+    expire_at: u64,
+    now: u64,
+    reply: Reply,
+) -> Reply {
     match store.insert_entry(
         slot,
         key,
@@ -252,7 +274,7 @@ fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
         None,
         now,
     ) {
-        Ok(_) => Reply::Int(was as i64),
+        Ok(_) => reply,
         Err(_) => oom_error(),
     }
 }
@@ -285,24 +307,6 @@ fn parse_range(args: &[Bytes], from: usize) -> Result<(i64, Option<i64>, bool), 
         Some(_) => return Err(syntax_error()),
     };
     Ok((start, end, bits))
-}
-
-/// Redis's clamping of `start..=end` into `0..total` (negative from the
-/// end); `None` when the range is empty.
-fn clamp(start: i64, end: i64, total: i64) -> Option<(i64, i64)> {
-    let (mut start, mut end) = (start, end);
-    if start < 0 {
-        start += total;
-    }
-    if end < 0 {
-        end += total;
-    }
-    start = start.max(0);
-    end = end.max(0);
-    if end >= total {
-        end = total - 1;
-    }
-    (start <= end).then_some((start, end))
 }
 
 fn bit_at(value: &[u8], i: i64) -> bool {
@@ -694,18 +698,7 @@ fn bitfield_run(store: &mut Store, op: &KeyOp, now: u64, read_only: bool) -> Rep
         };
         out.push(reply);
     }
-    match store.insert_entry(
-        slot,
-        key,
-        value.freeze(),
-        expire_at,
-        Encoding::Raw,
-        None,
-        now,
-    ) {
-        Ok(_) => Reply::Array(out),
-        Err(_) => oom_error(),
-    }
+    store_bits(store, slot, key, value, expire_at, now, Reply::Array(out))
 }
 
 fn read_field(value: &[u8], f: &Field) -> Reply {

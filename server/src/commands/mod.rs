@@ -865,6 +865,24 @@ pub fn value_reply(value: Fetched) -> Reply {
     }
 }
 
+/// Redis's clamping of `start..=end` into `0..total` (negative from the
+/// end); `None` when the range is empty.
+pub fn clamp(start: i64, end: i64, total: i64) -> Option<(i64, i64)> {
+    let (mut start, mut end) = (start, end);
+    if start < 0 {
+        start += total;
+    }
+    if end < 0 {
+        end += total;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= total {
+        end = total - 1;
+    }
+    (start <= end).then_some((start, end))
+}
+
 /// Parses an integer argument exactly as Redis does.
 pub fn parse_int(arg: &[u8]) -> Option<i64> {
     kvtier_protocol::parse_i64_strict(arg)

@@ -13,7 +13,7 @@ use super::flags::*;
 use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
-    always, arity_error, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
+    always, arity_error, clamp, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
     CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, DEFAULTS, KEY1, KEY_VALUE_PAIRS,
 };
 use super::{expire_at_from, fan_out, Fanned};
@@ -561,24 +561,29 @@ fn mget(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
+/// MSET's and MSETNX's arguments: `key value` pairs, or Redis's arity
+/// error.
+fn pairs(args: Args, name: &str) -> Result<Arc<Args>, Reply> {
+    if args.len().is_multiple_of(2) {
+        return Err(arity_error(name));
+    }
+    Ok(Arc::new(args))
+}
+
+/// MSET's and MSETNX's write of one pair: `key` set to `value`, no expiry.
+fn set_pair(store: &mut Store, slot: u16, key: &[u8], value: Option<&Bytes>, now: u64) -> bool {
+    let value = value.cloned().unwrap_or_default();
+    store.insert(slot, key, value, 0, now).is_ok()
+}
+
 fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let args = Arc::new(args);
-        if args.len().is_multiple_of(2) {
-            return arity_error("mset");
-        }
+        let args = match pairs(args, "mset") {
+            Ok(args) => args,
+            Err(e) => return e,
+        };
         let keys: Vec<usize> = (1..args.len()).step_by(2).collect();
-        let result = fan_out(
-            client,
-            &args,
-            &keys,
-            Access::Write,
-            |store, slot, key, value, now| {
-                let value = value.cloned().unwrap_or_default();
-                store.insert(slot, key, value, 0, now).is_ok()
-            },
-        )
-        .await;
+        let result = fan_out(client, &args, &keys, Access::Write, set_pair).await;
         match result {
             Ok(done) if done.iter().all(|&ok| ok) => Reply::ok(),
             Ok(_) => oom_error(),
@@ -589,10 +594,10 @@ fn mset(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
 
 fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     Box::pin(async move {
-        let args = Arc::new(args);
-        if args.len().is_multiple_of(2) {
-            return arity_error("msetnx");
-        }
+        let args = match pairs(args, "msetnx") {
+            Ok(args) => args,
+            Err(e) => return e,
+        };
         // A key named twice is set once, to its last value (as MSET leaves
         // it), and does not count as already present.
         let mut keys: Vec<usize> = Vec::new();
@@ -623,12 +628,11 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
             Access::Write,
             |store, slot, key, value, now| {
                 if store.peek(slot, key, now).is_some() {
-                    return Fanned::Skipped;
-                }
-                let value = value.cloned().unwrap_or_default();
-                match store.insert(slot, key, value, 0, now) {
-                    Ok(_) => Fanned::Done,
-                    Err(_) => Fanned::Oom,
+                    Fanned::Skipped
+                } else if set_pair(store, slot, key, value, now) {
+                    Fanned::Done
+                } else {
+                    Fanned::Oom
                 }
             },
         )
@@ -642,8 +646,6 @@ fn msetnx(client: &mut Client, args: Args) -> LocalBoxFuture<'_> {
     })
 }
 
-/// `ERR string exceeds maximum allowed size (proto-max-bulk-len)` when a
-/// string would grow past the limit.
 /// A string a command is about to build of `len` bytes: within
 /// proto-max-bulk-len, and not larger than the shard's whole memory budget
 /// (refused with OOM before it is allocated or anything is evicted).
@@ -712,26 +714,14 @@ fn getrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
 
 /// GETRANGE's answer for `value`: Redis's index arithmetic (negative
 /// indexes from the end, clamped to the string).
-fn range(value: &Bytes, mut start: i64, mut end: i64) -> Reply {
-    let len = value.len() as i64;
+fn range(value: &Bytes, start: i64, end: i64) -> Reply {
     if start < 0 && end < 0 && start > end {
         return Reply::bulk("");
     }
-    if start < 0 {
-        start += len;
+    match clamp(start, end, value.len() as i64) {
+        Some((start, end)) => Reply::Bulk(value.slice(start as usize..=end as usize)),
+        None => Reply::bulk(""),
     }
-    if end < 0 {
-        end += len;
-    }
-    start = start.max(0);
-    end = end.max(0);
-    if end >= len {
-        end = len - 1;
-    }
-    if start > end || len == 0 {
-        return Reply::bulk("");
-    }
-    Reply::Bulk(value.slice(start as usize..=end as usize))
 }
 
 // ---- answered from copies of hot keys (cluster) -----------------------------

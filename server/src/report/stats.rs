@@ -98,88 +98,91 @@ pub const METRICS: &[&Metric] = &[
     &IDLE_POLL_HITS,
 ];
 
+/// A line (or family of lines) of `# Stats`.
+enum Row {
+    /// A field summed over the shards.
+    Sum(&'static str, fn(&ShardReport) -> u64),
+    /// A field Redis has and kvtier never counts (no pub/sub): 0.
+    Zero(&'static str),
+    /// `evicted_<reason>_keys`, one per reason.
+    EvictedBy,
+    /// `refused_writes` and `refused_writes_<cause>`, one per cause.
+    RefusedBy,
+    /// `lookup_holds_<outcome>`, one per outcome.
+    HoldsBy,
+}
+
+/// `# Stats`, in Redis's order, kvtier's own fields after Redis's kin.
+const ROWS: &[Row] = &[
+    Row::Sum("total_connections_received", |r| {
+        r.stats.connections_received
+    }),
+    Row::Sum("total_commands_processed", |r| r.stats.total_commands),
+    Row::Sum("instantaneous_ops_per_sec", |r| r.stats.ops_per_sec()),
+    Row::Sum("total_net_input_bytes", |r| r.stats.net_input_bytes),
+    Row::Sum("total_net_output_bytes", |r| r.stats.net_output_bytes),
+    Row::Sum("rejected_connections", |r| r.stats.rejected_connections),
+    Row::Sum("evicted_clients", |r| r.stats.evicted_clients),
+    Row::Sum("client_query_buffer_limit_disconnections", |r| {
+        r.stats.query_buffer_closed
+    }),
+    Row::Sum("client_output_buffer_limit_disconnections", |r| {
+        r.stats.output_buffer_closed
+    }),
+    Row::Sum("expired_keys", |r| r.store.expired_keys),
+    Row::Sum("evicted_keys", |r| r.store.evicted_keys),
+    Row::EvictedBy,
+    Row::RefusedBy,
+    Row::Sum("keyspace_hits", |r| r.store.keyspace_hits),
+    Row::Sum("keyspace_misses", |r| r.store.keyspace_misses),
+    Row::Sum("lookup_held_keys", |r| r.holds.0 as u64),
+    Row::Sum("lookup_held_bytes", |r| r.holds.1 as u64),
+    Row::HoldsBy,
+    Row::Zero("pubsub_channels"),
+    Row::Zero("pubsub_patterns"),
+    Row::Sum("total_error_replies", |r| r.stats.total_error_replies),
+    Row::Sum("total_reads_processed", |r| r.stats.total_commands),
+    Row::Sum("cross_shard_direct_reads", |r| r.stats.direct_reads),
+    Row::Sum("cross_shard_direct_writes", |r| r.stats.direct_writes),
+    Row::Sum("cross_shard_calls", |r| r.stats.mailbox_calls),
+    Row::Sum("idle_poll_us", |r| r.stats.idle_poll_us),
+    Row::Sum("idle_poll_hits", |r| r.stats.idle_poll_hits),
+];
+
 /// `# Stats`
 pub fn info(o: &mut Info, _shared: &Shared, reports: &[ShardReport]) {
-    o.field(
-        "total_connections_received",
-        sum(reports, |r| r.stats.connections_received),
-    );
-    o.field(
-        "total_commands_processed",
-        sum(reports, |r| r.stats.total_commands),
-    );
-    o.field(
-        "instantaneous_ops_per_sec",
-        sum(reports, |r| r.stats.ops_per_sec()),
-    );
-    o.field(
-        "total_net_input_bytes",
-        sum(reports, |r| r.stats.net_input_bytes),
-    );
-    o.field(
-        "total_net_output_bytes",
-        sum(reports, |r| r.stats.net_output_bytes),
-    );
-    o.field(
-        "rejected_connections",
-        sum(reports, |r| r.stats.rejected_connections),
-    );
-    o.field("evicted_clients", sum(reports, |r| r.stats.evicted_clients));
-    o.field(
-        "client_query_buffer_limit_disconnections",
-        sum(reports, |r| r.stats.query_buffer_closed),
-    );
-    o.field(
-        "client_output_buffer_limit_disconnections",
-        sum(reports, |r| r.stats.output_buffer_closed),
-    );
-    o.field("expired_keys", sum(reports, |r| r.store.expired_keys));
-    o.field("evicted_keys", sum(reports, |r| r.store.evicted_keys));
-    for (i, reason) in EvictReason::ALL.iter().enumerate() {
-        o.field(
-            format_args!("evicted_{}_keys", reason.name()),
-            sum(reports, |r| r.store.evicted_by[i]),
-        );
+    for row in ROWS {
+        match row {
+            Row::Sum(name, f) => o.field(name, sum(reports, f)),
+            Row::Zero(name) => o.field(name, 0),
+            Row::EvictedBy => {
+                for (i, reason) in EvictReason::ALL.iter().enumerate() {
+                    o.field(
+                        format_args!("evicted_{}_keys", reason.name()),
+                        sum(reports, |r| r.store.evicted_by[i]),
+                    );
+                }
+            }
+            Row::RefusedBy => {
+                o.field(
+                    "refused_writes",
+                    sum(reports, |r| r.store.refused_by.iter().sum()),
+                );
+                for (i, cause) in Refusal::ALL.iter().enumerate() {
+                    o.field(
+                        format_args!("refused_writes_{}", cause.name()),
+                        sum(reports, |r| r.store.refused_by[i]),
+                    );
+                }
+            }
+            Row::HoldsBy => {
+                for (i, (name, _)) in hold_outcomes(&Default::default()).iter().enumerate() {
+                    let count = sum(reports, |r| hold_outcomes(&r.store.holds)[i].1);
+                    o.field(format_args!("lookup_holds_{name}"), count);
+                }
+            }
+        }
     }
-    o.field(
-        "refused_writes",
-        sum(reports, |r| r.store.refused_by.iter().sum()),
-    );
-    for (i, cause) in Refusal::ALL.iter().enumerate() {
-        o.field(
-            format_args!("refused_writes_{}", cause.name()),
-            sum(reports, |r| r.store.refused_by[i]),
-        );
-    }
-    o.field("keyspace_hits", sum(reports, |r| r.store.keyspace_hits));
-    o.field("keyspace_misses", sum(reports, |r| r.store.keyspace_misses));
-    o.field("lookup_held_keys", sum(reports, |r| r.holds.0 as u64));
-    o.field("lookup_held_bytes", sum(reports, |r| r.holds.1 as u64));
-    for (i, (name, _)) in hold_outcomes(&Default::default()).iter().enumerate() {
-        let count = sum(reports, |r| hold_outcomes(&r.store.holds)[i].1);
-        o.field(format_args!("lookup_holds_{name}"), count);
-    }
-    o.field("pubsub_channels", 0);
-    o.field("pubsub_patterns", 0);
-    o.field(
-        "total_error_replies",
-        sum(reports, |r| r.stats.total_error_replies),
-    );
-    o.field(
-        "total_reads_processed",
-        sum(reports, |r| r.stats.total_commands),
-    );
-    o.field(
-        "cross_shard_direct_reads",
-        sum(reports, |r| r.stats.direct_reads),
-    );
-    o.field(
-        "cross_shard_direct_writes",
-        sum(reports, |r| r.stats.direct_writes),
-    );
-    o.field("cross_shard_calls", sum(reports, |r| r.stats.mailbox_calls));
-    o.field("idle_poll_us", sum(reports, |r| r.stats.idle_poll_us));
-    o.field("idle_poll_hits", sum(reports, |r| r.stats.idle_poll_hits));
 }
 
 /// A shard's lookup holds by outcome (INFO `lookup_holds_<outcome>`, the
