@@ -6,6 +6,7 @@ use bytes::Bytes;
 use clap::Args;
 use kvtier_protocol::Reply;
 
+use crate::report::{self, Recorder};
 use crate::resp::Client;
 
 /// Where to send load and where to put the results.
@@ -25,6 +26,38 @@ pub struct Output {
 }
 
 impl Output {
+    /// The end of a scenario's run: prints the latency table and the
+    /// client's CPU, completes `summary` (a JSON object of the scenario's
+    /// own figures) with the scenario's name, the latency percentiles by
+    /// operation, throughput over time and the client's CPU, and writes it
+    /// to --json and the plot to --plot.
+    pub fn publish(
+        &self,
+        scenario: &str,
+        rec: &Recorder,
+        cpu: serde_json::Value,
+        mut summary: serde_json::Value,
+    ) -> std::io::Result<serde_json::Value> {
+        report::print_latency_table(rec);
+        report::print_client_cpu(&cpu);
+        let latency: serde_json::Map<String, serde_json::Value> = rec
+            .latency
+            .iter()
+            .map(|(op, h)| (op.to_string(), report::percentiles(h)))
+            .collect();
+        summary["scenario"] = scenario.into();
+        summary["latency"] = latency.into();
+        summary["throughput_per_second"] = serde_json::json!(&rec.timeline);
+        summary["client_cpu"] = cpu;
+        if let Some(path) = &self.json {
+            report::write_json(path, &summary)?;
+        }
+        if let Some(path) = &self.plot {
+            report::plot(path, scenario, rec).map_err(std::io::Error::other)?;
+        }
+        Ok(summary)
+    }
+
     /// `host:port` of the (first) target.
     pub fn addr(&self) -> String {
         self.addrs().swap_remove(0)

@@ -237,15 +237,7 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
         hits as f64 / (hits + misses).max(1) as f64,
         rec.count("verify_failures")
     );
-    report::print_latency_table(&rec);
-    report::print_client_cpu(&cpu);
-    let latency: serde_json::Map<String, serde_json::Value> = rec
-        .latency
-        .iter()
-        .map(|(op, h)| (op.to_string(), report::percentiles(h)))
-        .collect();
     let summary = json!({
-        "scenario": "kv",
         "target": addr,
         "keys": a.keys,
         "key_distribution": plan.chooser.describe(),
@@ -266,16 +258,8 @@ pub async fn run(a: KvArgs, client_threads: usize) -> std::io::Result<serde_json
         "write_gb_per_sec": written as f64 / secs / 1e9,
         "verification_failures": rec.count("verify_failures"),
         "errors": rec.count("errors"),
-        "latency": latency,
-        "throughput_per_second": rec.timeline,
-        "client_cpu": cpu,
     });
-    if let Some(path) = &a.out.json {
-        report::write_json(path, &summary)?;
-    }
-    if let Some(path) = &a.out.plot {
-        report::plot(path, "kv", &rec).map_err(std::io::Error::other)?;
-    }
+    let summary = a.out.publish("kv", &rec, cpu, summary)?;
     Ok(summary)
 }
 

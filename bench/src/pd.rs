@@ -193,15 +193,7 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         rec.count("verify_failures"),
         bytes as f64 / secs / 1e9
     );
-    report::print_latency_table(&rec);
-    report::print_client_cpu(&cpu);
-    let latency: serde_json::Map<String, serde_json::Value> = rec
-        .latency
-        .iter()
-        .map(|(op, h)| (op.to_string(), report::percentiles(h)))
-        .collect();
     let summary = json!({
-        "scenario": "pd",
         "target": addr,
         "wait": flag_name(&a.wait),
         "chains": a.chains,
@@ -217,16 +209,8 @@ pub async fn run(a: PdArgs, client_threads: usize) -> std::io::Result<()> {
         "bytes_read": bytes,
         "seconds": secs,
         "gb_per_sec": bytes as f64 / secs / 1e9,
-        "latency": latency,
-        "throughput_per_second": rec.timeline,
-        "client_cpu": cpu,
     });
-    if let Some(path) = &a.out.json {
-        report::write_json(path, &summary)?;
-    }
-    if let Some(path) = &a.out.plot {
-        report::plot(path, "pd", &rec).map_err(std::io::Error::other)?;
-    }
+    let summary = a.out.publish("pd", &rec, cpu, summary)?;
     check_verified(&summary)
 }
 

@@ -332,15 +332,7 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "estimated prefill time saved: {saved:.1} s at {} tokens/s",
         a.prefill_tokens_per_s
     );
-    report::print_latency_table(&rec);
-    report::print_client_cpu(&cpu);
-    let latency: serde_json::Map<String, serde_json::Value> = rec
-        .latency
-        .iter()
-        .map(|(op, h)| (op.to_string(), report::percentiles(h)))
-        .collect();
     let summary = json!({
-        "scenario": "trace",
         "target": addr,
         "trace": a.file.display().to_string(),
         "protocol": flag_name(&a.protocol),
@@ -372,18 +364,10 @@ pub async fn run(a: TraceArgs, client_threads: usize) -> std::io::Result<()> {
         "errors": c("errors"),
         "prefill_tokens_per_s": a.prefill_tokens_per_s,
         "prefill_seconds_saved": saved,
-        "latency": latency,
-        "throughput_per_second": rec.timeline,
         "blocks_per_second": rec.series.get("blocks"),
         "hit_blocks_per_second": rec.series.get("hit_blocks"),
-        "client_cpu": cpu,
     });
-    if let Some(path) = &a.out.json {
-        report::write_json(path, &summary)?;
-    }
-    if let Some(path) = &a.out.plot {
-        report::plot(path, "trace", &rec).map_err(std::io::Error::other)?;
-    }
+    let summary = a.out.publish("trace", &rec, cpu, summary)?;
     check_verified(&summary)
 }
 
