@@ -130,69 +130,67 @@ pub async fn run(a: PrefixArgs) -> std::io::Result<()> {
     for round in 0..a.rounds {
         // The baseline goes first every other round, so the order a round
         // runs in never favours one build.
-        if let (Some(base), true) = (&a.baseline, round % 2 == 1) {
-            lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
-            base_fetch += fetch(
+        let order = if round % 2 == 1 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for baseline_now in order {
+            if baseline_now {
+                if let Some(base) = &a.baseline {
+                    lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
+                    base_fetch += fetch(
+                        &a,
+                        base,
+                        &fetch_keys,
+                        &fetch_values,
+                        per_round_fetches,
+                        true,
+                    )
+                    .await?;
+                }
+                continue;
+            }
+            lookup(
+                &a.kvtier,
+                &chain_keys,
+                per_round_lookups,
+                true,
+                &mut kv_lookup,
+            )
+            .await?;
+            lookup(
+                &a.redis,
+                &chain_keys,
+                per_round_lookups,
+                false,
+                &mut redis_lookup,
+            )
+            .await?;
+            lookup(
+                &a.kvtier,
+                &chain_keys,
+                per_round_lookups / 4,
+                false,
+                &mut kv_seq_lookup,
+            )
+            .await?;
+            kv_fetch += fetch(
                 &a,
-                base,
+                &a.kvtier,
                 &fetch_keys,
                 &fetch_values,
                 per_round_fetches,
                 true,
             )
             .await?;
-        }
-        lookup(
-            &a.kvtier,
-            &chain_keys,
-            per_round_lookups,
-            true,
-            &mut kv_lookup,
-        )
-        .await?;
-        lookup(
-            &a.redis,
-            &chain_keys,
-            per_round_lookups,
-            false,
-            &mut redis_lookup,
-        )
-        .await?;
-        lookup(
-            &a.kvtier,
-            &chain_keys,
-            per_round_lookups / 4,
-            false,
-            &mut kv_seq_lookup,
-        )
-        .await?;
-        kv_fetch += fetch(
-            &a,
-            &a.kvtier,
-            &fetch_keys,
-            &fetch_values,
-            per_round_fetches,
-            true,
-        )
-        .await?;
-        redis_fetch += fetch(
-            &a,
-            &a.redis,
-            &fetch_keys,
-            &fetch_values,
-            per_round_fetches,
-            false,
-        )
-        .await?;
-        if let (Some(base), false) = (&a.baseline, round % 2 == 1) {
-            lookup(base, &chain_keys, per_round_lookups, true, &mut base_lookup).await?;
-            base_fetch += fetch(
+            redis_fetch += fetch(
                 &a,
-                base,
+                &a.redis,
                 &fetch_keys,
                 &fetch_values,
                 per_round_fetches,
-                true,
+                false,
             )
             .await?;
         }
