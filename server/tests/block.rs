@@ -12,7 +12,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -1319,33 +1319,6 @@ fn cmdstat(c: &mut RawConn, name: &str) -> Option<(u64, u64, u64)> {
             .unwrap()
     };
     Some((get("calls"), get("rejected_calls"), get("failed_calls")))
-}
-
-/// `GET /metrics` body (empty if the endpoint is not up yet).
-fn scrape(port: u16) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = Vec::new();
-    let _ = s.read_to_end(&mut response);
-    String::from_utf8_lossy(&response)
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
-/// The value of the sample `series` in a scrape.
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::Duration;
 
 use common::*;
@@ -16,38 +16,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// `GET /metrics`, body only (empty if the endpoint is not up yet).
-fn scrape(port: u16) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = Vec::new();
-    let _ = s.read_to_end(&mut response);
-    let response = String::from_utf8_lossy(&response).into_owned();
-    assert!(
-        response.is_empty() || response.starts_with("HTTP/1.1 200"),
-        "{response}"
-    );
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
-/// The value of the sample `name{labels}` in a scrape.
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 #[test]
