@@ -54,10 +54,7 @@ fn big_value_through_redis_crate_resp2_and_resp3() {
 #[test]
 fn big_values_async_pipeline() {
     let server = Server::start(&[]);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(false);
     runtime.block_on(async {
         let mut con = connect_async(&server.url()).await;
         // Two 16 MiB values on different shards in one pipeline.

@@ -1093,11 +1093,7 @@ fn redis_crate_async_blocking_read() {
     let server = Server::start(&[]);
     let keys = chain("async", 4);
     // Worker threads run the waiting task while this thread polls INFO.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(true);
     runtime.block_on(async {
         for url in [server.url(), server.url_resp3()] {
             let mut reader = connect_async(&url).await;

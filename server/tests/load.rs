@@ -32,11 +32,7 @@ impl XorShift {
 #[test]
 fn hundred_connections_pipelining_set_get() {
     let server = Server::start(&[]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(true);
     runtime.block_on(async {
         let mut tasks = Vec::new();
         for conn in 0..CONNECTIONS {

@@ -506,10 +506,7 @@ fn redis_crate_sync_resp2_and_resp3() {
 #[test]
 fn redis_crate_async_pipeline() {
     let server = Server::start(&[]);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(false);
     runtime.block_on(async {
         for url in [server.url(), server.url_resp3()] {
             let mut con = connect_async(&url).await;

@@ -682,3 +682,16 @@ pub fn sample(body: &str, series: &str) -> Option<f64> {
             .ok()
     })
 }
+
+/// A tokio runtime for a test's async clients: on this thread, or on two
+/// worker threads (`threaded`: tasks run while this thread waits).
+pub fn runtime(threaded: bool) -> tokio::runtime::Runtime {
+    let mut builder = if threaded {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder.enable_all().build().unwrap()
+}
