@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kvtier_protocol::Reply;
-use kvtier_store::{now_ms, Encoding, Store};
+use kvtier_store::{now_ms, Store};
 
 use super::fan_out;
 use super::flags::*;
 use super::{
-    clamp, is, not_integer, oom_error, parse_int, syntax_error, Args, Client, CommandSpec, Handler,
-    KeyOp, KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
+    clamp, is, not_integer, oom_error, parse_int, store_raw, syntax_error, Args, Client,
+    CommandSpec, Handler, KeyOp, KeySpec, LocalBoxFuture, DEFAULTS, KEY1,
 };
 use crate::acl::{category, perm, KeyUse};
 use crate::shard::slot::key_slot;
@@ -243,39 +243,9 @@ fn setbit(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     } else {
         value[byte] &= !mask;
     }
-    store_bits(
-        store,
-        slot,
-        key,
-        value,
-        expire_at,
-        now,
-        Reply::Int(was as i64),
-    )
-}
-
-/// Stores a bitmap's new bytes (raw, as Redis keeps a string changed bit
-/// by bit) and answers `reply`, or OOM.
-fn store_bits(
-    store: &mut Store,
-    slot: u16,
-    key: &[u8],
-    value: BytesMut,
-    expire_at: u64,
-    now: u64,
-    reply: Reply,
-) -> Reply {
-    match store.insert_entry(
-        slot,
-        key,
-        value.freeze(),
-        expire_at,
-        Encoding::Raw,
-        None,
-        now,
-    ) {
-        Ok(_) => reply,
-        Err(_) => oom_error(),
+    match store_raw(store, slot, key, value, expire_at, now) {
+        Ok(()) => Reply::Int(was as i64),
+        Err(e) => e,
     }
 }
 
@@ -698,7 +668,10 @@ fn bitfield_run(store: &mut Store, op: &KeyOp, now: u64, read_only: bool) -> Rep
         };
         out.push(reply);
     }
-    store_bits(store, slot, key, value, expire_at, now, Reply::Array(out))
+    match store_raw(store, slot, key, value, expire_at, now) {
+        Ok(()) => Reply::Array(out),
+        Err(e) => e,
+    }
 }
 
 fn read_field(value: &[u8], f: &Field) -> Reply {

@@ -865,6 +865,30 @@ pub fn value_reply(value: Fetched) -> Reply {
     }
 }
 
+/// Stores `value` under `key` raw, as Redis keeps a string changed in
+/// place (SETRANGE, SETBIT, BITFIELD), or answers OOM.
+pub fn store_raw(
+    store: &mut Store,
+    slot: u16,
+    key: &[u8],
+    value: bytes::BytesMut,
+    expire_at: u64,
+    now: u64,
+) -> Result<(), Reply> {
+    store
+        .insert_entry(
+            slot,
+            key,
+            value.freeze(),
+            expire_at,
+            Encoding::Raw,
+            None,
+            now,
+        )
+        .map(|_| ())
+        .map_err(|_| oom_error())
+}
+
 /// Redis's clamping of `start..=end` into `0..total` (negative from the
 /// end); `None` when the range is empty.
 pub fn clamp(start: i64, end: i64, total: i64) -> Option<(i64, i64)> {

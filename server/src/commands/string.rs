@@ -13,8 +13,9 @@ use super::flags::*;
 use super::long_double::LongDouble;
 use super::value_reply;
 use super::{
-    always, arity_error, clamp, is, not_integer, oom_error, parse_int, syntax_error, Args, Client,
-    CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, DEFAULTS, KEY1, KEY_VALUE_PAIRS,
+    always, arity_error, clamp, is, not_integer, oom_error, parse_int, store_raw, syntax_error,
+    Args, Client, CommandSpec, Handler, KeyOp, LocalBoxFuture, OneShard, Spread, DEFAULTS, KEY1,
+    KEY_VALUE_PAIRS,
 };
 use super::{expire_at_from, fan_out, Fanned};
 use crate::acl::{category, perm, KeyUse};
@@ -773,15 +774,7 @@ fn setrange(store: &mut Store, op: &KeyOp, now: u64) -> Reply {
     let mut value = BytesMut::zeroed(new_len);
     value[..old.len()].copy_from_slice(&old);
     value[offset..offset + patch.len()].copy_from_slice(patch);
-    match stored(store.insert_entry(
-        slot,
-        key,
-        value.freeze(),
-        expire_at,
-        Encoding::Raw,
-        None,
-        now,
-    )) {
+    match store_raw(store, slot, key, value, expire_at, now) {
         Ok(()) => Reply::Int(new_len as i64),
         Err(e) => e,
     }
