@@ -2048,6 +2048,24 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_fixed_at_start_is_a_flag_or_a_redis_constant() {
+        // CONFIG GET's fixed settings are named beside their flags: a
+        // renamed flag must not leave its old name behind.
+        let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
+        let config = Config::load_from(vec!["kvtier-server".into()]).unwrap();
+        let live = LiveConfig::new(&config, Acl::new(catalog, "", None).unwrap(), None, 1, 6379);
+        let not_flags: Vec<&str> = live
+            .fixed
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|n| !is_flag(n))
+            .collect();
+        // Redis's constants, and the config file's path (the first
+        // argument, as redis-server takes it).
+        assert_eq!(not_flags, ["databases", "appendonly", "config-file"]);
+    }
+
+    #[test]
     fn start_and_config_set_agree_on_every_other_setting() {
         let catalog = Box::leak(Box::new(crate::acl::Catalog::new([("get", 0, 0)])));
         let live = |config: &Config| {
