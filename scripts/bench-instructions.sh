@@ -37,6 +37,8 @@ for tool in valgrind redis-cli redis-benchmark; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install valgrind redis-tools)"; exit 1; }
 done
 cargo build --release -q -p kvtier-server
+# The build just made (CARGO_TARGET_DIR honoured, as cargo does).
+BIN=${CARGO_TARGET_DIR:-target}/release/kvtier-server
 N=${N:-2000}
 # Idle polling (--idle-poll-us) spends instructions waiting for the next
 # request, as many as the wall clock allows: off here, so the count is the
@@ -155,9 +157,9 @@ TENANT_FLAGS="--tenant name=blocks,keys=blk:* --tenant name=strings,keys=key:*"
 SHARE_FLAGS="--tenant name=blocks,keys=blk:*,share=30% --tenant name=strings,keys=key:*,share=60%"
 EXTRA=""
 if [[ ${EVICTION:-0} == 1 ]]; then
-  builds=("this build|target/release/kvtier-server")
-  [[ ${TENANTS:-0} == 1 ]] && builds+=("this build, 2 tenants|target/release/kvtier-server|$TENANT_FLAGS"
-                                      "this build, 2 tenants with shares|target/release/kvtier-server|$SHARE_FLAGS")
+  builds=("this build|$BIN")
+  [[ ${TENANTS:-0} == 1 ]] && builds+=("this build, 2 tenants|$BIN|$TENANT_FLAGS"
+                                      "this build, 2 tenants with shares|$BIN|$SHARE_FLAGS")
   [[ -n "${BASELINE_BIN:-}" ]] && builds+=("baseline|$BASELINE_BIN")
   echo "instructions per write under eviction (callgrind, --threads 1 unless marked t=2, whole process, 4 KiB values, maxmemory 32mb full)"
   chain64=${CHAIN64:-0}
@@ -188,11 +190,11 @@ if [[ ${EVICTION:-0} == 1 ]]; then
   exit 0
 fi
 
-servers=("kvtier t=1 tasks|kvtier|target/release/kvtier-server|1" "kvtier t=2 tasks|kvtier|target/release/kvtier-server|2"
-  "kvtier t=1 process|kvtier-process|target/release/kvtier-server|1" "kvtier t=2 process|kvtier-process|target/release/kvtier-server|2")
+servers=("kvtier t=1 tasks|kvtier|$BIN|1" "kvtier t=2 tasks|kvtier|$BIN|2"
+  "kvtier t=1 process|kvtier-process|$BIN|1" "kvtier t=2 process|kvtier-process|$BIN|2")
 if [[ ${TENANTS:-0} == 1 ]]; then
-  servers+=("kvtier t=1 tasks, 2 tenants|kvtier|target/release/kvtier-server|1|$TENANT_FLAGS"
-            "kvtier t=1 tasks, 2 tenants with shares|kvtier|target/release/kvtier-server|1|$SHARE_FLAGS")
+  servers+=("kvtier t=1 tasks, 2 tenants|kvtier|$BIN|1|$TENANT_FLAGS"
+            "kvtier t=1 tasks, 2 tenants with shares|kvtier|$BIN|1|$SHARE_FLAGS")
 fi
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   servers+=("baseline t=1|kvtier|$BASELINE_BIN|1" "baseline t=2|kvtier|$BASELINE_BIN|2")
