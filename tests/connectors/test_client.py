@@ -100,6 +100,66 @@ def test_parser_sink_drops_what_it_does_not_want() -> None:
     assert bytes(got) == b"x" * 10
 
 
+def feed_vectored(data: bytes, parser: ReplyParser, step: int) -> tuple[object, int]:
+    """As ``recvmsg_into`` over :meth:`ReplyParser.buffers` would: at most
+    ``step`` bytes a call, spread over the buffers in order. Returns the
+    reply and the number of calls."""
+    pos = calls = 0
+    while not parser.done:
+        n = 0
+        for buf in parser.buffers(1024):
+            k = min(buf.nbytes, step - n, len(data) - pos - n)
+            if k <= 0:
+                break
+            buf[:k] = data[pos + n : pos + n + k]
+            n += k
+        assert n > 0, "parser wants more than the reply has"
+        pos += n
+        calls += 1
+        parser.advance(n)
+    assert pos == len(data), "parser stopped before the end of the reply"
+    return parser.result(), calls
+
+
+def mgetprefix_reply(values: list[bytes]) -> bytes:
+    return b"*%d\r\n" % len(values) + b"".join(b"$%d\r\n%s\r\n" % (len(v), v) for v in values)
+
+
+@pytest.mark.parametrize("step", [1, 5, 33, 1 << 20])
+def test_parser_frames_a_reply_whose_values_fill_their_slots(step: int) -> None:
+    """With one slot per key, the parser guesses every value fills its slot
+    and posts the whole reply at once (a few reads for many values); a
+    value shorter than its slot, an error item or a shorter prefix is
+    still parsed right (the guess is checked as the headers arrive)."""
+    from kvtier._buffers import BufferSink
+
+    slot = 1000
+    full = [os.urandom(slot) for _ in range(8)]
+    cases = {
+        "all full": full,
+        "prefix of 3": full[:3],
+        "second short": [full[0], full[1][:10], full[2]],
+        "last empty": [*full[:4], b""],
+    }
+    for name, values in cases.items():
+        dest = bytearray(8 * slot)
+        sink = BufferSink.of(dest, 8)
+        got, calls = feed_vectored(mgetprefix_reply(values), ReplyParser(sink), step)
+        assert got == [len(v) for v in values], name
+        for i, v in enumerate(values):
+            assert bytes(dest[i * slot : i * slot + len(v)]) == v, (name, i)
+        if step == 1 << 20 and name == "all full":
+            # The header's small read, then the rest in one (unframed: a
+            # header read and a payload read per value).
+            assert calls <= 3, calls
+    # An error item among the values: kept as the error, the rest parsed.
+    dest = bytearray(2 * slot)
+    data = b"*2\r\n$%d\r\n%s\r\n-ERR gone\r\n" % (slot, full[0])
+    got, _ = feed_vectored(data, ReplyParser(BufferSink.of(dest, 2)), step)
+    assert isinstance(got, list) and got[0] == slot and isinstance(got[1], kvtier.ResponseError)
+    assert bytes(dest[:slot]) == full[0]
+
+
 def test_encode_keeps_large_values_as_views() -> None:
     big = bytearray(1 << 20)
     parts = encode_command(["MSETBLOCK", 1, "k", [b"head", big]])
@@ -746,7 +806,8 @@ def test_cluster_reads_are_split_by_owner(cluster_nodes: list[Server]) -> None:
 
 def test_large_batches_are_striped_and_merged(server: Server) -> None:
     """A large put/get goes out as up to 4 commands on parallel connections;
-    the answer is the one a single command gives (holes in any stripe)."""
+    the answer is the one a single command gives (holes in any stripe). A
+    read into buffers smaller than 8 MiB goes as one command."""
     c = server.client()
     one = server.client(stripes=1)
     keys = ["st%d" % i for i in range(40)]
@@ -764,6 +825,14 @@ def test_large_batches_are_striped_and_merged(server: Server) -> None:
         assert c.get_prefix(keys, into=dest) == one.get_prefix(keys, into=dest) == [300_000] * hole
         assert c.prefix_len(keys) == hole
         c.put_chain([keys[hole]], [values[hole]])
+    # Into caller buffers, the buffers say how large the read is: under
+    # 8 MiB it is one command (threads cost more than they gain there).
+    for n, commands in ((27, 1), (28, 4)):  # 8.1 MB, 8.4 MB: 8 MiB between
+        server.client().execute("CONFIG", "RESETSTAT")
+        dest = [bytearray(300_000) for _ in keys[:n]]
+        assert c.get_prefix(keys[:n], into=dest) == [300_000] * n
+        assert [bytes(d) for d in dest] == values[:n]
+        assert server.commandstats().get("mgetprefix") == commands, n
 
     async def run() -> None:
         a = kvtier.AsyncClient(server.addr)

@@ -112,6 +112,20 @@ class BufferSink:
             return ()
         return (view[:length],)
 
+    def capacity(self) -> Optional[int]:
+        """Bytes the caller's buffers hold, None for a user sink."""
+        return None if self._views is None else sum(v.nbytes for v in self._views)
+
+    def expected_lengths(self, count: int) -> Optional[tuple[list[int], list[memoryview]]]:
+        """The lengths of a reply's ``count`` values, as a guess the parser
+        checks (:class:`~kvtier._resp.ReplyParser` frames the reply when
+        it holds): with one slot per key, each value fills its slot (KV
+        blocks are of one size), and the slots. None for a user sink."""
+        if self._views is None or count > len(self._views):
+            return None
+        views = self._views[:count]
+        return [v.nbytes for v in views], views
+
     def finish(self, reply: object) -> list[int]:
         if not isinstance(reply, list) or not all(isinstance(x, int) for x in reply):
             raise ProtocolError("MGETPREFIX: expected an array of bulk strings")

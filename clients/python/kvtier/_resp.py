@@ -120,6 +120,77 @@ class _Container:
         self.left = left
 
 
+class _Frame:
+    """The rest of a sink-handled array whose value lengths are known before
+    it arrives (one buffer per value, of the value's exact size): every
+    header, value and CRLF of it posted at once, so one ``recvmsg_into``
+    lands many values. The headers and CRLFs land in ``glue`` and are
+    checked against what the lengths say as they arrive; a difference (a
+    shorter value, an error item) ends the frame, and what landed is parsed
+    the ordinary way (:meth:`ReplyParser._unframe`)."""
+
+    __slots__ = ("checked", "expected", "filled", "glue", "lengths", "off", "seg", "segs", "size")
+
+    def __init__(self, lengths: list[int], views: list[memoryview]) -> None:
+        self.lengths = lengths
+        self.expected = b"".join(
+            [b"$%d\r\n" % lengths[0]] + [b"\r\n$%d\r\n" % n for n in lengths[1:]] + [b"\r\n"]
+        )
+        self.glue = bytearray(len(self.expected))
+        glue = memoryview(self.glue)
+        # Segments in reply order: glue, value, glue, value, ..., glue; a
+        # glue segment is one of ``glue``'s windows, in order.
+        self.segs: list[tuple[memoryview, bool]] = []
+        pos = 0
+        for i, n in enumerate(lengths):
+            head = len(b"$%d\r\n" % n) + (2 if i else 0)
+            self.segs.append((glue[pos : pos + head], True))
+            self.segs.append((views[i][:n], False))
+            pos += head
+        self.segs.append((glue[pos : pos + 2], True))
+        self.size = len(self.expected) + sum(lengths)
+        self.seg = 0  # the segment being filled
+        self.off = 0  # bytes of it filled
+        self.filled = 0  # glue bytes landed
+        self.checked = 0  # glue bytes found as expected
+
+    def buffers(self, most: int) -> list[memoryview]:
+        view = self.segs[self.seg][0][self.off :]
+        return [view] + [v for v, _ in self.segs[self.seg + 1 : self.seg + most]]
+
+    def advance(self, n: int) -> bool:
+        """Records ``n`` bytes landed in :meth:`buffers`; False when the glue
+        differs from the expected (the frame must end)."""
+        while n:
+            view, is_glue = self.segs[self.seg]
+            step = min(n, view.nbytes - self.off)
+            if is_glue:
+                self.filled += step
+            self.off += step
+            n -= step
+            if self.off == view.nbytes:
+                self.seg += 1
+                self.off = 0
+                if self.seg == len(self.segs) and n:
+                    raise ProtocolError("more bytes received than the reply holds")
+        if self.filled > self.checked:
+            if self.glue[self.checked : self.filled] != self.expected[self.checked : self.filled]:
+                return False
+            self.checked = self.filled
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self.seg == len(self.segs)
+
+    def landed(self) -> bytes:
+        """Every byte received into the frame, in reply order."""
+        parts = [bytes(v) for v, _ in self.segs[: self.seg]]
+        if self.seg < len(self.segs):
+            parts.append(bytes(self.segs[self.seg][0][: self.off]))
+        return b"".join(parts)
+
+
 class ReplyParser:
     """Parses exactly one RESP2/RESP3 reply fed through :meth:`buffer`.
 
@@ -150,6 +221,7 @@ class ReplyParser:
         self._target: memoryview | None = None  # unfilled part of the current target
         self._queued: list[memoryview] = []  # the rest of a list of targets, in order
         self._bulk_index = 0  # index of the next sink-handled bulk
+        self._frame: _Frame | None = None  # a framed array being received
 
     # -- driver interface -------------------------------------------------
 
@@ -165,6 +237,8 @@ class ReplyParser:
 
     def buffer(self) -> memoryview:
         """Where the next received bytes should be written (never empty)."""
+        if self._frame is not None:
+            return self._frame.buffers(1)[0]
         if self._bulk_left > 2:
             payload_left = self._bulk_left - 2
             if self._target is not None:
@@ -186,6 +260,8 @@ class ReplyParser:
         """Where the next received bytes should go, in order: several buffers
         while a sink's list of targets is being filled (for one
         ``recvmsg_into``), else the one :meth:`buffer`."""
+        if self._frame is not None:
+            return self._frame.buffers(most)
         if self._bulk_left > 2 and self._target is not None and self._queued:
             left = self._bulk_left - 2
             out = []
@@ -203,6 +279,9 @@ class ReplyParser:
         if n <= 0:
             raise ValueError("advance needs a positive byte count")
         self._started = True
+        if self._frame is not None:
+            self._advance_frame(n)
+            return
         if self._bulk_left > 2 and self._target is not None:
             while n > 0 and self._target is not None:
                 step = min(n, self._target.nbytes)
@@ -228,6 +307,66 @@ class ReplyParser:
         if isinstance(self._value, ResponseError):
             raise self._value
         return self._value
+
+    # -- a framed array -------------------------------------------------------
+
+    def _start_frame(self, count: int) -> bool:
+        """Enters a frame for a sink-handled array of ``count`` values when the
+        sink knows their lengths and what arrived of the first header agrees."""
+        expect = getattr(self._sink, "expected_lengths", None)
+        known = expect(count) if expect is not None else None
+        if not known:
+            return False
+        lengths, targets = known
+        arrived = self._end - self._start
+        first = b"$%d\r\n" % lengths[0]
+        k = min(arrived, len(first))
+        if self._scratch[self._start : self._start + k] != first[:k]:
+            return False
+        frame = _Frame(lengths, [_target_view(t) for t in targets])
+        if arrived > frame.size:
+            return False  # more than the guess holds: it is wrong
+        # What arrived with the array's header goes in first.
+        if arrived:
+            src = self._start
+            for view in frame.buffers(len(frame.segs)):
+                step = min(self._end - src, view.nbytes)
+                view[:step] = self._view[src : src + step]
+                src += step
+                if src == self._end:
+                    break
+            self._start = self._end = 0
+        self._frame = frame
+        if arrived:
+            self._advance_frame(arrived)
+        return True
+
+    def _advance_frame(self, n: int) -> None:
+        frame = self._frame
+        assert frame is not None
+        if not frame.advance(n):
+            self._unframe()
+            return
+        if frame.done:
+            self._frame = None
+            self._bulk_index += len(frame.lengths)
+            for length in frame.lengths:
+                self._emit(length)
+
+    def _unframe(self) -> None:
+        """Ends a frame whose glue differed: what landed is parsed the
+        ordinary way, from the array's first item on (the values landed so
+        far are copied again, from a copy of them)."""
+        frame = self._frame
+        assert frame is not None
+        self._frame = None
+        landed = frame.landed()
+        if len(landed) + SCRATCH_SIZE > len(self._scratch):
+            self._scratch = bytearray(len(landed) + SCRATCH_SIZE)
+            self._view = memoryview(self._scratch)
+        self._scratch[: len(landed)] = landed
+        self._start, self._end = 0, len(landed)
+        self._parse()
 
     # -- parsing ------------------------------------------------------------
 
@@ -287,6 +426,8 @@ class ReplyParser:
                     self._emit([])
                 else:
                     self._stack.append(_Container(kind, count))
+                    if kind == b"*" and len(self._stack) == 1 and self._start_frame(count):
+                        return
             elif kind == b"%":
                 count = self._int(rest)
                 if count == 0:

@@ -297,7 +297,15 @@ class AsyncClient:
         extra = block_ms / 1000.0 if block_ms else 0.0
         sink = BufferSink.of(into, len(keys), stride)
         reply: object = None
-        parts = cmd.read_parts(keys, await self._owners(), max_bytes, block_ms, min, self.stripes)
+        parts = cmd.read_parts(
+            keys,
+            await self._owners(),
+            max_bytes,
+            block_ms,
+            min,
+            self.stripes,
+            None if sink is None else sink.capacity(),
+        )
         if parts is not None:
             try:
                 reply = await self._split_get(len(keys), parts, sink, max_bytes, extra)
