@@ -18,8 +18,9 @@ Peers, each driven through its best documented path:
 For each block size (64 KiB and 2 MiB) it stores chains of blocks and loads
 each back into a destination buffer, every byte checked (outside the timed
 part), after storing and deleting the same volume once (the steady state of
-a tier that has run a while, not a fresh server's first touch of memory); then one client looks up a 64-block prefix again and again. Each
-round starts every server afresh, in a rotated order, with keys of its own.
+a tier that has run a while, not a fresh server's first touch of memory);
+then one client looks up a 64-block prefix again and again. Each round
+starts every server afresh, in a rotated order, with keys of its own.
 It reports GB/s, lookup p50/p99, and the CPU the server(s) and this client
 spent per GB and per lookup (``/proc/<pid>/stat`` and ``getrusage``), and
 kvtier/peer ratios. Run by ``scripts/bench-peers.sh``, which installs the
