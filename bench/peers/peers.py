@@ -22,7 +22,7 @@ a tier that has run a while, not a fresh server's first touch of memory);
 then one client looks up a 64-block prefix again and again. Each round
 starts every server afresh, in a rotated order, with keys of its own.
 It reports GB/s, lookup p50/p99, and the CPU the server(s) and this client
-spent per GB and per lookup (``/proc/<pid>/stat`` and ``getrusage``), and
+spent per GB and per lookup (``/proc/<pid>/task/*/schedstat``, ``getrusage``), and
 kvtier/peer ratios. Run by ``scripts/bench-peers.sh``, which installs the
 peers.
 """
