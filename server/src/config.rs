@@ -1475,10 +1475,9 @@ impl LiveConfig {
         for p in PARAMS {
             // The flag was read by the same parser (clap's value_parser),
             // so its value parses here too.
-            match (p.parse)(&(p.start)(config)) {
-                Ok(v) => (p.apply)(&live, v, When::Start),
-                Err(e) => debug_assert!(false, "{}: {e}", p.name),
-            }
+            let v = (p.parse)(&(p.start)(config))
+                .unwrap_or_else(|e| panic!("{} at start: {e} (clap took it)", p.name));
+            (p.apply)(&live, v, When::Start);
         }
         live.started = live.rewritable();
         live

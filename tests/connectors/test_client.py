@@ -139,19 +139,36 @@ def test_parser_frames_a_reply_whose_values_fill_their_slots(step: int) -> None:
         "all full": full,
         "prefix of 3": full[:3],
         "second short": [full[0], full[1][:10], full[2]],
+        "last short": [*full[:7], full[7][:999]],
         "last empty": [*full[:4], b""],
     }
     for name, values in cases.items():
-        dest = bytearray(8 * slot)
-        sink = BufferSink.of(dest, 8)
-        got, calls = feed_vectored(mgetprefix_reply(values), ReplyParser(sink), step)
-        assert got == [len(v) for v in values], name
-        for i, v in enumerate(values):
-            assert bytes(dest[i * slot : i * slot + len(v)]) == v, (name, i)
-        if step == 1 << 20 and name == "all full":
-            # The header's small read, then the rest in one (unframed: a
-            # header read and a payload read per value).
-            assert calls <= 3, calls
+        for vectored in (True, False):  # recvmsg_into, or one buffer a read (asyncio)
+            dest = bytearray(8 * slot)
+            parser = ReplyParser(BufferSink.of(dest, 8))
+            data = mgetprefix_reply(values)
+            got, calls = feed_vectored(data, parser, step) if vectored else (feed(data, parser, step), 0)
+            assert got == [len(v) for v in values], name
+            for i, v in enumerate(values):
+                assert bytes(dest[i * slot : i * slot + len(v)]) == v, (name, i)
+            if step == 1 << 20 and name == "all full" and vectored:
+                # The header's small read, then the rest in one (unframed: a
+                # header read and a payload read per value).
+                assert calls <= 3, calls
+    # Empty slots and empty values: nothing to land, never an empty buffer.
+    got, _ = feed_vectored(
+        mgetprefix_reply([b""] * 3), ReplyParser(BufferSink.of([bytearray(0)] * 3, 3)), step
+    )
+    assert got == [0, 0, 0]
+    # A value longer than its slot: BufferTooSmall once the reply is read,
+    # the values before it in place.
+    dest = bytearray(3 * slot)
+    sink = BufferSink.of(dest, 3)
+    assert sink is not None
+    got, _ = feed_vectored(mgetprefix_reply([full[0], full[1] + b"xy", full[2]]), ReplyParser(sink), step)
+    with pytest.raises(kvtier.BufferTooSmall):
+        sink.finish(got)
+    assert bytes(dest[:slot]) == full[0]
     # An error item among the values: kept as the error, the rest parsed.
     dest = bytearray(2 * slot)
     data = b"*2\r\n$%d\r\n%s\r\n-ERR gone\r\n" % (slot, full[0])

@@ -651,9 +651,11 @@ def first_error(results: Sequence[object]) -> None:
 
 
 def positions_sink(sink: Optional[BulkSink], positions: list[int]) -> Optional[BulkSink]:
-    """A part's sink: its value ``j`` is the caller's value ``positions[j]``."""
-    if sink is None:
-        return None
+    """A part's sink: its value ``j`` is the caller's value ``positions[j]``
+    (the sink itself for a part of every position in order, so what it
+    knows of its buffers still serves, :meth:`BufferSink.expected_lengths`)."""
+    if sink is None or positions == list(range(len(positions))):
+        return sink
 
     def sub(j: int, length: int) -> Any:
         return sink(positions[j], length)

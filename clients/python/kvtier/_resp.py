@@ -129,7 +129,20 @@ class _Frame:
     shorter value, an error item) ends the frame, and what landed is parsed
     the ordinary way (:meth:`ReplyParser._unframe`)."""
 
-    __slots__ = ("checked", "expected", "filled", "glue", "lengths", "off", "seg", "segs", "size")
+    __slots__ = (
+        "bad_at",
+        "checked",
+        "expected",
+        "filled",
+        "glue",
+        "glue_at",
+        "heads",
+        "lengths",
+        "off",
+        "seg",
+        "segs",
+        "size",
+    )
 
     def __init__(self, lengths: list[int], views: list[memoryview]) -> None:
         self.lengths = lengths
@@ -142,10 +155,17 @@ class _Frame:
         # glue segment is one of ``glue``'s windows, in order.
         self.segs: list[tuple[memoryview, bool]] = []
         pos = 0
+        #: Where each item's header starts: (segment, offset in it), and
+        #: where its glue starts in ``glue``.
+        self.heads: list[tuple[int, int]] = []
+        self.glue_at: list[int] = []
         for i, n in enumerate(lengths):
             head = len(b"$%d\r\n" % n) + (2 if i else 0)
+            self.heads.append((len(self.segs), 2 if i else 0))
+            self.glue_at.append(pos)
             self.segs.append((glue[pos : pos + head], True))
-            self.segs.append((views[i][:n], False))
+            if n:  # an empty value has no bytes to land
+                self.segs.append((views[i][:n], False))
             pos += head
         self.segs.append((glue[pos : pos + 2], True))
         self.size = len(self.expected) + sum(lengths)
@@ -153,6 +173,7 @@ class _Frame:
         self.off = 0  # bytes of it filled
         self.filled = 0  # glue bytes landed
         self.checked = 0  # glue bytes found as expected
+        self.bad_at = -1  # the first glue byte found otherwise
 
     def buffers(self, most: int) -> list[memoryview]:
         view = self.segs[self.seg][0][self.off :]
@@ -175,6 +196,9 @@ class _Frame:
                     raise ProtocolError("more bytes received than the reply holds")
         if self.filled > self.checked:
             if self.glue[self.checked : self.filled] != self.expected[self.checked : self.filled]:
+                self.bad_at = next(
+                    i for i in range(self.checked, self.filled) if self.glue[i] != self.expected[i]
+                )
                 return False
             self.checked = self.filled
         return True
@@ -183,11 +207,23 @@ class _Frame:
     def done(self) -> bool:
         return self.seg == len(self.segs)
 
-    def landed(self) -> bytes:
-        """Every byte received into the frame, in reply order."""
-        parts = [bytes(v) for v, _ in self.segs[: self.seg]]
-        if self.seg < len(self.segs):
-            parts.append(bytes(self.segs[self.seg][0][: self.off]))
+    def whole(self) -> int:
+        """After a mismatch, how many leading items surely landed whole: those
+        before the item whose glue differed, less the one just before it (the
+        CRLF ending that one is in the differing glue)."""
+        item = sum(1 for at in self.glue_at if at <= self.bad_at) - 1
+        return max(0, item - 1)
+
+    def landed_from(self, item: int) -> bytes:
+        """The bytes received into the frame from item ``item``'s header on,
+        in reply order."""
+        first, off = self.heads[item]
+        parts = []
+        for i in range(first, min(self.seg + 1, len(self.segs))):
+            view = self.segs[i][0]
+            start = off if i == first else 0
+            end = self.off if i == self.seg else view.nbytes
+            parts.append(bytes(view[start:end]))
         return b"".join(parts)
 
 
@@ -354,18 +390,22 @@ class ReplyParser:
                 self._emit(length)
 
     def _unframe(self) -> None:
-        """Ends a frame whose glue differed: what landed is parsed the
-        ordinary way, from the array's first item on (the values landed so
-        far are copied again, from a copy of them)."""
+        """Ends a frame whose glue differed: the items that landed whole and
+        checked are kept as they are; the bytes from the next item's header
+        on are parsed the ordinary way, from a copy of them."""
         frame = self._frame
         assert frame is not None
         self._frame = None
-        landed = frame.landed()
+        whole = frame.whole()
+        landed = frame.landed_from(whole)
         if len(landed) + SCRATCH_SIZE > len(self._scratch):
             self._scratch = bytearray(len(landed) + SCRATCH_SIZE)
             self._view = memoryview(self._scratch)
         self._scratch[: len(landed)] = landed
         self._start, self._end = 0, len(landed)
+        self._bulk_index += whole
+        for length in frame.lengths[:whole]:
+            self._emit(length)
         self._parse()
 
     # -- parsing ------------------------------------------------------------

@@ -384,7 +384,8 @@ class Client:
 
         Only the returned prefix is defined: a buffer past it may have been
         written by a part of the read that went to another connection or
-        node. A value longer than its buffer (or slot) raises
+        node, and so may a slot's bytes past its value's length. A value
+        longer than its buffer (or slot) raises
         :class:`~kvtier.errors.BufferTooSmall` after the reply has been
         read; an ``into`` of another kind is a ``TypeError``.
 
