@@ -65,7 +65,7 @@ pub fn admit(client: &mut Client, last: &mut LastLookup, request: Vec<Bytes>) ->
     // A peer's commands were checked on the node that took them.
     if !client.peer {
         if let Err(refusal) = session::check(client, id, spec, &args) {
-            client.shard.stats.borrow_mut().reject(Some(id));
+            reject(client, id);
             return Admitted::Answered {
                 reply: refusal,
                 ran: None,
@@ -124,29 +124,32 @@ fn resolve(
     if cached.is_none() {
         last.0 = Some((Bytes::copy_from_slice(&args[0]), id, spec));
     }
-    let reject = |id| {
-        client.shard.stats.borrow_mut().reject(Some(id));
-    };
     if !spec.subcommands.is_empty() && (args.len() >= 2 || matches!(spec.handler, Handler::Parent))
     {
         match args.get(1).and_then(|sub| table.lookup_sub(id, sub)) {
             Some(found) => (id, spec) = found,
             None if args.len() < 2 => return Err(arity_error(spec.name)),
             None => {
-                reject(id);
+                reject(client, id);
                 return Err(unknown_subcommand(spec.name, &args[1]));
             }
         }
     }
     if !spec.arity_ok(args.len()) {
-        reject(id);
+        reject(client, id);
         return Err(arity_error(spec.name));
     }
     // As in Redis, unknown commands and wrong arities are reported before
     // a missing AUTH, and that before a missing permission.
     if !client.authenticated && !spec.has(flags::NO_AUTH) {
-        reject(id);
+        reject(client, id);
         return Err(Reply::error("NOAUTH Authentication required."));
     }
     Ok((id, spec))
+}
+
+/// Counts a refused call of command `id` (INFO commandstats'
+/// `rejected_calls`).
+fn reject(client: &Client, id: usize) {
+    client.shard.stats.borrow_mut().reject(Some(id));
 }

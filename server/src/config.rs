@@ -1393,10 +1393,7 @@ impl LiveConfig {
                 ),
                 ("node-id", config.node_id.clone().unwrap_or_default()),
                 ("cluster-epoch", config.cluster_epoch.to_string()),
-                (
-                    "cluster-redirect",
-                    if config.cluster_redirect { "yes" } else { "no" }.into(),
-                ),
+                ("cluster-redirect", yes_no_text(config.cluster_redirect)),
                 (
                     "cluster-node-timeout",
                     config.cluster_node_timeout.to_string(),
@@ -1406,12 +1403,7 @@ impl LiveConfig {
                 ("hot-key-replicas", config.hot_key_replicas.to_string()),
                 (
                     "cluster-replica-reads",
-                    if config.cluster_replica_reads {
-                        "yes"
-                    } else {
-                        "no"
-                    }
-                    .into(),
+                    yes_no_text(config.cluster_replica_reads),
                 ),
                 ("cluster-handoff-ms", config.cluster_handoff_ms.to_string()),
                 (
@@ -1430,26 +1422,14 @@ impl LiveConfig {
                     "cluster-preferred-endpoint-type",
                     config.cluster_preferred_endpoint_type.clone(),
                 ),
-                (
-                    "hugepages",
-                    if config.hugepages { "yes" } else { "no" }.into(),
-                ),
-                (
-                    "prealloc",
-                    if config.prealloc { "yes" } else { "no" }.into(),
-                ),
+                ("hugepages", yes_no_text(config.hugepages)),
+                ("prealloc", yes_no_text(config.prealloc)),
                 ("port", port.to_string()),
                 ("tls-port", config.tls_port.to_string()),
-                (
-                    "tls-cluster",
-                    if config.tls_cluster { "yes" } else { "no" }.into(),
-                ),
+                ("tls-cluster", yes_no_text(config.tls_cluster)),
                 ("bind", config.bind.clone()),
                 ("threads", shards.to_string()),
-                (
-                    "pin-threads",
-                    if config.pin_threads { "yes" } else { "no" }.into(),
-                ),
+                ("pin-threads", yes_no_text(config.pin_threads)),
                 (
                     "aclfile",
                     config

@@ -654,7 +654,7 @@ def positions_sink(sink: Optional[BulkSink], positions: list[int]) -> Optional[B
     """A part's sink: its value ``j`` is the caller's value ``positions[j]``
     (the sink itself for a part of every position in order, so what it
     knows of its buffers still serves, :meth:`BufferSink.expected_lengths`)."""
-    if sink is None or positions == list(range(len(positions))):
+    if sink is None or all(p == i for i, p in enumerate(positions)):
         return sink
 
     def sub(j: int, length: int) -> Any:
